@@ -1,0 +1,43 @@
+# streamrank: every target installs what it needs; see README.md.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STREAMRANK := $(VENV)/bin/streamrank
+STACK_DIR ?= .stack
+DEMO_EVENTS ?= 5000
+
+.PHONY: install stack-up stack-down demo test test-unit lint typecheck check bench clean
+
+install:
+	@scripts/install.sh
+
+stack-up:
+	@scripts/stack_up.sh $(STACK_DIR)
+
+stack-down:
+	@scripts/stack_down.sh $(STACK_DIR)
+
+demo: install stack-up
+	@DEMO_EVENTS=$(DEMO_EVENTS) STACK_DIR=$(STACK_DIR) scripts/demo.sh
+
+# The tests start their own Kafka and Redis (session fixtures calling scripts/stack_up.sh).
+test: install
+	@$(PY) -m pytest -q tests
+
+test-unit: install
+	@$(PY) -m pytest -q tests -m "not integration"
+
+lint: install
+	@$(VENV)/bin/ruff check pipeline model tests
+	@$(VENV)/bin/ruff format --check pipeline model tests
+
+typecheck: install
+	@$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+bench: install stack-up
+	@source $(STACK_DIR)/env && $(STREAMRANK) bench model && $(STREAMRANK) bench pipeline
+
+clean: stack-down
+	rm -rf $(VENV) artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,265 @@
+"""Configuration: one TOML file plus ``STREAMRANK_<SECTION>__<KEY>`` environment overrides.
+
+Precedence (highest first): environment variables, the TOML file, the defaults below.
+The TOML file is ``--config PATH`` on the CLI, else ``$STREAMRANK_CONFIG``, else
+``streamrank.toml`` in the working directory when it exists.
+
+Example ``streamrank.toml``::
+
+    [kafka]
+    bootstrap_servers = "broker-1:9092,broker-2:9092"
+    security_protocol = "SASL_SSL"
+    sasl_mechanism = "PLAIN"
+    sasl_username = "svc-ranker"
+    sasl_password = "..."          # never logged (SecretStr)
+    [kafka.consumer_extra]         # any librdkafka consumer property, passed through as is
+    "fetch.min.bytes" = "65536"
+
+    [batching]
+    max_batch_rows = 4096
+    max_delay_ms = 20
+
+Environment example: ``STREAMRANK_TOPICS__INPUT=events-v2``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_ENV_VAR = "STREAMRANK_CONFIG"
+DEFAULT_CONFIG_FILE = Path("streamrank.toml")
+
+
+class Framing(enum.StrEnum):
+    """How Avro records are framed in Kafka message values."""
+
+    RAW = "raw"
+    """Schemaless Avro; both sides use the schema files in ``schemas/``."""
+    CONFLUENT = "confluent"
+    """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro body."""
+
+
+class KafkaSettings(BaseModel):
+    """Connection and client settings shared by the consumer and the producer.
+
+    Snake-case fields map onto librdkafka's dotted keys (``security_protocol`` ->
+    ``security.protocol``); ``consumer_extra``/``producer_extra`` pass any other librdkafka
+    property straight through (they win over the fields here).
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group_id: str = "streamrank"
+    client_id: str = "streamrank"
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    auto_offset_reset: str = "earliest"
+    session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    linger_ms: int = 5
+    compression_type: str = "lz4"
+    consumer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    producer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    def _common(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": self.client_id,
+        }
+        optional = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password.get_secret_value() if self.sasl_password else None,
+            "ssl.ca.location": self.ssl_ca_location,
+        }
+        conf.update({k: v for k, v in optional.items() if v is not None})
+        return conf
+
+    def consumer_config(self, group_id: str | None = None) -> dict[str, Any]:
+        """librdkafka consumer configuration. Offsets are committed by us, never automatically."""
+        conf = self._common()
+        conf.update(
+            {
+                "group.id": group_id or self.group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": self.auto_offset_reset,
+                "session.timeout.ms": self.session_timeout_ms,
+                "max.poll.interval.ms": self.max_poll_interval_ms,
+                "partition.assignment.strategy": "cooperative-sticky",
+            }
+        )
+        conf.update(self.consumer_extra)
+        return conf
+
+    def producer_config(self) -> dict[str, Any]:
+        """librdkafka producer configuration: idempotent, acks=all, batched with linger."""
+        conf = self._common()
+        conf.update(
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": self.linger_ms,
+                "compression.type": self.compression_type,
+            }
+        )
+        conf.update(self.producer_extra)
+        return conf
+
+    def admin_config(self) -> dict[str, Any]:
+        return self._common()
+
+
+class TopicsSettings(BaseModel):
+    """Topic names, and how to create them when missing."""
+
+    input: str = "user-events"
+    output: str = "recommendations"
+    dlq: str = "user-events-dlq"
+    create_missing: bool = True
+    partitions: int = 4
+    replication_factor: int = 1
+
+
+class CodecSettings(BaseModel):
+    """Wire format of events and recommendations, and the limits that reject bad input."""
+
+    framing: Framing = Framing.RAW
+    schema_registry_url: str | None = None
+    schema_registry_extra: dict[str, str] = Field(default_factory=dict)
+    max_message_bytes: int = 64 * 1024
+    max_candidates: int = 1000
+    max_id: int = 2**63 - 1
+    """Ids (user, item) must lie in ``[0, max_id]``."""
+    max_num_results: int = 1000
+
+
+class RedisSettings(BaseModel):
+    """Feature store location, timeouts and the in-process cache in front of it."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sr"
+    socket_timeout_ms: int = 200
+    connect_timeout_ms: int = 200
+    cache_ttl_s: float = 30.0
+    cache_max_entries: int = 200_000
+    retry_after_s: float = 1.0
+    """After an outage, how long to serve defaults before trying Redis again."""
+
+
+class BatchingSettings(BaseModel):
+    """Dynamic micro-batching: a batch closes at ``max_batch_rows`` or ``max_delay_ms``."""
+
+    max_batch_rows: int = 4096
+    """Rows are (event x candidate) pairs; an event is never split across batches."""
+    max_delay_ms: float = 20.0
+    """Longest an event waits for its batch to fill, measured from its arrival."""
+    consume_batch_size: int = 500
+    """Messages asked from Kafka per poll."""
+    max_in_flight_batches: int = 4
+    """Batches produced but not yet acknowledged by the broker before we wait for acks."""
+
+    @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+
+class ModelSettings(BaseModel):
+    """Which checkpoint to serve and where to run it."""
+
+    checkpoint: Path = Path("artifacts/model")
+    device: str = "auto"
+    """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+
+
+class MetricsSettings(BaseModel):
+    """Prometheus endpoint."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+
+class Settings(BaseSettings):
+    """All of streamrank's configuration. See the module docstring for sources."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMRANK_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        toml_file=None,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topics: TopicsSettings = Field(default_factory=TopicsSettings)
+    codec: CodecSettings = Field(default_factory=CodecSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = _config_file()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+
+_explicit_config_file: Path | None = None
+
+
+def _config_file() -> Path | None:
+    if _explicit_config_file is not None:
+        return _explicit_config_file
+    from_env = os.environ.get(CONFIG_ENV_VAR)
+    if from_env:
+        return Path(from_env)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``config_file`` (or the default locations) and the environment.
+
+    Args:
+        config_file: a TOML file; it must exist when given.
+        overrides: section objects or dicts that win over every other source (tests use this).
+
+    Returns:
+        The validated :class:`Settings`.
+    """
+    global _explicit_config_file
+    if config_file is not None and not config_file.exists():
+        raise FileNotFoundError(f"config file not found: {config_file}")
+    _explicit_config_file = config_file
+    try:
+        return Settings(**overrides)
+    finally:
+        _explicit_config_file = None
