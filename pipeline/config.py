@@ -37,6 +37,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from model.spec import FeatureSpec, SparseFeature, TableSpec
+
 CONFIG_ENV_VAR = "STREAMRANK_CONFIG"
 DEFAULT_CONFIG_FILE = Path("streamrank.toml")
 
@@ -182,13 +184,62 @@ class BatchingSettings(BaseModel):
 
 
 class ModelSettings(BaseModel):
-    """Which checkpoint to serve and where to run it."""
+    """The model: its feature spec (used by ``init-model``), checkpoint and placement.
+
+    The served model's spec is the one stored in its checkpoint; the spec fields here only
+    shape new models (``init-model``, ``bench model`` without a checkpoint).
+    """
 
     checkpoint: Path = Path("artifacts/model")
     device: str = "auto"
     """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    embedding_dim: int = 64
+    num_embeddings: dict[str, int] = Field(
+        default_factory=lambda: {t.feature.value: t.num_embeddings for t in FeatureSpec().tables}
+    )
+    """Rows per table, by sparse feature name (missing names keep their defaults)."""
+    user_dense_dim: int = 8
+    item_dense_dim: int = 8
+    recent_items_cap: int = 20
+    dense_arch: list[int] = Field(default_factory=lambda: [128, 64])
+    over_arch: list[int] = Field(default_factory=lambda: [256, 128, 1])
+
+    def feature_spec(self) -> FeatureSpec:
+        """The :class:`model.spec.FeatureSpec` these settings describe."""
+        defaults = FeatureSpec()
+        unknown = set(self.num_embeddings) - {f.value for f in SparseFeature}
+        if unknown:
+            raise ValueError(f"model.num_embeddings: unknown features {sorted(unknown)}")
+        tables = tuple(
+            TableSpec(t.feature, self.num_embeddings.get(t.feature.value, t.num_embeddings))
+            for t in defaults.tables
+        )
+        return FeatureSpec(
+            tables=tables,
+            embedding_dim=self.embedding_dim,
+            user_dense_dim=self.user_dense_dim,
+            item_dense_dim=self.item_dense_dim,
+            recent_items_cap=self.recent_items_cap,
+            dense_arch=tuple(self.dense_arch),
+            over_arch=tuple(self.over_arch),
+        )
+
+
+class SyntheticSettings(BaseModel):
+    """The synthetic world behind ``seed-features``, ``produce`` and ``init-model``.
+
+    All three must use the same values (they share this section) so that the events, the Redis
+    features and the training data describe the same users and items.
+    """
+
+    num_users: int = 20_000
+    num_items: int = 50_000
+    num_categories: int = 200
+    seed: int = 7
+    min_candidates: int = 20
+    max_candidates: int = 100
 
 
 class MetricsSettings(BaseModel):
@@ -216,6 +267,7 @@ class Settings(BaseSettings):
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    synthetic: SyntheticSettings = Field(default_factory=SyntheticSettings)
 
     @classmethod
     def settings_customise_sources(

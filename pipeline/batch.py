@@ -1,0 +1,171 @@
+"""Dynamic micro-batching of decoded events, and their conversion to numpy columns.
+
+A batch closes when the next event would push it past ``max_batch_rows`` rows (rows are
+event x candidate pairs; an event is never split), when it reaches ``max_batch_rows``, or when
+its oldest event has waited ``max_delay_ms``, whichever comes first. Memory in flight is bounded
+by ``max_batch_rows`` (plus one event) here and by the checkpointer's sealed-batch limit after.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from model.spec import string_to_id
+from pipeline.codec import Record
+
+_STRING_IDS: dict[str, int] = {}
+_STRING_IDS_MAX = 100_000
+
+
+def categorical_id(value: str) -> int:
+    """``model.spec.string_to_id`` behind a small cache (devices and countries repeat)."""
+    cached = _STRING_IDS.get(value)
+    if cached is None:
+        if len(_STRING_IDS) >= _STRING_IDS_MAX:
+            _STRING_IDS.clear()
+        cached = _STRING_IDS[value] = string_to_id(value)
+    return cached
+
+
+@dataclass
+class EventColumns:
+    """A batch of decoded events as columns (E events, R = sum of candidates rows).
+
+    Attributes:
+        event_ids: per event, ``UserEvent.event_id``.
+        user_ids: int64[E].
+        event_time_ms: int64[E], ``UserEvent.event_time`` in epoch milliseconds.
+        device_ids / country_ids: int64[E], hashed context strings.
+        num_results: int64[E].
+        candidate_counts: int64[E].
+        candidate_ids: int64[R], event-major.
+        event_recent: per event, the (already capped) ``recent_item_ids``.
+    """
+
+    event_ids: list[str]
+    user_ids: npt.NDArray[np.int64]
+    event_time_ms: npt.NDArray[np.int64]
+    device_ids: npt.NDArray[np.int64]
+    country_ids: npt.NDArray[np.int64]
+    num_results: npt.NDArray[np.int64]
+    candidate_counts: npt.NDArray[np.int64]
+    candidate_ids: npt.NDArray[np.int64]
+    event_recent: list[list[int]]
+
+    @property
+    def num_events(self) -> int:
+        return len(self.event_ids)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.candidate_ids)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND = datetime.timedelta(milliseconds=1)
+
+
+def epoch_millis(value: int | datetime.datetime) -> int:
+    """fastavro decodes timestamp-millis to an aware datetime; exact integer milliseconds."""
+    if isinstance(value, int):
+        return value
+    return (value - _EPOCH) // _MILLISECOND
+
+
+def to_columns(records: list[Record]) -> EventColumns:
+    """Columns straight from decoded records: one pass per field, no per-row Python objects."""
+    n = len(records)
+    counts = np.fromiter((len(r["candidate_item_ids"]) for r in records), np.int64, n)
+    candidate_ids = np.fromiter(
+        itertools.chain.from_iterable(r["candidate_item_ids"] for r in records),
+        np.int64,
+        int(counts.sum()),
+    )
+    return EventColumns(
+        event_ids=[r["event_id"] for r in records],
+        user_ids=np.fromiter((r["user_id"] for r in records), np.int64, n),
+        event_time_ms=np.fromiter((epoch_millis(r["event_time"]) for r in records), np.int64, n),
+        device_ids=np.fromiter(
+            (categorical_id(r["context"]["device"]) for r in records), np.int64, n
+        ),
+        country_ids=np.fromiter(
+            (categorical_id(r["context"]["country"]) for r in records), np.int64, n
+        ),
+        num_results=np.fromiter((r["num_results"] for r in records), np.int64, n),
+        candidate_counts=counts,
+        candidate_ids=candidate_ids,
+        event_recent=[r["recent_item_ids"] for r in records],
+    )
+
+
+class MicroBatcher:
+    """Collects decoded events into batches bounded by rows and by delay.
+
+    Args:
+        max_rows: rows (event x candidate) per batch.
+        max_delay_ms: longest the oldest event waits.
+
+    Example::
+
+        batcher = MicroBatcher(max_rows=4096, max_delay_ms=20)
+        if not batcher.fits(event):
+            score(batcher.close())
+        batcher.add(event)
+        if batcher.full or batcher.due():
+            score(batcher.close())
+    """
+
+    def __init__(self, max_rows: int, max_delay_ms: float) -> None:
+        self.max_rows = max_rows
+        self.max_delay_s = max_delay_ms / 1000
+        self._records: list[Record] = []
+        self._rows = 0
+        self._oldest = 0.0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def fits(self, record: Record) -> bool:
+        """Whether ``record`` can join the open batch without exceeding ``max_rows``.
+
+        An empty batch takes any event (one event larger than ``max_rows`` is a batch alone).
+        """
+        return not self._records or self._rows + len(record["candidate_item_ids"]) <= self.max_rows
+
+    def add(self, record: Record, now: float | None = None) -> None:
+        """Add one event to the open batch (check :meth:`fits` first)."""
+        if not self._records:
+            self._oldest = time.monotonic() if now is None else now
+        self._records.append(record)
+        self._rows += len(record["candidate_item_ids"])
+
+    @property
+    def full(self) -> bool:
+        return self._rows >= self.max_rows
+
+    def time_left(self, now: float | None = None) -> float:
+        """Seconds until the open batch is due (``inf`` when empty)."""
+        if not self._records:
+            return float("inf")
+        now = time.monotonic() if now is None else now
+        return max(0.0, self._oldest + self.max_delay_s - now)
+
+    def due(self, now: float | None = None) -> bool:
+        return bool(self._records) and self.time_left(now) <= 0.0
+
+    def close(self) -> list[Record] | None:
+        """Take the open batch (``None`` when empty)."""
+        if not self._records:
+            return None
+        records, self._records, self._rows = self._records, [], 0
+        return records

@@ -1,0 +1,190 @@
+"""The commit protocol: offsets are committed only after everything they caused is delivered.
+
+At-least-once, per input message: every consumed message leads to records on other topics (a
+Recommendation, or a dead-letter record). Its offset becomes committable only when all records
+produced for it, *and for every earlier message of its partition*, are acknowledged by the
+broker. The protocol, owned entirely by :class:`Checkpointer`:
+
+1. The loop reports each consumed message with :meth:`Checkpointer.consumed` (in poll order).
+2. Every record produced on behalf of consumed messages passes ``checkpointer.delivery_callback()``
+   as its ``on_delivery``; the callback belongs to the *open* checkpoint.
+3. When a micro-batch has been produced, :meth:`Checkpointer.seal` closes the open checkpoint:
+   it now covers every message consumed so far that was not covered before.
+4. :meth:`Checkpointer.commit_ready` commits, in order, the sealed checkpoints whose records are
+   all acknowledged (asynchronously, so the hot loop never waits on the broker).
+5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
+   acknowledgement and commits synchronously.
+
+A failed delivery poisons its checkpoint: :meth:`commit_ready` raises :class:`DeliveryFailed`
+and nothing at or after that checkpoint is committed, so a restart reprocesses those messages.
+
+An exactly-once mode (Kafka transactions with ``send_offsets_to_transaction``) and multi-rank
+stepping plug in here: they replace *when* and *how* a sealed checkpoint is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
+
+
+class DeliveryFailed(RuntimeError):
+    """A record could not be delivered; the offsets it guards were not committed."""
+
+
+class CommittingConsumer(Protocol):
+    """The part of ``confluent_kafka.Consumer`` the protocol needs."""
+
+    def commit(
+        self,
+        message: Message | None = ...,
+        offsets: list[TopicPartition] | None = ...,
+        asynchronous: bool = ...,
+    ) -> list[TopicPartition] | None: ...
+
+
+class FlushingProducer(Protocol):
+    """The part of ``confluent_kafka.Producer`` the protocol needs."""
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+    def flush(self, timeout: float = ...) -> int: ...
+
+
+@dataclass
+class Checkpoint:
+    """Offsets guarded by a group of produced records.
+
+    Attributes:
+        next_offsets: (topic, partition) -> offset to commit (last consumed offset + 1).
+        pending: records produced but not acknowledged yet.
+        error: the first delivery error, if any.
+    """
+
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    pending: int = 0
+    sealed: bool = False
+    error: str | None = None
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self.pending -= 1
+        if err is not None and self.error is None:
+            self.error = f"delivery to {msg.topic()} failed: {err}"
+
+    @property
+    def done(self) -> bool:
+        return self.sealed and self.pending == 0
+
+
+class Checkpointer:
+    """Owns the commit protocol described in the module docstring.
+
+    Args:
+        consumer: commits offsets.
+        producer: the producer every output/DLQ record goes through (polled for callbacks).
+        max_sealed: sealed-but-unacknowledged checkpoints allowed before :meth:`seal` waits.
+
+    Example::
+
+        ckpt = Checkpointer(consumer, producer)
+        for msg in consumer.consume(500, 0.1):
+            ckpt.consumed(msg.topic(), msg.partition(), msg.offset())
+            producer.produce(..., on_delivery=ckpt.delivery_callback())
+        ckpt.seal()
+        ckpt.commit_ready()
+    """
+
+    def __init__(
+        self, consumer: CommittingConsumer, producer: FlushingProducer, max_sealed: int = 4
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._max_sealed = max_sealed
+        self._open = Checkpoint()
+        self._sealed: deque[Checkpoint] = deque()
+        self.committed: dict[tuple[str, int], int] = {}
+
+    def consumed(self, topic: str, partition: int, offset: int) -> None:
+        """Record that the message at ``offset`` was consumed (call in poll order)."""
+        self._open.next_offsets[(topic, partition)] = offset + 1
+
+    def delivery_callback(self) -> DeliveryCallback:
+        """The ``on_delivery`` for one record produced on behalf of the open checkpoint."""
+        self._open.pending += 1
+        return self._open.on_delivery
+
+    def seal(self) -> None:
+        """Close the open checkpoint; it is committed once all its records are acknowledged.
+
+        Bounds memory: waits for acknowledgements while more than ``max_sealed`` are pending.
+        """
+        if not self._open.next_offsets and self._open.pending == 0:
+            return
+        self._open.sealed = True
+        self._sealed.append(self._open)
+        self._open = Checkpoint()
+        self._producer.poll(0)
+        while len(self._sealed) > self._max_sealed:
+            self._producer.poll(0.05)
+            self.commit_ready()
+
+    def commit_ready(self, asynchronous: bool = True) -> int:
+        """Commit the leading sealed checkpoints that are fully acknowledged.
+
+        Returns:
+            How many checkpoints were committed.
+
+        Raises:
+            DeliveryFailed: a record of a leading checkpoint failed; nothing from it on is
+                committed.
+        """
+        merged: dict[tuple[str, int], int] = {}
+        count = 0
+        while self._sealed and self._sealed[0].done:
+            checkpoint = self._sealed[0]
+            if checkpoint.error is not None:
+                self._commit(merged, asynchronous)
+                raise DeliveryFailed(checkpoint.error)
+            self._sealed.popleft()
+            merged.update(checkpoint.next_offsets)
+            count += 1
+        self._commit(merged, asynchronous)
+        return count
+
+    def flush_and_commit(self, timeout_s: float = 30.0) -> None:
+        """Seal, wait for every acknowledgement, and commit synchronously."""
+        self.seal()
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
+        self.commit_ready(asynchronous=False)
+
+    def forget(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop uncommitted offsets of partitions we no longer own (after a lost assignment)."""
+        lost = set(partitions)
+        for checkpoint in (*self._sealed, self._open):
+            for key in lost & checkpoint.next_offsets.keys():
+                del checkpoint.next_offsets[key]
+
+    @property
+    def in_flight(self) -> int:
+        """Records produced and not yet acknowledged."""
+        return self._open.pending + sum(c.pending for c in self._sealed)
+
+    def _commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> None:
+        if not offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        self._consumer.commit(offsets=tps, asynchronous=asynchronous)
+        self.committed.update(offsets)
+        log.debug("committed %s", offsets)

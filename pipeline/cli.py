@@ -1,0 +1,286 @@
+"""``streamrank`` command line: run the pipeline, and the tools around it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.config import Settings, load_settings
+
+app = typer.Typer(
+    help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+log = logging.getLogger("streamrank")
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    settings: Settings = ctx.obj
+    return settings
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="TOML config file.", exists=True)
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+) -> None:
+    # Our loggers at the chosen level; third-party ones (fbgemm prints a line per library it
+    # loads) only from WARNING.
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=True)],
+    )
+    for name in ("pipeline", "model", "streamrank"):
+        logging.getLogger(name).setLevel(log_level.upper())
+    ctx.obj = load_settings(config)
+
+
+def _apply_threads(settings: Settings) -> None:
+    import torch
+
+    if settings.model.num_threads > 0:
+        torch.set_num_threads(settings.model.num_threads)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    exit_when_idle: Annotated[
+        float | None,
+        typer.Option(
+            help="Stop cleanly after this many seconds without input (counted once the group has assigned partitions)."
+        ),
+    ] = None,
+    max_events: Annotated[int | None, typer.Option(help="Stop after consuming this many.")] = None,
+    summary_json: Annotated[
+        Path | None, typer.Option(help="Also write the run summary to this JSON file.")
+    ] = None,
+) -> None:
+    """Consume UserEvents, score them, produce Recommendations (until stopped)."""
+    from pipeline.metrics import Metrics
+    from pipeline.runner import ScoringPipeline
+    from pipeline.score import Scorer
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    metrics = Metrics()
+    if settings.metrics.enabled:
+        metrics.serve(settings.metrics.host, settings.metrics.port)
+    scorer = Scorer.from_checkpoint(settings.model.checkpoint, settings.model.device)
+    pipeline = ScoringPipeline(settings, scorer, metrics)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: finishing the open batch and committing", signum)
+        pipeline.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "scoring %s -> %s (dlq %s) with model %s",
+        settings.topics.input,
+        settings.topics.output,
+        settings.topics.dlq,
+        scorer.model_version,
+    )
+    summary = pipeline.run(exit_when_idle_s=exit_when_idle, max_events=max_events)
+    result = summary.as_dict()
+    if summary_json is not None:
+        summary_json.write_text(json.dumps(result, indent=2))
+    err.print(json.dumps(result))
+
+
+@app.command()
+def produce(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option("--events", "-n", help="Valid events to send.")] = 1000,
+    rate: Annotated[float | None, typer.Option(help="Events per second (default: max).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
+    malformed: Annotated[
+        int, typer.Option(help="Also send this many malformed messages (they go to the DLQ).")
+    ] = 0,
+) -> None:
+    """Produce synthetic UserEvents (the synthetic world of the config) to the input topic."""
+    from pipeline.synthetic_io import build_world, produce_events
+
+    settings = _settings(ctx)
+    world = build_world(settings)
+    with Progress(
+        TextColumn("producing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    ) as progress:
+        task = progress.add_task("produce", total=events)
+        sent = produce_events(
+            settings,
+            world,
+            events,
+            rate=rate,
+            seed=seed,
+            malformed=malformed,
+            progress=lambda n: progress.advance(task, n),
+        )
+    err.print(
+        f"produced {len(sent.records)} events and {sent.malformed} malformed messages "
+        f"to {settings.topics.input}"
+    )
+
+
+@app.command()
+def consume(
+    ctx: typer.Context,
+    max_records: Annotated[int | None, typer.Option("--max", help="Stop after N.")] = None,
+    timeout: Annotated[float, typer.Option(help="Stop after S seconds without a record.")] = 10.0,
+) -> None:
+    """Print Recommendations from the output topic as JSON lines."""
+    from pipeline.recommendation_reader import read_recommendations
+
+    settings = _settings(ctx)
+    for record in read_recommendations(settings, max_records=max_records, timeout_s=timeout):
+        sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+@app.command("seed-features")
+def seed_features(
+    ctx: typer.Context,
+    users: Annotated[Path | None, typer.Option(help="Users CSV/Parquet.", exists=True)] = None,
+    items: Annotated[Path | None, typer.Option(help="Items CSV/Parquet.", exists=True)] = None,
+) -> None:
+    """Write user and item features to Redis: synthetic, or from CSV/Parquet files."""
+    from pipeline.feature_store import FeatureStoreWriter
+    from pipeline.synthetic_io import (
+        build_world,
+        redis_client,
+        seed_file_features,
+        seed_world_features,
+    )
+
+    settings = _settings(ctx)
+    writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
+    if users is None and items is None:
+        n_users, n_items = seed_world_features(build_world(settings), writer)
+        source = "synthetic world"
+    else:
+        n_users, n_items = seed_file_features(
+            writer, settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
+        )
+        source = "files"
+    err.print(f"seeded {n_users} users and {n_items} items from {source} into {settings.redis.url}")
+
+
+@app.command("init-model")
+def init_model(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Synthetic training events.")] = 20_000,
+    epochs: Annotated[int, typer.Option(help="Passes over them.")] = 1,
+    out: Annotated[
+        Path | None, typer.Option(help="Checkpoint dir (default model.checkpoint).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+) -> None:
+    """Train the configured DLRM briefly on synthetic interactions and save a checkpoint."""
+    from model.checkpoint import save_checkpoint
+    from model.train import train_ranker
+    from pipeline.synthetic_io import build_world
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    spec = settings.model.feature_spec()
+    result = train_ranker(
+        spec,
+        build_world(settings),
+        num_events=events,
+        epochs=epochs,
+        seed=seed,
+        log=lambda msg: err.print(msg),
+    )
+    path = out or settings.model.checkpoint
+    meta = save_checkpoint(
+        result.ranker, spec, path, metrics={"auc": result.auc, "train_loss": result.train_loss}
+    )
+    err.print(
+        f"held-out AUC {result.auc:.4f} after {result.seconds:.1f}s on {result.rows} rows; "
+        f"saved {meta.model_version} to {path}"
+    )
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            err.print(f"{key}: {value}")
+
+
+@bench_app.command("model")
+def bench_model_cmd(
+    ctx: typer.Context,
+    batch_rows: Annotated[
+        int | None, typer.Option(help="Rows per forward (default batching.max_batch_rows).")
+    ] = None,
+    seconds: Annotated[float, typer.Option(help="Measure for this long.")] = 5.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
+) -> None:
+    """Bare forward rows/s of the configured model at the configured batch size."""
+    from pipeline.bench import bench_model, load_or_build_scorer
+    from pipeline.synthetic_io import build_world
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    scorer = load_or_build_scorer(settings)
+    rows = batch_rows or settings.batching.max_batch_rows
+    result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
+    result["model_version"] = scorer.model_version
+    _emit(result, as_json)
+
+
+@bench_app.command("pipeline")
+def bench_pipeline_cmd(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events per batched end-to-end run.")] = 5000,
+    per_event_events: Annotated[
+        int, typer.Option(help="Events per one-event-per-batch run (0 skips it).")
+    ] = 500,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    model_seconds: Annotated[float, typer.Option(help="Bare forward timing per round.")] = 3.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
+) -> None:
+    """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
+    from pipeline.bench import bench_pipeline
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    result = bench_pipeline(
+        settings,
+        events=events,
+        per_event_events=per_event_events,
+        rounds=rounds,
+        model_seconds=model_seconds,
+        report=lambda line: err.print(line),
+    )
+    _emit(result.as_dict(), as_json)
+
+
+if __name__ == "__main__":
+    app()

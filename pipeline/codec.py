@@ -1,0 +1,281 @@
+"""Avro codec: Kafka message bytes <-> UserEvent / Recommendation records.
+
+Two framings (``codec.framing``):
+
+- ``raw``: schemaless Avro, both sides use the schema files in ``schemas/``.
+- ``confluent``: the Confluent wire format (magic byte ``0``, 4-byte big-endian schema id, Avro
+  body). Writer schemas are looked up by id through ``confluent_kafka.schema_registry`` and
+  resolved against our reader schema, so compatible schema evolution just works.
+
+Decoding also *validates*: anything the pipeline cannot score raises :class:`RejectedMessage`
+with a machine-readable reason, which the caller routes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.types import Schema
+
+from pipeline.config import CodecSettings, Framing
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+USER_EVENT_SCHEMA_FILE = SCHEMA_DIR / "user_event.avsc"
+RECOMMENDATION_SCHEMA_FILE = SCHEMA_DIR / "recommendation.avsc"
+
+_CONFLUENT_MAGIC = 0
+_CONFLUENT_HEADER = struct.Struct(">bI")
+
+Record = dict[str, Any]
+
+
+class RejectReason(enum.StrEnum):
+    """Why a message went to the dead-letter topic (the ``x-dlq-reason`` header)."""
+
+    EMPTY = "empty_value"
+    OVERSIZED = "oversized_message"
+    UNDECODABLE = "undecodable"
+    BAD_FRAMING = "bad_framing"
+    UNKNOWN_SCHEMA = "unknown_schema"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    NO_CANDIDATES = "no_candidates"
+    TOO_MANY_CANDIDATES = "too_many_candidates"
+    ID_OUT_OF_RANGE = "id_out_of_range"
+    INVALID_FIELD = "invalid_field"
+
+
+class RejectedMessage(Exception):
+    """A message that cannot be scored. ``reason`` is stable; ``detail`` is for humans."""
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def load_schema(path: Path) -> Schema:
+    """Parse an ``.avsc`` file with fastavro (named types resolved)."""
+    with path.open() as f:
+        return fastavro.parse_schema(json.load(f))
+
+
+def schema_text(path: Path) -> str:
+    """The schema file's canonical JSON text (what a registry stores)."""
+    with path.open() as f:
+        return json.dumps(json.load(f))
+
+
+class SchemaLookup:
+    """Schema-registry access for the Confluent framing, cached by id and by subject.
+
+    Args:
+        url: the registry's base URL (``mock://name`` gives confluent_kafka's in-memory one).
+        extra: other ``SchemaRegistryClient`` settings (``basic.auth.user.info``...).
+    """
+
+    def __init__(self, url: str, extra: dict[str, str] | None = None) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        # new_client: a "mock://" URL gives confluent_kafka's in-memory registry.
+        self._client = SchemaRegistryClient.new_client({"url": url, **(extra or {})})
+        self._by_id: dict[int, Schema] = {}
+        self._ids: dict[str, int] = {}
+
+    def writer_schema(self, schema_id: int) -> Schema:
+        """The parsed schema registered under ``schema_id``; raises on an unknown id."""
+        cached = self._by_id.get(schema_id)
+        if cached is None:
+            registered = self._client.get_schema(schema_id)
+            cached = fastavro.parse_schema(json.loads(registered.schema_str))
+            self._by_id[schema_id] = cached
+        return cached
+
+    def register(self, subject: str, schema_path: Path) -> int:
+        """Register the schema file under ``subject`` (idempotent) and return its id."""
+        schema_id = self._ids.get(subject)
+        if schema_id is None:
+            from confluent_kafka.schema_registry import Schema as RegistrySchema
+
+            schema_id = self._client.register_schema(
+                subject, RegistrySchema(schema_text(schema_path), "AVRO")
+            )
+            self._ids[subject] = schema_id
+        return schema_id
+
+
+class AvroFraming:
+    """Reads and writes Avro bodies in the configured framing.
+
+    Args:
+        framing: raw schemaless or Confluent wire format.
+        reader_schema: the schema records are decoded into (our ``.avsc``).
+        schema_lookup: required for ``Framing.CONFLUENT``.
+    """
+
+    def __init__(
+        self, framing: Framing, reader_schema: Schema, schema_lookup: SchemaLookup | None = None
+    ) -> None:
+        if framing is Framing.CONFLUENT and schema_lookup is None:
+            raise ValueError("codec.framing = 'confluent' needs codec.schema_registry_url")
+        self.framing = framing
+        self.reader_schema = reader_schema
+        self._lookup = schema_lookup
+        self._header = b""
+
+    def bind_writer(self, subject: str, schema_path: Path) -> None:
+        """For encoding in Confluent framing: register the schema and remember its header."""
+        if self.framing is Framing.CONFLUENT:
+            assert self._lookup is not None
+            self._header = _CONFLUENT_HEADER.pack(
+                _CONFLUENT_MAGIC, self._lookup.register(subject, schema_path)
+            )
+
+    def read(self, value: bytes) -> Record:
+        """Decode one body; raises :class:`RejectedMessage` on anything malformed."""
+        writer_schema = self.reader_schema
+        start = 0
+        if self.framing is Framing.CONFLUENT:
+            if len(value) < _CONFLUENT_HEADER.size or value[0] != _CONFLUENT_MAGIC:
+                raise RejectedMessage(
+                    RejectReason.BAD_FRAMING,
+                    "expected Confluent wire format (magic byte 0 + 4-byte schema id)",
+                )
+            _, schema_id = _CONFLUENT_HEADER.unpack_from(value)
+            assert self._lookup is not None
+            try:
+                writer_schema = self._lookup.writer_schema(schema_id)
+            except Exception as exc:  # registry says 404, or is unreachable
+                raise RejectedMessage(
+                    RejectReason.UNKNOWN_SCHEMA, f"schema id {schema_id}: {exc}"
+                ) from exc
+            start = _CONFLUENT_HEADER.size
+        buf = io.BytesIO(value)
+        buf.seek(start)
+        try:
+            record = fastavro.schemaless_reader(buf, writer_schema, self.reader_schema)
+        except fastavro.read.SchemaResolutionError as exc:
+            raise RejectedMessage(RejectReason.SCHEMA_MISMATCH, str(exc)) from exc
+        except Exception as exc:
+            raise RejectedMessage(RejectReason.UNDECODABLE, f"{type(exc).__name__}: {exc}") from exc
+        if buf.tell() != len(value):
+            raise RejectedMessage(
+                RejectReason.UNDECODABLE,
+                f"{len(value) - buf.tell()} trailing bytes after the record "
+                "(written with another schema?)",
+            )
+        if not isinstance(record, dict):
+            raise RejectedMessage(RejectReason.SCHEMA_MISMATCH, "body is not a record")
+        return record
+
+    def write(self, record: Record) -> bytes:
+        """Encode one record (with the Confluent header when so framed)."""
+        buf = io.BytesIO()
+        buf.write(self._header)
+        fastavro.schemaless_writer(buf, self.reader_schema, record)
+        return buf.getvalue()
+
+
+def _make_framing(settings: CodecSettings, schema_path: Path) -> AvroFraming:
+    lookup = None
+    if settings.framing is Framing.CONFLUENT:
+        if not settings.schema_registry_url:
+            raise ValueError("codec.framing = 'confluent' needs codec.schema_registry_url")
+        lookup = SchemaLookup(settings.schema_registry_url, settings.schema_registry_extra)
+    return AvroFraming(settings.framing, load_schema(schema_path), lookup)
+
+
+class UserEventDecoder:
+    """Bytes -> validated UserEvent record.
+
+    Validation rules (each failure is a :class:`RejectedMessage`):
+
+    - the value is present, non-empty and at most ``max_message_bytes``;
+    - it decodes with the UserEvent schema and nothing is left over;
+    - there is at least one candidate and at most ``max_candidates``;
+    - ``user_id`` and every item id lie in ``[0, max_id]``;
+    - ``1 <= num_results <= max_num_results``.
+
+    ``recent_item_ids`` longer than ``recent_cap`` is truncated (newest first are kept), never
+    rejected; ``None`` becomes ``[]``.
+
+    Example::
+
+        decoder = UserEventDecoder(CodecSettings(), recent_cap=20)
+        event = decoder.decode(message.value())
+    """
+
+    def __init__(self, settings: CodecSettings, recent_cap: int) -> None:
+        self._settings = settings
+        self._recent_cap = recent_cap
+        self._framing = _make_framing(settings, USER_EVENT_SCHEMA_FILE)
+
+    def decode(self, value: bytes | None) -> Record:
+        limits = self._settings
+        if not value:
+            raise RejectedMessage(RejectReason.EMPTY, "message value is empty or null")
+        if len(value) > limits.max_message_bytes:
+            raise RejectedMessage(
+                RejectReason.OVERSIZED,
+                f"{len(value)} bytes > codec.max_message_bytes={limits.max_message_bytes}",
+            )
+        event = self._framing.read(value)
+        candidates = event["candidate_item_ids"]
+        if not candidates:
+            raise RejectedMessage(RejectReason.NO_CANDIDATES, "candidate_item_ids is empty")
+        if len(candidates) > limits.max_candidates:
+            raise RejectedMessage(
+                RejectReason.TOO_MANY_CANDIDATES,
+                f"{len(candidates)} candidates > codec.max_candidates={limits.max_candidates}",
+            )
+        recent = event["recent_item_ids"]
+        if recent is None:
+            event["recent_item_ids"] = recent = []
+        elif len(recent) > self._recent_cap:
+            event["recent_item_ids"] = recent = recent[: self._recent_cap]
+        max_id = limits.max_id
+        user_id = event["user_id"]
+        if not 0 <= user_id <= max_id:
+            raise RejectedMessage(
+                RejectReason.ID_OUT_OF_RANGE, f"user_id {user_id} not in [0, {max_id}]"
+            )
+        low, high = min(candidates), max(candidates)
+        if recent:
+            low, high = min(low, min(recent)), max(high, max(recent))
+        if low < 0 or high > max_id:
+            bad = low if low < 0 else high
+            raise RejectedMessage(
+                RejectReason.ID_OUT_OF_RANGE, f"item id {bad} not in [0, {max_id}]"
+            )
+        num_results = event["num_results"]
+        if not 1 <= num_results <= limits.max_num_results:
+            raise RejectedMessage(
+                RejectReason.INVALID_FIELD,
+                f"num_results {num_results} not in [1, {limits.max_num_results}]",
+            )
+        return event
+
+
+class RecordCodec:
+    """Encode/decode records of one schema on one topic, without validation.
+
+    Used for the recommendations the pipeline writes, and by ``produce``/``consume`` and tests.
+    In Confluent framing the schema is registered under the subject ``<topic>-value``.
+
+    Example::
+
+        codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, "recommendations")
+        value = codec.encode(record)
+    """
+
+    def __init__(self, settings: CodecSettings, schema_path: Path, topic: str) -> None:
+        self._framing = _make_framing(settings, schema_path)
+        self._framing.bind_writer(f"{topic}-value", schema_path)
+        self.encode: Callable[[Record], bytes] = self._framing.write
+        self.decode: Callable[[bytes], Record] = self._framing.read

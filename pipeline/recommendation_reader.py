@@ -1,0 +1,65 @@
+"""Reading the output topic: decoded Recommendations, for ``streamrank consume`` and tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.batch import epoch_millis
+from pipeline.codec import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.config import Settings
+from pipeline.kafka_io import make_consumer
+
+
+def read_recommendations(
+    settings: Settings,
+    *,
+    max_records: int | None = None,
+    timeout_s: float = 10.0,
+    group_id: str | None = None,
+    from_beginning: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """Yield Recommendations from ``topics.output`` until ``max_records`` or ``timeout_s`` idle.
+
+    Args:
+        settings: cluster, topic and framing.
+        max_records: stop after this many (``None``: until idle).
+        timeout_s: stop after this long without a new record.
+        group_id: consumer group (default: a throw-away one, nothing committed).
+        from_beginning: start at the earliest offset for a new group.
+
+    Yields:
+        Decoded records; ``scored_at`` is epoch milliseconds.
+    """
+    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    consumer = make_consumer(
+        settings.kafka,
+        group_id=group_id or f"streamrank-consume-{uuid.uuid4().hex[:8]}",
+        extra={"auto.offset.reset": "earliest" if from_beginning else "latest"},
+    )
+    consumer.subscribe([settings.topics.output])
+    seen = 0
+    last = time.monotonic()
+    try:
+        while max_records is None or seen < max_records:
+            messages = consumer.consume(500, 0.2)
+            if not messages:
+                if time.monotonic() - last >= timeout_s:
+                    return
+                continue
+            last = time.monotonic()
+            for msg in messages:
+                if msg.error() is not None:
+                    continue
+                record = codec.decode(msg.value())  # type: ignore[arg-type]
+                scored_at = record["scored_at"]
+                if not isinstance(scored_at, int):
+                    record["scored_at"] = epoch_millis(scored_at)
+                yield record
+                seen += 1
+                if max_records is not None and seen >= max_records:
+                    return
+    finally:
+        consumer.close()

@@ -1,0 +1,315 @@
+"""The scoring loop: source -> codec -> batch -> enrich -> features -> score -> sink -> commit.
+
+Follow one message through :meth:`ScoringPipeline.run`:
+
+1. **source**: ``consumer.consume`` returns up to ``batching.consume_batch_size`` messages.
+2. **codec**: :class:`~pipeline.codec.UserEventDecoder` decodes and validates; a rejected message
+   goes to the dead-letter topic (:mod:`pipeline.dead_letter`) and the loop moves on.
+3. **batch**: valid events join the open micro-batch (:mod:`pipeline.batch`), which closes on
+   rows or delay.
+4. **enrich**: one Redis round trip for the batch's users and items (:mod:`pipeline.enrich`).
+5. **features**: numpy columns -> dense tensor + KeyedJaggedTensor (:mod:`pipeline.features`,
+   :mod:`model.features`).
+6. **score**: one forward, top-K per event (:mod:`pipeline.score`).
+7. **sink**: one Recommendation per event (:mod:`pipeline.sink`).
+8. **commit**: offsets are committed once every record of the batch is acknowledged
+   (:mod:`pipeline.checkpointing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from pipeline.batch import MicroBatcher, to_columns
+from pipeline.checkpointing import Checkpointer
+from pipeline.codec import (
+    RECOMMENDATION_SCHEMA_FILE,
+    Record,
+    RecordCodec,
+    RejectedMessage,
+    UserEventDecoder,
+)
+from pipeline.config import Settings
+from pipeline.dead_letter import DeadLetterSink
+from pipeline.enrich import FallbackFeature, FeatureEnricher
+from pipeline.features import build_feature_columns, fallback_flags
+from pipeline.kafka_io import ensure_topics, make_consumer, make_producer
+from pipeline.metrics import Metrics
+from pipeline.score import Scorer
+from pipeline.sink import RecommendationSink
+
+log = logging.getLogger(__name__)
+
+_POLL_TIMEOUT_S = 0.1
+_MAX_LATENCY_SAMPLES = 1_000_000
+
+
+@dataclass
+class RunSummary:
+    """What one run did (printed by ``streamrank run`` and the demo)."""
+
+    events_in: int = 0
+    events_out: int = 0
+    dead_lettered: int = 0
+    rows_scored: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    first_input_at: float | None = None
+    last_output_at: float | None = None
+    latencies_s: list[float] = field(default_factory=list)
+
+    @property
+    def busy_seconds(self) -> float:
+        """From the first message consumed to the last batch produced (idle time excluded)."""
+        if self.first_input_at is None or self.last_output_at is None:
+            return 0.0
+        return self.last_output_at - self.first_input_at
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events_out / self.busy_seconds if self.busy_seconds else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_scored / self.busy_seconds if self.busy_seconds else 0.0
+
+    def latency_quantile(self, q: float) -> float:
+        return float(np.quantile(self.latencies_s, q)) if self.latencies_s else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "events_in": self.events_in,
+            "events_out": self.events_out,
+            "dead_lettered": self.dead_lettered,
+            "rows_scored": self.rows_scored,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "busy_seconds": round(self.busy_seconds, 3),
+            "events_per_s": round(self.events_per_s, 1),
+            "rows_per_s": round(self.rows_per_s, 1),
+            "latency_p50_ms": round(self.latency_quantile(0.5) * 1000, 2),
+            "latency_p99_ms": round(self.latency_quantile(0.99) * 1000, 2),
+        }
+
+
+class ScoringPipeline:
+    """One consumer-group member scoring its partitions.
+
+    Args:
+        settings: the whole configuration.
+        scorer: the model to serve.
+        metrics: where to count (a fresh registry by default).
+        enricher: an existing enricher (tests); built from ``settings.redis`` otherwise.
+
+    Example::
+
+        pipeline = ScoringPipeline(load_settings(), Scorer.from_checkpoint(path))
+        summary = pipeline.run(exit_when_idle_s=5)
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        scorer: Scorer,
+        metrics: Metrics | None = None,
+        enricher: FeatureEnricher | None = None,
+    ) -> None:
+        self.settings = settings
+        self.scorer = scorer
+        self.metrics = metrics or Metrics()
+        spec = scorer.spec
+        self.decoder = UserEventDecoder(settings.codec, recent_cap=spec.recent_items_cap)
+        self.enricher = enricher or FeatureEnricher(
+            settings.redis, spec.user_dense_dim, spec.item_dense_dim, self.metrics
+        )
+        self.batcher = MicroBatcher(
+            settings.batching.max_batch_rows, settings.batching.max_delay_ms
+        )
+        self._stop = threading.Event()
+        self._last_activity: float | None = None
+        """Last input or (re)assignment; None until the group first assigned partitions."""
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._sink: RecommendationSink | None = None
+        self._dead_letters: DeadLetterSink | None = None
+        self.summary = RunSummary()
+
+    def stop(self) -> None:
+        """Ask the loop to finish the open batch, commit, and return (thread/signal safe)."""
+        self._stop.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(
+        self, exit_when_idle_s: float | None = None, max_events: int | None = None
+    ) -> RunSummary:
+        """Consume and score until stopped, idle for ``exit_when_idle_s``, or ``max_events`` in.
+
+        Returns:
+            The run's :class:`RunSummary`.
+        """
+        settings = self.settings
+        ensure_topics(settings.kafka, settings.topics)
+        self._producer = producer = make_producer(settings.kafka)
+        self._consumer = consumer = make_consumer(
+            settings.kafka, stats_cb=self.metrics.record_librdkafka_stats
+        )
+        self._checkpointer = checkpointer = Checkpointer(
+            consumer, producer, max_sealed=settings.batching.max_in_flight_batches
+        )
+        codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+        self._sink = RecommendationSink(
+            producer, settings.topics.output, codec, checkpointer, self.metrics
+        )
+        self._dead_letters = DeadLetterSink(
+            producer, settings.topics.dlq, checkpointer, self.metrics
+        )
+        consumer.subscribe(
+            [settings.topics.input],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        started = time.monotonic()
+        batch_size = settings.batching.consume_batch_size
+        try:
+            while not self._stop.is_set():
+                timeout = min(_POLL_TIMEOUT_S, self.batcher.time_left())
+                messages = consumer.consume(batch_size, timeout)
+                now = time.monotonic()
+                if messages:
+                    self._last_activity = now
+                    if self.summary.first_input_at is None:
+                        self.summary.first_input_at = now
+                    self._handle(messages)
+                if self.batcher.due():
+                    self._score(self.batcher.close())
+                elif not len(self.batcher):
+                    checkpointer.seal()  # offsets of dead-lettered messages alone
+                checkpointer.commit_ready()
+                if max_events is not None and self.summary.events_in >= max_events:
+                    break
+                if (
+                    exit_when_idle_s is not None
+                    and self._last_activity is not None  # idle only counts once in the group
+                    and not len(self.batcher)
+                    and now - self._last_activity >= exit_when_idle_s
+                ):
+                    log.info("no input for %.1fs: stopping", exit_when_idle_s)
+                    break
+            self._score(self.batcher.close())
+            checkpointer.flush_and_commit()
+        finally:
+            self.summary.seconds = time.monotonic() - started
+            consumer.close()
+        return self.summary
+
+    def _handle(self, messages: list[Message]) -> None:
+        checkpointer = self._checkpointer
+        dead_letters = self._dead_letters
+        assert checkpointer is not None and dead_letters is not None
+        start = time.perf_counter()
+        decode = self.decoder.decode
+        batcher = self.batcher
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                self._client_error(err)
+                continue
+            self.summary.events_in += 1
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            assert topic is not None and partition is not None and offset is not None
+            try:
+                record = decode(msg.value())  # type: ignore[arg-type]
+            except RejectedMessage as rejection:
+                checkpointer.consumed(topic, partition, offset)
+                dead_letters.publish(msg, rejection)
+                self.summary.dead_lettered += 1
+                continue
+            if not batcher.fits(record):
+                self._score(batcher.close())
+            checkpointer.consumed(topic, partition, offset)
+            batcher.add(record)
+            if batcher.full:
+                self._score(batcher.close())
+        self.metrics.events_in.inc(len(messages))
+        self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
+
+    def _client_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("consumer error: %s", err)
+
+    def _score(self, records: list[Record] | None) -> None:
+        """Enrich, featurise, score and publish one closed batch, then seal its checkpoint."""
+        if not records:
+            return
+        sink, checkpointer, metrics = self._sink, self._checkpointer, self.metrics
+        assert sink is not None and checkpointer is not None
+        with metrics.stage("enrich"):
+            events = to_columns(records)
+            enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
+        with metrics.stage("features"):
+            features = build_feature_columns(events, enrichment, self.scorer.spec)
+            inp = self.scorer.model_input(features)
+        with metrics.stage("forward"):
+            probs = self.scorer.forward(inp)
+            scored = self.scorer.top_k(probs, events)
+        with metrics.stage("produce"):
+            flags = fallback_flags(events, enrichment)
+            sink.publish(
+                events.event_ids,
+                events.user_ids,
+                events.event_time_ms,
+                scored.counts,
+                scored.item_ids,
+                scored.scores,
+                flags,
+                self.scorer.model_version,
+            )
+            checkpointer.seal()
+        for feature, mask in (
+            (FallbackFeature.USER, flags.user),
+            (FallbackFeature.ITEM, flags.item),
+        ):
+            count = int(mask.sum())
+            if count:
+                metrics.fallbacks.labels(feature=feature.value).inc(count)
+        metrics.batch_rows.observe(events.num_rows)
+        summary = self.summary
+        summary.events_out += events.num_events
+        summary.rows_scored += events.num_rows
+        summary.batches += 1
+        summary.last_output_at = time.monotonic()
+        if len(summary.latencies_s) < _MAX_LATENCY_SAMPLES:
+            now_ms = time.time() * 1000
+            summary.latencies_s.extend(((now_ms - events.event_time_ms) / 1000).tolist())
+
+    # -- rebalances ----------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        self._last_activity = time.monotonic()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Finish and commit everything consumed so far before the partitions move on."""
+        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        self._score(self.batcher.close())
+        if self._checkpointer is not None:
+            self._checkpointer.flush_and_commit()
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions already belong to someone else: results may repeat, commits would fail."""
+        log.warning("lost %s", [(p.topic, p.partition) for p in partitions])
+        if self._checkpointer is not None:
+            self._checkpointer.forget([(p.topic, p.partition) for p in partitions])

@@ -1,0 +1,246 @@
+"""Shared fixtures: the real local stack (Kafka + Redis) and factories over it.
+
+The session starts its own stack in a temp dir with ``scripts/stack_up.sh`` (the same script
+``make stack-up`` uses) and stops it at the end. Integration tests get unique topics, consumer
+groups and Redis key prefixes from the factories, so they never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Consumer, Producer
+
+from pipeline.config import (
+    BatchingSettings,
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    Settings,
+    TopicsSettings,
+)
+from pipeline.kafka_io import ensure_topics
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class LocalStack:
+    """Where the session's Kafka and Redis listen."""
+
+    bootstrap_servers: str
+    redis_url: str
+    directory: Path
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = value.strip().strip("'\"")
+    return env
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    directory = tmp_path_factory.mktemp("stack")
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "stack_up.sh"), str(directory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=600,
+    )
+    env = _read_env(directory / "env")
+    try:
+        yield LocalStack(
+            env["STREAMRANK_KAFKA__BOOTSTRAP_SERVERS"], env["STREAMRANK_REDIS__URL"], directory
+        )
+    finally:
+        subprocess.run(
+            [str(REPO_ROOT / "scripts" / "stack_down.sh"), str(directory)],
+            check=False,
+            stdout=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """``unique_name("events")`` -> ``events-<test name>-<random>`` (valid topic/group name)."""
+
+    def make(prefix: str) -> str:
+        test = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+        return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}"
+
+    return make
+
+
+@pytest.fixture
+def settings_factory(
+    local_stack: LocalStack, unique_name: Callable[[str], str]
+) -> Callable[..., Settings]:
+    """Settings pointing at the local stack, with fresh topics, group and Redis prefix.
+
+    Keyword arguments replace whole sections, e.g. ``settings_factory(batching=BatchingSettings(
+    max_batch_rows=64))``.
+    """
+
+    def make(**sections: Any) -> Settings:
+        base: dict[str, Any] = {
+            "kafka": KafkaSettings(
+                bootstrap_servers=local_stack.bootstrap_servers,
+                group_id=unique_name("group"),
+                session_timeout_ms=6000,
+            ),
+            "topics": TopicsSettings(
+                input=unique_name("events"),
+                output=unique_name("recs"),
+                dlq=unique_name("dlq"),
+                partitions=4,
+            ),
+            "redis": RedisSettings(url=local_stack.redis_url, key_prefix=unique_name("sr")),
+            "batching": BatchingSettings(max_batch_rows=512, max_delay_ms=20),
+            "metrics": MetricsSettings(enabled=False),
+        }
+        base.update(sections)
+        settings = Settings(**base)
+        ensure_topics(settings.kafka, settings.topics)
+        return settings
+
+    return make
+
+
+@pytest.fixture
+def producer_factory(local_stack: LocalStack) -> Iterator[Callable[..., Producer]]:
+    made: list[Producer] = []
+
+    def make(**extra: Any) -> Producer:
+        producer = Producer({"bootstrap.servers": local_stack.bootstrap_servers, **extra})
+        made.append(producer)
+        return producer
+
+    yield make
+    for producer in made:
+        producer.flush(10)
+
+
+@pytest.fixture
+def consumer_factory(
+    local_stack: LocalStack, unique_name: Callable[[str], str]
+) -> Iterator[Callable[..., Consumer]]:
+    made: list[Consumer] = []
+
+    def make(*topics: str, **extra: Any) -> Consumer:
+        conf = {
+            "bootstrap.servers": local_stack.bootstrap_servers,
+            "group.id": unique_name("reader"),
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **extra,
+        }
+        consumer = Consumer(conf)
+        consumer.subscribe(list(topics))
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.close()
+
+
+@pytest.fixture
+def redis_client(local_stack: LocalStack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(local_stack.redis_url)
+    yield client
+    client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    """An extra redis-server the test owns (to take down mid-run)."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def redis_server_factory(
+    local_stack: LocalStack, tmp_path: Path
+) -> Iterator[Callable[[], RedisServer]]:
+    """Start extra Redis servers (the binary the stack script installed)."""
+    servers: list[RedisServer] = []
+    binary = shutil.which("redis-server")
+    assert binary, "scripts/stack_up.sh installs redis-server"
+
+    def make() -> RedisServer:
+        port = _free_port()
+        process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        server = RedisServer(port, process)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the stack are ``integration``; the rest run without servers."""
+    for item in items:
+        if "local_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")

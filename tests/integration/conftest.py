@@ -1,0 +1,203 @@
+"""Fixtures for whole-pipeline tests: a small trained model, its world, seeded features."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from model.checkpoint import save_checkpoint
+from model.spec import FeatureSpec, SparseFeature
+from model.synthetic import SampledEvents, SyntheticWorld, to_event_dicts
+from model.train import train_ranker
+from pipeline.codec import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.config import ModelSettings, Settings, SyntheticSettings
+from pipeline.feature_store import FeatureStoreWriter
+from pipeline.kafka_io import make_consumer, make_producer, produce
+from pipeline.runner import RunSummary, ScoringPipeline
+from pipeline.score import Scorer
+from pipeline.synthetic_io import build_world, seed_world_features
+
+WORLD = SyntheticSettings(
+    num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40
+)
+TABLE_ROWS = {
+    SparseFeature.USER_ID: 2000,
+    SparseFeature.ITEM_ID: 5000,
+    SparseFeature.ITEM_CATEGORY: 100,
+    SparseFeature.DEVICE: 16,
+    SparseFeature.COUNTRY: 32,
+    SparseFeature.RECENT_ITEMS: 5000,
+}
+
+
+def model_settings(checkpoint: Path) -> ModelSettings:
+    return ModelSettings(
+        checkpoint=checkpoint,
+        device="cpu",
+        embedding_dim=16,
+        num_embeddings={f.value: n for f, n in TABLE_ROWS.items()},
+        dense_arch=[32, 16],
+        over_arch=[32, 1],
+        recent_items_cap=8,
+    )
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small DLRM trained on the test world (a few seconds)."""
+    path = tmp_path_factory.mktemp("model") / "ckpt"
+    settings = Settings(model=model_settings(path), synthetic=WORLD)
+    spec = settings.model.feature_spec()
+    result = train_ranker(spec, build_world(settings), num_events=1500, epochs=1, seed=0)
+    save_checkpoint(result.ranker, spec, path, metrics={"auc": result.auc})
+    return path
+
+
+@pytest.fixture(scope="session")
+def world() -> SyntheticWorld:
+    return build_world(Settings(synthetic=WORLD))
+
+
+@pytest.fixture(scope="session")
+def spec(trained_checkpoint: Path) -> FeatureSpec:
+    return Settings(model=model_settings(trained_checkpoint)).model.feature_spec()
+
+
+@pytest.fixture
+def pipeline_settings(
+    settings_factory: Callable[..., Settings],
+    trained_checkpoint: Path,
+    world: SyntheticWorld,
+) -> Settings:
+    """Settings on fresh topics/group/prefix, with the world's features seeded in Redis."""
+    settings = settings_factory(model=model_settings(trained_checkpoint), synthetic=WORLD)
+    seed_features(settings, world)
+    return settings
+
+
+def seed_features(settings: Settings, world: SyntheticWorld) -> None:
+    client = redis.Redis.from_url(settings.redis.url)
+    seed_world_features(world, FeatureStoreWriter(client, settings.redis.key_prefix))
+    client.close()
+
+
+@dataclass
+class SentEvents:
+    """Events a test produced, as sampled (for offline scoring) and as sent."""
+
+    sampled: SampledEvents
+    records: list[dict[str, Any]]
+
+    @property
+    def ids(self) -> set[str]:
+        return {r["event_id"] for r in self.records}
+
+
+@pytest.fixture
+def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
+    """Produce ``n`` synthetic events (fresh ids) to ``settings.topics.input``."""
+    rng = np.random.default_rng()
+
+    def send(settings: Settings, n: int, extra_values: list[bytes] | None = None) -> SentEvents:
+        sampled = world.sample_events(n, rng)
+        records = list(to_event_dicts(sampled, world))
+        codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+        producer = make_producer(settings.kafka)
+        now = int(time.time() * 1000)
+        extras = list(extra_values or [])
+        stride = max(1, n // (len(extras) + 1))
+        for i, record in enumerate(records):
+            record["event_time"] = now
+            produce(
+                producer,
+                settings.topics.input,
+                codec.encode(record),
+                key=str(record["user_id"]).encode(),
+            )
+            if extras and i % stride == stride - 1:
+                produce(producer, settings.topics.input, extras.pop())
+        for value in extras:
+            produce(producer, settings.topics.input, value)
+        assert producer.flush(30) == 0
+        return SentEvents(sampled, records)
+
+    return send
+
+
+class BackgroundPipeline:
+    """A ScoringPipeline running in a thread of the test process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.pipeline = ScoringPipeline(
+            settings, Scorer.from_checkpoint(settings.model.checkpoint, "cpu")
+        )
+        self.summary: RunSummary | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.summary = self.pipeline.run()
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def start(self) -> BackgroundPipeline:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 60) -> RunSummary:
+        self.pipeline.stop()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "pipeline did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.summary is not None
+        return self.summary
+
+
+@pytest.fixture
+def background_pipeline() -> Iterator[Callable[[Settings], BackgroundPipeline]]:
+    started: list[BackgroundPipeline] = []
+
+    def start(settings: Settings) -> BackgroundPipeline:
+        bp = BackgroundPipeline(settings).start()
+        started.append(bp)
+        return bp
+
+    yield start
+    for bp in started:
+        if bp._thread.is_alive():
+            bp.pipeline.stop()
+            bp._thread.join(30)
+
+
+def collect(settings: Settings, expected: int, timeout_s: float = 90.0) -> list[dict[str, Any]]:
+    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras."""
+    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    consumer = make_consumer(
+        settings.kafka,
+        group_id=f"collect-{uuid.uuid4().hex[:8]}",
+        extra={"auto.offset.reset": "earliest"},
+    )
+    consumer.subscribe([settings.topics.output])
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.2):
+                assert msg.error() is None, msg.error()
+                out.append(codec.decode(msg.value()))
+            if len(out) >= expected:
+                deadline = min(deadline, time.monotonic() + 3.0)
+    finally:
+        consumer.close()
+    return out

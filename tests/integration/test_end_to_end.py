@@ -1,0 +1,296 @@
+"""The whole job against the real Kafka broker and Redis of the session stack."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from confluent_kafka import Consumer
+
+from model.checkpoint import load_checkpoint
+from model.features import build_model_input
+from model.spec import FeatureSpec
+from model.synthetic import SyntheticWorld, feature_columns
+from pipeline.codec import (
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    RejectReason,
+)
+from pipeline.config import BatchingSettings, CodecSettings, RedisSettings, Settings
+from pipeline.dead_letter import DETAIL_HEADER, REASON_HEADER
+from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, seed_features
+
+pytestmark = pytest.mark.slow
+
+
+def assert_well_formed(recs: list[dict], sent: SentEvents) -> None:
+    by_id = {r["event_id"]: r for r in sent.records}
+    for rec in recs:
+        event = by_id[rec["event_id"]]
+        assert rec["user_id"] == event["user_id"]
+        expected = min(event["num_results"], len(event["candidate_item_ids"]))
+        assert len(rec["items"]) == expected
+        scores = [i["score"] for i in rec["items"]]
+        assert scores == sorted(scores, reverse=True)
+        assert all(0.0 <= s <= 1.0 for s in scores)
+        items = [i["item_id"] for i in rec["items"]]
+        assert len(set(items)) == len(items)
+        assert set(items) <= set(event["candidate_item_ids"])
+
+
+def test_every_valid_event_gets_exactly_one_recommendation(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+) -> None:
+    sent = send_events(pipeline_settings, 400)
+    bp = background_pipeline(pipeline_settings)
+    recs = collect(pipeline_settings, expected=400)
+    summary = bp.stop()
+
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == sent.ids
+    assert max(counts.values()) == 1, "an event was scored twice"
+    assert_well_formed(recs, sent)
+    assert all(r["fallback_features"] == [] for r in recs)
+    assert summary.events_out == 400 and summary.dead_lettered == 0
+    # Batching really happened: fewer batches than events, none over the row limit.
+    assert summary.batches < 400
+
+
+def _dlq_records(consumer: Consumer, expected: int, timeout_s: float = 60) -> list:
+    out = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < expected and time.monotonic() < deadline:
+        out += [m for m in consumer.consume(100, 0.5) if m.error() is None]
+    return out
+
+
+def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
+    settings_factory: Callable[..., Settings],
+    trained_checkpoint: Path,
+    world: SyntheticWorld,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+    consumer_factory: Callable[..., Consumer],
+) -> None:
+    from tests.integration.conftest import WORLD, model_settings
+
+    settings = settings_factory(
+        model=model_settings(trained_checkpoint),
+        synthetic=WORLD,
+        codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
+    )
+    seed_features(settings, world)
+    events_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    recs_codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    good = {
+        "event_id": "template",
+        "user_id": int(world.user_ids[0]),
+        "event_time": 0,
+        "context": {"device": "ios", "country": "US"},
+        "candidate_item_ids": [int(i) for i in world.item_ids[:5]],
+        "recent_item_ids": None,
+        "num_results": 3,
+    }
+    bad = {
+        RejectReason.UNDECODABLE: b"\x00\x01garbage\xff",
+        RejectReason.EMPTY: b"",
+        RejectReason.NO_CANDIDATES: events_codec.encode({**good, "candidate_item_ids": []}),
+        RejectReason.TOO_MANY_CANDIDATES: events_codec.encode(
+            {**good, "candidate_item_ids": list(range(300))}
+        ),
+        RejectReason.ID_OUT_OF_RANGE: events_codec.encode({**good, "user_id": -5}),
+        RejectReason.OVERSIZED: events_codec.encode({**good, "recent_item_ids": [2**40] * 1000}),
+        RejectReason.INVALID_FIELD: events_codec.encode({**good, "num_results": 0}),
+    }
+    # A Recommendation on the events topic (wrong schema) must not decode as a UserEvent.
+    wrong_schema = recs_codec.encode(
+        {
+            "event_id": "x",
+            "user_id": 1,
+            "items": [],
+            "model_version": "m",
+            "scored_at": 0,
+            "fallback_features": [],
+        }
+    )
+    expected_reasons: dict[bytes, set[str]] = {v: {r.value} for r, v in bad.items()}
+    expected_reasons[wrong_schema] = {
+        RejectReason.UNDECODABLE.value,
+        RejectReason.SCHEMA_MISMATCH.value,
+    }
+    values = list(expected_reasons)
+    sent = send_events(settings, 200, extra_values=list(values))
+    dlq = consumer_factory(settings.topics.dlq)
+    bp = background_pipeline(settings)
+    recs = collect(settings, expected=200)
+    dead = _dlq_records(dlq, expected=len(values))
+    summary = bp.stop()
+
+    assert {r["event_id"] for r in recs} == sent.ids and len(recs) == 200
+    assert_well_formed(recs, sent)
+    assert len(dead) == len(values)
+    dead_values = set()
+    for msg in dead:
+        headers = dict(msg.headers())
+        value = msg.value() or b""
+        dead_values.add(value)  # the original bytes, untouched
+        assert headers[REASON_HEADER].decode() in expected_reasons[value]
+        assert headers[DETAIL_HEADER]
+        assert headers["x-source-topic"].decode() == settings.topics.input
+        assert int(headers["x-source-partition"]) >= 0
+        assert int(headers["x-source-offset"]) >= 0
+        assert int(headers["x-dlq-time"]) > 0
+    assert dead_values == set(values)
+    assert summary.dead_lettered == len(values)
+
+
+def test_scores_equal_offline_model_scores(
+    pipeline_settings: Settings,
+    spec: FeatureSpec,
+    world: SyntheticWorld,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+) -> None:
+    sent = send_events(pipeline_settings, 150)
+    bp = background_pipeline(pipeline_settings)
+    recs = collect(pipeline_settings, expected=150)
+    bp.stop()
+
+    # Offline: features straight from the world (not from Redis), the checkpoint's model.
+    ranker, _ = load_checkpoint(pipeline_settings.model.checkpoint)
+    ranker.eval()
+    cols = feature_columns(sent.sampled, world, spec)
+    offline = ranker.score(build_model_input(cols, spec)).double().numpy()
+    starts = np.concatenate(([0], np.cumsum(cols.candidate_counts)))
+    offline_by_event = {}
+    for e, record in enumerate(sent.records):
+        ids = record["candidate_item_ids"]
+        offline_by_event[record["event_id"]] = dict(
+            zip(ids, offline[starts[e] : starts[e + 1]].tolist(), strict=True)
+        )
+    assert len(recs) == 150
+    worst = 0.0
+    for rec in recs:
+        expected = offline_by_event[rec["event_id"]]
+        for item in rec["items"]:
+            worst = max(worst, abs(item["score"] - expected[item["item_id"]]))
+        # The returned items are the offline top-k (up to ties).
+        k = len(rec["items"])
+        kth_best = sorted(expected.values(), reverse=True)[k - 1]
+        assert min(i["score"] for i in rec["items"]) >= kth_best - 1e-5
+    assert worst <= 1e-5, worst
+    assert torch.get_num_threads() >= 1
+
+
+def test_redis_outage_serves_defaults_with_fallback_flag_and_loses_nothing(
+    settings_factory: Callable[..., Settings],
+    trained_checkpoint: Path,
+    world: SyntheticWorld,
+    redis_server_factory: Callable,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+) -> None:
+    from tests.integration.conftest import WORLD, model_settings
+
+    server = redis_server_factory()
+    settings = settings_factory(
+        model=model_settings(trained_checkpoint),
+        synthetic=WORLD,
+        redis=RedisSettings(
+            url=server.url,
+            key_prefix="sr",
+            cache_ttl_s=0.0,
+            socket_timeout_ms=100,
+            connect_timeout_ms=100,
+            retry_after_s=0.5,
+        ),
+    )
+    seed_features(settings, world)
+    bp = background_pipeline(settings)
+    before = send_events(settings, 100)
+    recs_before = collect(settings, expected=100)
+    assert {r["event_id"] for r in recs_before} == before.ids
+    assert all(r["fallback_features"] == [] for r in recs_before)
+
+    server.stop()  # Redis goes away mid-run
+    after = send_events(settings, 100)
+    recs = collect(settings, expected=200)
+    summary = bp.stop()
+
+    by_id = {r["event_id"]: r for r in recs}
+    assert set(by_id) == before.ids | after.ids
+    assert len(recs) == 200
+    for event_id in after.ids:
+        assert set(by_id[event_id]["fallback_features"]) == {"user_features", "item_features"}
+    assert_well_formed([by_id[i] for i in after.ids], after)
+    assert summary.events_out == 200
+
+
+def _run_cli(settings: Settings, *args: str, **popen: object) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "STREAMRANK_KAFKA__GROUP_ID": settings.kafka.group_id,
+        "STREAMRANK_TOPICS__INPUT": settings.topics.input,
+        "STREAMRANK_TOPICS__OUTPUT": settings.topics.output,
+        "STREAMRANK_TOPICS__DLQ": settings.topics.dlq,
+        "STREAMRANK_REDIS__URL": settings.redis.url,
+        "STREAMRANK_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+        "STREAMRANK_MODEL__CHECKPOINT": str(settings.model.checkpoint),
+        "STREAMRANK_MODEL__DEVICE": "cpu",
+        "STREAMRANK_METRICS__ENABLED": "false",
+        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        **popen,  # type: ignore[arg-type]
+    )
+
+
+def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+) -> None:
+    sent = send_events(pipeline_settings, 3000)
+    log = (tmp_path / "first.log").open("w")
+    first = _run_cli(pipeline_settings, "run", stdout=log, stderr=subprocess.STDOUT)
+    # Kill it hard once it is part-way through.
+    deadline = time.monotonic() + 120
+    seen = 0
+    while time.monotonic() < deadline:
+        seen = len(collect(pipeline_settings, expected=1, timeout_s=5))
+        if seen >= 300:
+            break
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    assert 0 < seen < 3000, f"kill came too late or too early ({seen} scored)"
+
+    second = _run_cli(
+        pipeline_settings,
+        "run",
+        "--exit-when-idle",
+        "5",
+        stdout=(tmp_path / "second.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert second.wait(240) == 0, (tmp_path / "second.log").read_text()[-3000:]
+
+    recs = collect(pipeline_settings, expected=3000)
+    assert {r["event_id"] for r in recs} == sent.ids  # nothing lost
+    # At-least-once: only events of the killed run's last uncommitted batches repeat.
+    duplicates = len(recs) - len(sent.ids)
+    assert 0 <= duplicates < 3000
