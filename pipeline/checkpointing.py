@@ -28,9 +28,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +39,6 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 class DeliveryFailed(RuntimeError):
     """A record could not be delivered; the offsets it guards were not committed."""
-
-
-class CommittingConsumer(Protocol):
-    """The part of ``confluent_kafka.Consumer`` the protocol needs."""
-
-    def commit(
-        self,
-        message: Message | None = ...,
-        offsets: list[TopicPartition] | None = ...,
-        asynchronous: bool = ...,
-    ) -> list[TopicPartition] | None: ...
-
-
-class FlushingProducer(Protocol):
-    """The part of ``confluent_kafka.Producer`` the protocol needs."""
-
-    def poll(self, timeout: float = ...) -> int: ...
-
-    def flush(self, timeout: float = ...) -> int: ...
 
 
 @dataclass
@@ -90,8 +70,9 @@ class Checkpointer:
     """Owns the commit protocol described in the module docstring.
 
     Args:
-        consumer: commits offsets.
-        producer: the producer every output/DLQ record goes through (polled for callbacks).
+        consumer: commits offsets (only ``commit`` is used).
+        producer: the producer every output/DLQ record goes through (only ``poll`` and
+            ``flush`` are used).
         max_sealed: sealed-but-unacknowledged checkpoints allowed before :meth:`seal` waits.
 
     Example::
@@ -105,7 +86,7 @@ class Checkpointer:
     """
 
     def __init__(
-        self, consumer: CommittingConsumer, producer: FlushingProducer, max_sealed: int = 4
+        self, consumer: Consumer, producer: Producer, max_sealed: int = 4
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -185,6 +166,9 @@ class Checkpointer:
         if not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        self._consumer.commit(offsets=tps, asynchronous=asynchronous)
+        if asynchronous:
+            self._consumer.commit(offsets=tps, asynchronous=True)
+        else:
+            self._consumer.commit(offsets=tps, asynchronous=False)
         self.committed.update(offsets)
         log.debug("committed %s", offsets)

@@ -67,7 +67,8 @@ def run(
     exit_when_idle: Annotated[
         float | None,
         typer.Option(
-            help="Stop cleanly after this many seconds without input (counted once the group has assigned partitions)."
+            help="Stop cleanly after this many seconds without input "
+            "(counted once the group has assigned partitions)."
         ),
     ] = None,
     max_events: Annotated[int | None, typer.Option(help="Stop after consuming this many.")] = None,

@@ -92,8 +92,10 @@ class SchemaLookup:
         """The parsed schema registered under ``schema_id``; raises on an unknown id."""
         cached = self._by_id.get(schema_id)
         if cached is None:
-            registered = self._client.get_schema(schema_id)
-            cached = fastavro.parse_schema(json.loads(registered.schema_str))
+            schema_str = self._client.get_schema(schema_id).schema_str
+            if not schema_str:
+                raise ValueError(f"registry returned no schema text for id {schema_id}")
+            cached = fastavro.parse_schema(json.loads(schema_str))
             self._by_id[schema_id] = cached
         return cached
 

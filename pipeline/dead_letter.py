@@ -35,7 +35,8 @@ _MAX_DETAIL = 1024
 
 def dead_letter_headers(message: Message, rejection: RejectedMessage) -> Headers:
     """The original headers plus the ``x-dlq-*``/``x-source-*`` ones."""
-    headers: Headers = [(k, v or b"") for k, v in (message.headers() or [])]
+    original = message.headers() or []
+    headers: Headers = list(original.items()) if isinstance(original, dict) else list(original)
     headers += [
         (REASON_HEADER, rejection.reason.value.encode()),
         (DETAIL_HEADER, rejection.detail[:_MAX_DETAIL].encode("utf-8", "replace")),

@@ -14,10 +14,13 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from pipeline.config import RedisSettings
 from pipeline.feature_store import FLOAT32, INT64, item_key, item_record_dtype, user_key
@@ -128,10 +131,12 @@ class FeatureEnricher:
         self._user_dim = user_dense_dim
         self._item_dtype = item_record_dtype(item_dense_dim)
         self._metrics = metrics
+        # No client-side retries: an outage must cost one timeout, then defaults (see module doc).
         self._client = client or redis.Redis.from_url(
             settings.url,
             socket_timeout=settings.socket_timeout_ms / 1000,
             socket_connect_timeout=settings.connect_timeout_ms / 1000,
+            retry=Retry(NoBackoff(), 0),
         )
         self._down_until = 0.0
         capacity = settings.cache_max_entries
@@ -205,7 +210,7 @@ class FeatureEnricher:
         keys = [user_key(self._prefix, u) for u in user_ids]
         keys += [item_key(self._prefix, i) for i in item_ids]
         try:
-            values: list[bytes | None] = self._client.mget(keys)
+            values = cast(list[bytes | None], self._client.mget(keys))
         except redis.RedisError as exc:
             self._down_until = time.monotonic() + self._settings.retry_after_s
             log.warning(

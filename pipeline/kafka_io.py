@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 ErrorCallback = Callable[[KafkaError], None]
 """librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, str | bytes | None]]
 
 
 def log_client_error(err: KafkaError) -> None:

@@ -228,7 +228,7 @@ class ScoringPipeline:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             assert topic is not None and partition is not None and offset is not None
             try:
-                record = decode(msg.value())  # type: ignore[arg-type]
+                record = decode(msg.value())
             except RejectedMessage as rejection:
                 checkpointer.consumed(topic, partition, offset)
                 dead_letters.publish(msg, rejection)

@@ -1,0 +1,398 @@
+"""The commit protocol of Checkpointer, against small fakes of the consumer and producer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from pipeline.checkpointing import Checkpointer, DeliveryCallback, DeliveryFailed
+
+T = "events"
+
+
+@dataclass
+class FakeMessage:
+    _topic: str
+
+    def topic(self) -> str:
+        return self._topic
+
+
+@dataclass
+class FakeConsumer:
+    commits: list[tuple[dict[tuple[str, int], int], bool]] = field(default_factory=list)
+
+    def commit(
+        self,
+        message: object = None,
+        offsets: list[TopicPartition] | None = None,
+        asynchronous: bool = True,
+    ) -> None:
+        assert message is None
+        assert offsets is not None
+        for tp in offsets:
+            assert isinstance(tp, TopicPartition)
+        as_dict = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        assert len(as_dict) == len(offsets), "one entry per partition"
+        self.commits.append((as_dict, asynchronous))
+
+    @property
+    def offsets(self) -> list[dict[tuple[str, int], int]]:
+        return [c[0] for c in self.commits]
+
+
+class FakeProducer:
+    """Records produced with :meth:`produce`; acks happen in :meth:`ack` or in poll/flush."""
+
+    def __init__(self, acks_per_poll: int = 0, stuck_on_flush: int = 0) -> None:
+        self.pending: list[tuple[DeliveryCallback, KafkaError | None]] = []
+        self.polls: list[float] = []
+        self.flushes: list[float] = []
+        self.acks_per_poll = acks_per_poll
+        self.stuck_on_flush = stuck_on_flush
+
+    def produce(self, callback: DeliveryCallback, error: KafkaError | None = None) -> None:
+        self.pending.append((callback, error))
+
+    def ack(self, n: int | None = None) -> None:
+        """Fire the oldest ``n`` (default all) delivery callbacks, like librdkafka's poll."""
+        n = len(self.pending) if n is None else n
+        fire, self.pending = self.pending[:n], self.pending[n:]
+        for callback, error in fire:
+            callback(error, FakeMessage("recs"))  # type: ignore[arg-type]
+
+    def poll(self, timeout: float = 0) -> int:
+        self.polls.append(timeout)
+        n = min(self.acks_per_poll, len(self.pending)) if timeout > 0 else 0
+        self.ack(n)
+        return n
+
+    def flush(self, timeout: float = 0) -> int:
+        self.flushes.append(timeout)
+        self.ack(len(self.pending) - self.stuck_on_flush)
+        return len(self.pending)
+
+
+def _error() -> KafkaError:
+    return KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
+@pytest.fixture
+def consumer() -> FakeConsumer:
+    return FakeConsumer()
+
+
+@pytest.fixture
+def producer() -> FakeProducer:
+    return FakeProducer()
+
+
+@pytest.fixture
+def ckpt(consumer: FakeConsumer, producer: FakeProducer) -> Checkpointer:
+    return Checkpointer(consumer, producer)  # type: ignore[arg-type]
+
+
+def _produce(ckpt: Checkpointer, producer: FakeProducer, n: int = 1, error: bool = False) -> None:
+    for _ in range(n):
+        producer.produce(ckpt.delivery_callback(), _error() if error else None)
+
+
+def test_commits_only_after_every_delivery_of_a_sealed_checkpoint(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    for offset in range(3):
+        ckpt.consumed(T, 0, offset)
+    _produce(ckpt, producer, 3)
+    ckpt.seal()
+    assert ckpt.in_flight == 3
+    assert ckpt.commit_ready() == 0
+    producer.ack(1)
+    assert ckpt.commit_ready() == 0
+    producer.ack(1)
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+    producer.ack(1)
+    assert ckpt.in_flight == 0
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == [({(T, 0): 3}, True)]
+    assert ckpt.committed == {(T, 0): 3}
+    assert ckpt.commit_ready() == 0
+    assert len(consumer.commits) == 1  # nothing new: no empty commit
+
+
+def test_unsealed_checkpoint_is_never_committed(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer)
+    producer.ack()
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+    ckpt.seal()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets == [{(T, 0): 1}]
+
+
+def test_fifo_later_done_checkpoint_waits_for_earlier_pending(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    ckpt.consumed(T, 1, 10)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    ckpt.consumed(T, 2, 20)
+    _produce(ckpt, producer)
+    ckpt.seal()
+
+    producer.pending.pop()[0](None, FakeMessage("recs"))  # the LATER checkpoint is acked first
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+
+    producer.pending.pop()[0](None, FakeMessage("recs"))
+    assert producer.pending == []
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2, (T, 1): 11, (T, 2): 21}]  # one merged commit
+
+
+def test_leading_done_checkpoints_commit_and_stop_at_first_pending(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    for offset in range(3):
+        ckpt.consumed(T, 0, offset)
+        _produce(ckpt, producer)
+        ckpt.seal()
+    producer.ack(2)
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2}]
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets[-1] == {(T, 0): 3}
+
+
+def test_next_offset_is_last_plus_one_per_partition(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 5)
+    ckpt.consumed(T, 1, 9)
+    ckpt.consumed(T, 0, 6)
+    ckpt.consumed("other", 0, 0)
+    ckpt.consumed(T, 3, 0)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    producer.ack()
+    ckpt.commit_ready()
+    assert consumer.offsets == [{(T, 0): 7, (T, 1): 10, ("other", 0): 1, (T, 3): 1}]
+
+
+def test_delivery_error_raises_and_does_not_commit(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer)
+    _produce(ckpt, producer, error=True)
+    ckpt.seal()
+    producer.ack()
+    with pytest.raises(DeliveryFailed, match="recs"):
+        ckpt.commit_ready()
+    assert consumer.commits == []
+    assert ckpt.committed == {}
+
+
+def test_delivery_error_commits_earlier_checkpoints_only(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    _produce(ckpt, producer, error=True)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 2)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    producer.ack()
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    assert consumer.offsets == [{(T, 0): 1}]
+    # The poisoned checkpoint stays: nothing at or after it is ever committed.
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    with pytest.raises(DeliveryFailed):
+        ckpt.flush_and_commit(1.0)
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.committed == {(T, 0): 1}
+
+
+def test_error_is_reported_only_once_the_checkpoint_is_done(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer, error=True)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    producer.ack(1)  # the failed one; the other is still in flight
+    assert ckpt.commit_ready() == 0
+    producer.ack()
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    assert consumer.commits == []
+
+
+def test_forget_drops_partitions_from_open_and_sealed(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    ckpt.consumed(T, 1, 0)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    ckpt.consumed(T, 1, 1)
+    ckpt.consumed(T, 2, 5)
+    _produce(ckpt, producer)
+    ckpt.forget([(T, 1), (T, 9)])
+    ckpt.seal()
+    producer.ack()
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2, (T, 2): 6}]
+
+
+def test_forget_everything_still_completes_checkpoint(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    ckpt.forget([(T, 0)])
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == []
+
+
+def test_seal_with_nothing_is_a_noop(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.seal()
+    ckpt.seal()
+    assert producer.polls == []
+    assert ckpt.commit_ready() == 0
+    assert ckpt.in_flight == 0
+    assert consumer.commits == []
+    ckpt.flush_and_commit(1.0)
+    assert consumer.commits == []
+
+
+def test_seal_polls_producer_without_blocking(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    ckpt.seal()
+    assert producer.polls == [0]
+    assert ckpt.commit_ready() == 1  # no records produced: done at once (e.g. all filtered)
+    assert consumer.offsets == [{(T, 0): 1}]
+
+
+def test_records_without_offsets_still_seal(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    _produce(ckpt, producer)
+    ckpt.seal()
+    assert producer.polls == [0]
+    ckpt.consumed(T, 0, 4)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    producer.ack(1)
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == []
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets == [{(T, 0): 5}]
+
+
+def test_flush_and_commit_seals_flushes_and_commits_synchronously(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    ckpt.consumed(T, 1, 3)
+    _produce(ckpt, producer, 2)  # the open checkpoint is sealed by flush_and_commit
+    ckpt.flush_and_commit(7.5)
+    assert producer.flushes == [7.5]
+    assert consumer.commits == [({(T, 0): 2, (T, 1): 4}, False)]
+    assert ckpt.in_flight == 0
+
+
+def test_flush_and_commit_with_undelivered_records_raises(
+    consumer: FakeConsumer,
+) -> None:
+    producer = FakeProducer(stuck_on_flush=1)
+    ckpt = Checkpointer(consumer, producer)  # type: ignore[arg-type]
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer, 2)
+    with pytest.raises(DeliveryFailed, match="1 records still undelivered"):
+        ckpt.flush_and_commit(0.1)
+    assert consumer.commits == []
+
+
+def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=2)  # type: ignore[arg-type]
+    for offset in range(2):
+        ckpt.consumed(T, 0, offset)
+        _produce(ckpt, producer)
+        ckpt.seal()
+    assert producer.polls == [0, 0]  # at the limit: no waiting
+    assert consumer.commits == []
+    ckpt.consumed(T, 0, 2)
+    _produce(ckpt, producer)
+    ckpt.seal()  # 3 sealed > 2: waits for acks
+    assert [p for p in producer.polls if p > 0] == [0.05]
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.in_flight == 2
+
+
+def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer, 3)  # three acks needed before the first checkpoint is done
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    assert [p for p in producer.polls if p > 0] == [0.05, 0.05, 0.05]
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.in_flight == 1
+
+
+def test_back_pressure_surfaces_delivery_failure(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.consumed(T, 0, 0)
+    _produce(ckpt, producer, error=True)
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    _produce(ckpt, producer)
+    with pytest.raises(DeliveryFailed):
+        ckpt.seal()
+    assert consumer.commits == []
+
+
+def test_callback_belongs_to_the_open_checkpoint_at_produce_time(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, 0, 0)
+    cb_first = ckpt.delivery_callback()
+    ckpt.seal()
+    ckpt.consumed(T, 0, 1)
+    cb_second = ckpt.delivery_callback()
+    ckpt.seal()
+    cb_second(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    assert ckpt.commit_ready() == 0
+    cb_first(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2}]
