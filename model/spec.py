@@ -66,7 +66,7 @@ class TableSpec:
 
 def _default_tables() -> tuple[TableSpec, ...]:
     return (
-        TableSpec(SparseFeature.USER_ID, 100_000),
+        TableSpec(SparseFeature.USER_ID, 200_000),
         TableSpec(SparseFeature.ITEM_ID, 100_000),
         TableSpec(SparseFeature.ITEM_CATEGORY, 1_000),
         TableSpec(SparseFeature.DEVICE, 64),

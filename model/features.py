@@ -1,0 +1,382 @@
+"""Columnar features for a micro-batch and their conversion into the ranker's input.
+
+The pipeline (and :mod:`model.synthetic`) collect each micro-batch as flat numpy columns,
+:class:`FeatureColumns`; :func:`build_model_input` turns them into a dense tensor plus a TorchRec
+``KeyedJaggedTensor`` with numpy index arithmetic only (no Python loop over rows or events).
+
+Layout of a batch with ``E`` events and ``R = candidate_counts.sum()`` rows: rows are
+event-major, i.e. the candidates of event 0, then those of event 1, and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from model.spec import FeatureSpec, SparseFeature
+
+__all__ = [
+    "FeatureColumns",
+    "ModelInput",
+    "build_model_input",
+    "pad_model_input",
+    "row_event_index",
+]
+
+Int64Array = npt.NDArray[np.int64]
+Float32Array = npt.NDArray[np.float32]
+
+
+@dataclass
+class FeatureColumns:
+    """Raw (unhashed) features of one micro-batch, as numpy columns.
+
+    ``E`` is the number of events and ``R = candidate_counts.sum()`` the number of rows.
+
+    Args:
+        user_ids: int64[E] raw user ids.
+        device_ids: int64[E] raw device ids (:func:`model.spec.string_to_id` of the string).
+        country_ids: int64[E] raw country ids (:func:`model.spec.string_to_id`).
+        candidate_counts: int64[E] candidates per event.
+        candidate_ids: int64[R] raw candidate item ids, event-major.
+        recent_counts: int64[E] recent items per event (already capped by the caller).
+        recent_ids: int64[recent_counts.sum()] raw recent item ids, event-major.
+        user_dense: float32[E, user_dense_dim] the user's dense vector.
+        item_category: int64[R] raw category id of each candidate.
+        item_dense: float32[R, item_dense_dim] dense vector of each candidate.
+
+    Example::
+
+        cols = FeatureColumns(
+            user_ids=np.array([10**12], dtype=np.int64),
+            device_ids=np.array([string_to_id("ios")], dtype=np.int64),
+            country_ids=np.array([string_to_id("DE")], dtype=np.int64),
+            candidate_counts=np.array([2], dtype=np.int64),
+            candidate_ids=np.array([5 * 10**12, 5 * 10**12 + 1], dtype=np.int64),
+            recent_counts=np.array([1], dtype=np.int64),
+            recent_ids=np.array([5 * 10**12 + 7], dtype=np.int64),
+            user_dense=np.zeros((1, 8), dtype=np.float32),
+            item_category=np.array([1000, 1001], dtype=np.int64),
+            item_dense=np.zeros((2, 8), dtype=np.float32),
+        )
+        cols.validate(FeatureSpec())
+    """
+
+    user_ids: Int64Array
+    device_ids: Int64Array
+    country_ids: Int64Array
+    candidate_counts: Int64Array
+    candidate_ids: Int64Array
+    recent_counts: Int64Array
+    recent_ids: Int64Array
+    user_dense: Float32Array
+    item_category: Int64Array
+    item_dense: Float32Array
+
+    @property
+    def num_events(self) -> int:
+        """``E``, the number of events."""
+        return int(self.user_ids.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        """``R``, the number of (event, candidate) rows."""
+        return int(self.candidate_ids.shape[0])
+
+    def validate(self, spec: FeatureSpec) -> None:
+        """Check dtypes, shapes and counts against each other and against ``spec``.
+
+        Args:
+            spec: supplies the dense widths and the recent-items cap.
+
+        Raises:
+            ValueError: naming the first offending column.
+        """
+        int_cols = (
+            "user_ids",
+            "device_ids",
+            "country_ids",
+            "candidate_counts",
+            "candidate_ids",
+            "recent_counts",
+            "recent_ids",
+            "item_category",
+        )
+        for name in int_cols:
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.int64 or arr.ndim != 1:
+                raise ValueError(f"{name} must be a 1-d int64 numpy array, got {_describe(arr)}")
+        for name in ("user_dense", "item_dense"):
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.ndim != 2:
+                raise ValueError(f"{name} must be a 2-d float32 numpy array, got {_describe(arr)}")
+        num_events = self.num_events
+        for name in ("device_ids", "country_ids", "candidate_counts", "recent_counts"):
+            if getattr(self, name).shape[0] != num_events:
+                raise ValueError(
+                    f"{name} has {getattr(self, name).shape[0]} entries, expected one per event "
+                    f"({num_events})"
+                )
+        if self.user_dense.shape != (num_events, spec.user_dense_dim):
+            raise ValueError(
+                f"user_dense has shape {self.user_dense.shape}, expected "
+                f"({num_events}, {spec.user_dense_dim})"
+            )
+        if (self.candidate_counts < 0).any() or (self.recent_counts < 0).any():
+            raise ValueError("candidate_counts and recent_counts must be >= 0")
+        if (self.recent_counts > spec.recent_items_cap).any():
+            raise ValueError(
+                f"recent_counts exceed recent_items_cap={spec.recent_items_cap} "
+                f"(max {int(self.recent_counts.max())}); cap before building columns"
+            )
+        num_rows = int(self.candidate_counts.sum())
+        if self.num_rows != num_rows:
+            raise ValueError(
+                f"candidate_ids has {self.num_rows} entries, candidate_counts sum to {num_rows}"
+            )
+        if self.item_category.shape[0] != num_rows:
+            raise ValueError(
+                f"item_category has {self.item_category.shape[0]} entries, expected {num_rows}"
+            )
+        if self.item_dense.shape != (num_rows, spec.item_dense_dim):
+            raise ValueError(
+                f"item_dense has shape {self.item_dense.shape}, expected "
+                f"({num_rows}, {spec.item_dense_dim})"
+            )
+        num_recent = int(self.recent_counts.sum())
+        if self.recent_ids.shape[0] != num_recent:
+            raise ValueError(
+                f"recent_ids has {self.recent_ids.shape[0]} entries, recent_counts sum to "
+                f"{num_recent}"
+            )
+
+    def slice_events(self, start: int, stop: int | None = None) -> FeatureColumns:
+        """The columns of events ``start:stop`` (views where possible, no copies of ids).
+
+        Args:
+            start: first event (inclusive).
+            stop: last event (exclusive); ``None`` for the end.
+
+        Returns:
+            A :class:`FeatureColumns` over that event range.
+
+        Example::
+
+            first_half = cols.slice_events(0, cols.num_events // 2)
+        """
+        start, stop, _ = slice(start, stop).indices(self.num_events)
+        stop = max(stop, start)
+        row_off = _offsets(self.candidate_counts)
+        rec_off = _offsets(self.recent_counts)
+        r0, r1 = int(row_off[start]), int(row_off[stop])
+        q0, q1 = int(rec_off[start]), int(rec_off[stop])
+        return FeatureColumns(
+            user_ids=self.user_ids[start:stop],
+            device_ids=self.device_ids[start:stop],
+            country_ids=self.country_ids[start:stop],
+            candidate_counts=self.candidate_counts[start:stop],
+            candidate_ids=self.candidate_ids[r0:r1],
+            recent_counts=self.recent_counts[start:stop],
+            recent_ids=self.recent_ids[q0:q1],
+            user_dense=self.user_dense[start:stop],
+            item_category=self.item_category[r0:r1],
+            item_dense=self.item_dense[r0:r1],
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[FeatureColumns]) -> FeatureColumns:
+        """Concatenate batches event-wise (event order: ``parts[0]``'s events first).
+
+        Args:
+            parts: at least one :class:`FeatureColumns`.
+
+        Returns:
+            One :class:`FeatureColumns` holding every event of ``parts``.
+
+        Example::
+
+            both = FeatureColumns.concat([cols_a, cols_b])
+            assert both.num_rows == cols_a.num_rows + cols_b.num_rows
+        """
+        if not parts:
+            raise ValueError("concat needs at least one FeatureColumns")
+        merged = {
+            f.name: np.concatenate([getattr(p, f.name) for p in parts], axis=0) for f in fields(cls)
+        }
+        return cls(**merged)
+
+
+@dataclass
+class ModelInput:
+    """The ranker's input for ``R`` rows.
+
+    Args:
+        dense: float32[R, spec.dense_dim], the user's dense vector then the item's.
+        sparse: KJT with keys ``spec.feature_names`` in order and stride ``R``; values are hashed
+            table rows (int64), lengths are int64.
+
+    Example::
+
+        inp = build_model_input(cols, spec).to("cuda")
+        logits = ranker(inp.dense, inp.sparse)
+    """
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+
+    @property
+    def num_rows(self) -> int:
+        """``R``, the number of rows."""
+        return int(self.dense.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ModelInput:
+        """Copy both tensors to ``device``.
+
+        Args:
+            device: target device.
+            non_blocking: passed to ``Tensor.to``/``KeyedJaggedTensor.to``.
+
+        Returns:
+            A new :class:`ModelInput` on ``device``.
+        """
+        dev = torch.device(device)
+        return ModelInput(
+            dense=self.dense.to(dev, non_blocking=non_blocking),
+            sparse=self.sparse.to(dev, non_blocking=non_blocking),
+        )
+
+
+def row_event_index(candidate_counts: Int64Array) -> Int64Array:
+    """The event of each row: ``[0]*c0 + [1]*c1 + ...``.
+
+    Args:
+        candidate_counts: int64[E] rows per event.
+
+    Returns:
+        int64[R] event index of every row.
+    """
+    return np.repeat(np.arange(candidate_counts.shape[0], dtype=np.int64), candidate_counts)
+
+
+def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
+    """Hash and lay out a batch's features for the ranker, fully vectorised.
+
+    Sparse layout (one bag per row per key, keys in ``spec.feature_names`` order):
+
+    - ``user_id``, ``device``, ``country``: the event's value, one per row of the event.
+    - ``item_id``, ``item_category``: the row's candidate and its category, one per row.
+    - ``recent_items``: the event's whole recent list (``recent_counts[e]`` values, possibly
+      zero) repeated for every row of the event.
+
+    Every value is ``spec.hash_ids(feature, raw)``, a row of that feature's table. Dense is
+    ``[user_dense[event(row)], item_dense[row]]``.
+
+    Args:
+        cols: the batch; :meth:`FeatureColumns.validate` is called first.
+        spec: table sizes, hash salt and dense widths.
+
+    Returns:
+        A :class:`ModelInput` on the CPU.
+
+    Raises:
+        ValueError: if ``cols`` does not match ``spec``.
+
+    Example::
+
+        inp = build_model_input(cols, spec)
+        assert inp.sparse.keys() == spec.feature_names
+    """
+    cols.validate(spec)
+    num_rows = cols.num_rows
+    row_event = row_event_index(cols.candidate_counts)
+
+    user_rows = spec.hash_ids(SparseFeature.USER_ID, cols.user_ids)[row_event]
+    item_rows = spec.hash_ids(SparseFeature.ITEM_ID, cols.candidate_ids)
+    category_rows = spec.hash_ids(SparseFeature.ITEM_CATEGORY, cols.item_category)
+    device_rows = spec.hash_ids(SparseFeature.DEVICE, cols.device_ids)[row_event]
+    country_rows = spec.hash_ids(SparseFeature.COUNTRY, cols.country_ids)[row_event]
+
+    # recent_items: row r of event e gets recent_ids[rec_off[e] : rec_off[e] + recent_counts[e]].
+    recent_hashed = spec.hash_ids(SparseFeature.RECENT_ITEMS, cols.recent_ids)
+    row_recent_len = cols.recent_counts[row_event]
+    total_recent = int(row_recent_len.sum())
+    row_recent_src_start = _offsets(cols.recent_counts)[:-1][row_event]
+    out_row_start = _offsets(row_recent_len)[:-1]
+    # For output slot j (belonging to row r): source = src_start[r] + (j - out_start[r]).
+    shift = np.repeat(row_recent_src_start - out_row_start, row_recent_len)
+    recent_rows = recent_hashed[np.arange(total_recent, dtype=np.int64) + shift]
+
+    values = np.concatenate(
+        [user_rows, item_rows, category_rows, device_rows, country_rows, recent_rows]
+    )
+    lengths = np.ones(5 * num_rows + num_rows, dtype=np.int64)
+    lengths[5 * num_rows :] = row_recent_len
+    sparse = KeyedJaggedTensor(
+        keys=spec.feature_names,
+        values=torch.from_numpy(values),
+        lengths=torch.from_numpy(lengths),
+        stride=num_rows,
+    )
+    dense_np = np.empty((num_rows, spec.dense_dim), dtype=np.float32)
+    dense_np[:, : spec.user_dense_dim] = cols.user_dense[row_event]
+    dense_np[:, spec.user_dense_dim :] = cols.item_dense
+    return ModelInput(dense=torch.from_numpy(dense_np), sparse=sparse)
+
+
+def pad_model_input(inp: ModelInput, num_rows: int) -> ModelInput:
+    """Append padding rows so the batch has exactly ``num_rows`` rows.
+
+    Padding rows have an all-zero dense vector and an empty (length-0) bag for every key, so
+    they look up no table row (SUM pooling yields zero embeddings) and add no KJT values.
+    Their scores are meaningless: drop the last ``num_rows - inp.num_rows`` outputs.
+
+    Args:
+        inp: the batch (any device).
+        num_rows: target row count, ``>= inp.num_rows``.
+
+    Returns:
+        ``inp`` itself if it already has ``num_rows`` rows, else a padded copy.
+
+    Raises:
+        ValueError: if ``num_rows < inp.num_rows``.
+
+    Example::
+
+        padded = pad_model_input(inp, 1024)
+        scores = ranker.score(padded)[: inp.num_rows]
+    """
+    have = inp.num_rows
+    if num_rows < have:
+        raise ValueError(f"cannot pad a batch of {have} rows down to {num_rows}")
+    if num_rows == have:
+        return inp
+    pad = num_rows - have
+    dense = torch.cat([inp.dense, inp.dense.new_zeros((pad, inp.dense.shape[1]))], dim=0)
+    keys = inp.sparse.keys()
+    lengths = inp.sparse.lengths().view(len(keys), have)
+    lengths = torch.cat([lengths, lengths.new_zeros((len(keys), pad))], dim=1).reshape(-1)
+    sparse = KeyedJaggedTensor(
+        keys=keys,
+        values=inp.sparse.values(),
+        lengths=lengths,
+        stride=num_rows,
+    )
+    return ModelInput(dense=dense, sparse=sparse)
+
+
+def _offsets(counts: Int64Array) -> Int64Array:
+    """Exclusive prefix sums with a trailing total: ``[0, c0, c0+c1, ..., sum]``."""
+    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _describe(arr: object) -> str:
+    if isinstance(arr, np.ndarray):
+        return f"ndarray(dtype={arr.dtype}, shape={arr.shape})"
+    return type(arr).__name__

@@ -1,0 +1,194 @@
+"""Tests for model.features: column validation, KJT/dense layout, padding."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from model.features import (
+    FeatureColumns,
+    ModelInput,
+    build_model_input,
+    pad_model_input,
+    row_event_index,
+)
+from model.spec import FeatureSpec, SparseFeature, string_to_id
+
+
+def _slow_reference(cols: FeatureColumns, spec: FeatureSpec) -> dict[str, list[list[int]]]:
+    """Per-row bags of hashed ids, built with plain Python loops."""
+
+    def h(feature: SparseFeature, raw: int) -> int:
+        return int(spec.hash_ids(feature, np.array([raw], dtype=np.int64))[0])
+
+    bags: dict[str, list[list[int]]] = {name: [] for name in spec.feature_names}
+    row = 0
+    recent_pos = 0
+    for e in range(cols.num_events):
+        recent = [int(x) for x in cols.recent_ids[recent_pos : recent_pos + cols.recent_counts[e]]]
+        recent_pos += int(cols.recent_counts[e])
+        for _ in range(int(cols.candidate_counts[e])):
+            bags["user_id"].append([h(SparseFeature.USER_ID, int(cols.user_ids[e]))])
+            bags["item_id"].append([h(SparseFeature.ITEM_ID, int(cols.candidate_ids[row]))])
+            bags["item_category"].append(
+                [h(SparseFeature.ITEM_CATEGORY, int(cols.item_category[row]))]
+            )
+            bags["device"].append([h(SparseFeature.DEVICE, int(cols.device_ids[e]))])
+            bags["country"].append([h(SparseFeature.COUNTRY, int(cols.country_ids[e]))])
+            bags["recent_items"].append([h(SparseFeature.RECENT_ITEMS, r) for r in recent])
+            row += 1
+    return bags
+
+
+def _random_columns(rng: np.random.Generator, spec: FeatureSpec, num_events: int) -> FeatureColumns:
+    counts = rng.integers(0, 9, size=num_events).astype(np.int64)
+    counts[0] = 3  # at least some rows
+    recent_counts = rng.integers(0, spec.recent_items_cap + 1, size=num_events).astype(np.int64)
+    rows, recents = int(counts.sum()), int(recent_counts.sum())
+
+    def ids(n: int) -> np.ndarray:
+        return rng.integers(-(2**62), 2**62, size=n, dtype=np.int64)
+
+    return FeatureColumns(
+        user_ids=ids(num_events),
+        device_ids=np.array(
+            [string_to_id(s) for s in rng.choice(["ios", "web"], num_events)], dtype=np.int64
+        ),
+        country_ids=ids(num_events),
+        candidate_counts=counts,
+        candidate_ids=ids(rows),
+        recent_counts=recent_counts,
+        recent_ids=ids(recents),
+        user_dense=rng.standard_normal((num_events, spec.user_dense_dim)).astype(np.float32),
+        item_category=rng.integers(1000, 1100, size=rows).astype(np.int64),
+        item_dense=rng.standard_normal((rows, spec.item_dense_dim)).astype(np.float32),
+    )
+
+
+def test_kjt_layout_matches_slow_reference(spec: FeatureSpec) -> None:
+    rng = np.random.default_rng(1)
+    cols = _random_columns(rng, spec, 40)
+    inp = build_model_input(cols, spec)
+    kjt = inp.sparse
+    assert kjt.keys() == spec.feature_names
+    assert kjt.stride() == cols.num_rows
+    assert kjt.values().dtype == torch.int64 and kjt.lengths().dtype == torch.int64
+    expected = _slow_reference(cols, spec)
+    for name, jt in kjt.to_dict().items():
+        got = [t.tolist() for t in jt.to_dense()]
+        assert got == expected[name], name
+    for name in ("user_id", "item_id", "item_category", "device", "country"):
+        assert (kjt[name].lengths() == 1).all()
+
+
+def test_kjt_values_within_tables(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    kjt = build_model_input(cols, spec).sparse
+    for table in spec.tables:
+        values = kjt[table.feature.value].values()
+        assert values.numel() == 0 or (values.min() >= 0 and values.max() < table.num_embeddings)
+
+
+def test_recent_items_repeated_per_candidate(spec: FeatureSpec) -> None:
+    cols = FeatureColumns(
+        user_ids=np.array([1, 2, 3], dtype=np.int64),
+        device_ids=np.array([4, 5, 6], dtype=np.int64),
+        country_ids=np.array([7, 8, 9], dtype=np.int64),
+        candidate_counts=np.array([2, 0, 3], dtype=np.int64),
+        candidate_ids=np.array([10, 11, 12, 13, 14], dtype=np.int64),
+        recent_counts=np.array([2, 1, 0], dtype=np.int64),
+        recent_ids=np.array([100, 101, 102], dtype=np.int64),
+        user_dense=np.zeros((3, spec.user_dense_dim), dtype=np.float32),
+        item_category=np.array([1, 1, 2, 2, 2], dtype=np.int64),
+        item_dense=np.zeros((5, spec.item_dense_dim), dtype=np.float32),
+    )
+    recent = build_model_input(cols, spec).sparse["recent_items"]
+    hashed = spec.hash_ids(SparseFeature.RECENT_ITEMS, np.array([100, 101], dtype=np.int64))
+    assert recent.lengths().tolist() == [2, 2, 0, 0, 0]
+    assert recent.values().tolist() == [*hashed.tolist(), *hashed.tolist()]
+
+
+def test_dense_layout(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    dense = build_model_input(cols, spec).dense
+    assert dense.dtype == torch.float32
+    assert dense.shape == (cols.num_rows, spec.dense_dim)
+    events = row_event_index(cols.candidate_counts)
+    np.testing.assert_array_equal(dense[:, : spec.user_dense_dim].numpy(), cols.user_dense[events])
+    np.testing.assert_array_equal(dense[:, spec.user_dense_dim :].numpy(), cols.item_dense)
+
+
+def test_row_event_index() -> None:
+    got = row_event_index(np.array([2, 0, 1, 3], dtype=np.int64))
+    assert got.tolist() == [0, 0, 2, 3, 3, 3]
+
+
+def test_empty_batch(spec: FeatureSpec, cols: FeatureColumns) -> None:
+    empty = cols.slice_events(0, 0)
+    inp = build_model_input(empty, spec)
+    assert inp.num_rows == 0
+    assert inp.sparse.lengths().numel() == 0
+
+
+def test_validate_reports_mismatches(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    cols.validate(spec)
+    bad_cases = {
+        "candidate_ids": dataclasses.replace(cols, candidate_ids=cols.candidate_ids[:-1]),
+        "item_dense": dataclasses.replace(cols, item_dense=cols.item_dense[:, :-1]),
+        "user_dense": dataclasses.replace(cols, user_dense=cols.user_dense[:-1]),
+        "device_ids": dataclasses.replace(cols, device_ids=cols.device_ids[:-1]),
+        "recent_ids": dataclasses.replace(cols, recent_ids=np.append(cols.recent_ids, 1)),
+        "int64": dataclasses.replace(cols, user_ids=cols.user_ids.astype(np.int32)),
+        "float32": dataclasses.replace(cols, item_dense=cols.item_dense.astype(np.float64)),
+        "recent_items_cap": dataclasses.replace(
+            cols, recent_counts=np.full_like(cols.recent_counts, spec.recent_items_cap + 1)
+        ),
+    }
+    for message, bad in bad_cases.items():
+        with pytest.raises(ValueError, match=message):
+            bad.validate(spec)
+        with pytest.raises(ValueError):
+            build_model_input(bad, spec)
+
+
+def test_slice_and_concat_round_trip(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    parts = [cols.slice_events(0, 10), cols.slice_events(10, 11), cols.slice_events(11, None)]
+    for p in parts:
+        p.validate(spec)
+    assert sum(p.num_events for p in parts) == cols.num_events
+    merged = FeatureColumns.concat(parts)
+    for f in dataclasses.fields(FeatureColumns):
+        np.testing.assert_array_equal(getattr(merged, f.name), getattr(cols, f.name))
+    whole = build_model_input(cols, spec)
+    pieces = [build_model_input(p, spec) for p in parts]
+    torch.testing.assert_close(torch.cat([p.dense for p in pieces]), whole.dense)
+    with pytest.raises(ValueError):
+        FeatureColumns.concat([])
+
+
+def test_pad_model_input(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    inp = build_model_input(cols, spec)
+    target = inp.num_rows + 7
+    padded = pad_model_input(inp, target)
+    assert padded.num_rows == target
+    assert padded.sparse.stride() == target
+    assert padded.sparse.keys() == spec.feature_names
+    torch.testing.assert_close(padded.dense[: inp.num_rows], inp.dense)
+    assert (padded.dense[inp.num_rows :] == 0).all()
+    assert torch.equal(padded.sparse.values(), inp.sparse.values())
+    for name in spec.feature_names:
+        lengths = padded.sparse[name].lengths()
+        assert torch.equal(lengths[: inp.num_rows], inp.sparse[name].lengths())
+        assert (lengths[inp.num_rows :] == 0).all()
+    assert pad_model_input(inp, inp.num_rows) is inp
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_model_input(inp, inp.num_rows - 1)
+
+
+def test_model_input_to(cols: FeatureColumns, spec: FeatureSpec) -> None:
+    inp = build_model_input(cols, spec)
+    moved = inp.to("cpu")
+    assert isinstance(moved, ModelInput)
+    assert moved.dense.device.type == "cpu"
+    assert torch.equal(moved.sparse.values(), inp.sparse.values())
