@@ -125,6 +125,7 @@ class MicroBatcher:
         self.max_rows = max_rows
         self.max_delay_s = max_delay_ms / 1000
         self._records: list[Record] = []
+        self._sources: list[tuple[str, int]] = []
         self._rows = 0
         self._oldest = 0.0
 
@@ -142,12 +143,31 @@ class MicroBatcher:
         """
         return not self._records or self._rows + len(record["candidate_item_ids"]) <= self.max_rows
 
-    def add(self, record: Record, now: float | None = None) -> None:
-        """Add one event to the open batch (check :meth:`fits` first)."""
+    def add(
+        self, record: Record, source: tuple[str, int] = ("", -1), now: float | None = None
+    ) -> None:
+        """Add one event to the open batch (check :meth:`fits` first).
+
+        Args:
+            record: the decoded event.
+            source: its (topic, partition), so a revoked partition's events can be dropped.
+            now: monotonic time of arrival (default: now).
+        """
         if not self._records:
             self._oldest = time.monotonic() if now is None else now
         self._records.append(record)
+        self._sources.append(source)
         self._rows += len(record["candidate_item_ids"])
+
+    def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
+        """Remove the events of ``partitions`` from the open batch; returns how many."""
+        keep = [i for i, src in enumerate(self._sources) if src not in partitions]
+        dropped = len(self._records) - len(keep)
+        if dropped:
+            self._records = [self._records[i] for i in keep]
+            self._sources = [self._sources[i] for i in keep]
+            self._rows = sum(len(r["candidate_item_ids"]) for r in self._records)
+        return dropped
 
     @property
     def full(self) -> bool:
@@ -161,11 +181,12 @@ class MicroBatcher:
         return max(0.0, self._oldest + self.max_delay_s - now)
 
     def due(self, now: float | None = None) -> bool:
+        """Whether the oldest event has waited ``max_delay_ms``."""
         return bool(self._records) and self.time_left(now) <= 0.0
 
     def close(self) -> list[Record] | None:
         """Take the open batch (``None`` when empty)."""
         if not self._records:
             return None
-        records, self._records, self._rows = self._records, [], 0
+        records, self._records, self._sources, self._rows = self._records, [], [], 0
         return records

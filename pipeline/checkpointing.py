@@ -85,9 +85,7 @@ class Checkpointer:
         ckpt.commit_ready()
     """
 
-    def __init__(
-        self, consumer: Consumer, producer: Producer, max_sealed: int = 4
-    ) -> None:
+    def __init__(self, consumer: Consumer, producer: Producer, max_sealed: int = 4) -> None:
         self._consumer = consumer
         self._producer = producer
         self._max_sealed = max_sealed
@@ -149,6 +147,23 @@ class Checkpointer:
         if remaining:
             raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
         self.commit_ready(asynchronous=False)
+
+    def commit_delivered(self, timeout_s: float = 30.0) -> None:
+        """Wait for every acknowledgement and commit the sealed checkpoints synchronously.
+
+        Unlike :meth:`flush_and_commit`, the open checkpoint stays open (its batch is not
+        produced yet).
+        """
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
+        self.commit_ready(asynchronous=False)
+
+    def forget_open(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced
+        and will be consumed again by the partitions' next owner)."""
+        for key in set(partitions) & self._open.next_offsets.keys():
+            del self._open.next_offsets[key]
 
     def forget(self, partitions: list[tuple[str, int]]) -> None:
         """Drop uncommitted offsets of partitions we no longer own (after a lost assignment)."""

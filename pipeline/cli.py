@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +17,9 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pipeline.runner import RunSummary
 
 app = typer.Typer(
     help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
@@ -68,25 +72,66 @@ def run(
         float | None,
         typer.Option(
             help="Stop cleanly after this many seconds without input "
-            "(counted once the group has assigned partitions)."
+            "(counted once the group has assigned partitions; with several ranks, all idle)."
         ),
     ] = None,
     max_events: Annotated[int | None, typer.Option(help="Stop after consuming this many.")] = None,
     summary_json: Annotated[
         Path | None, typer.Option(help="Also write the run summary to this JSON file.")
     ] = None,
+    nproc: Annotated[
+        int, typer.Option(help="Ranks: >1 shards the model across ranks through torchrun.")
+    ] = 1,
+    max_restarts: Annotated[
+        int, typer.Option(help="With --nproc > 1: times torchrun restarts the ranks.")
+    ] = 3,
 ) -> None:
     """Consume UserEvents, score them, produce Recommendations (until stopped)."""
+    from pipeline.distributed import in_torchrun, run_rank, summary_path, torchrun_command
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    if nproc > 1 and not in_torchrun():
+        command = torchrun_command(nproc, _drop_option(sys.argv[1:], "--nproc"), max_restarts)
+        log.info("starting %d ranks: %s", nproc, " ".join(command))
+        raise typer.Exit(subprocess.call(command))
+    if in_torchrun():
+        summary = run_rank(settings, exit_when_idle, max_events)
+    else:
+        summary = _run_single(settings, exit_when_idle, max_events)
+    result = summary.as_dict()
+    out = summary_path(summary_json)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2))
+    err.print(json.dumps(result))
+
+
+def _drop_option(args: list[str], name: str) -> list[str]:
+    """Remove ``name VALUE`` / ``name=VALUE`` from a command line."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def _run_single(
+    settings: Settings, exit_when_idle: float | None, max_events: int | None
+) -> RunSummary:
     from pipeline.metrics import Metrics
     from pipeline.runner import ScoringPipeline
     from pipeline.score import Scorer
 
-    settings = _settings(ctx)
-    _apply_threads(settings)
     metrics = Metrics()
     if settings.metrics.enabled:
         metrics.serve(settings.metrics.host, settings.metrics.port)
     scorer = Scorer.from_checkpoint(settings.model.checkpoint, settings.model.device)
+    metrics.embedding_bytes.set(scorer.embedding_bytes())
     pipeline = ScoringPipeline(settings, scorer, metrics)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -102,11 +147,36 @@ def run(
         settings.topics.dlq,
         scorer.model_version,
     )
-    summary = pipeline.run(exit_when_idle_s=exit_when_idle, max_events=max_events)
-    result = summary.as_dict()
-    if summary_json is not None:
-        summary_json.write_text(json.dumps(result, indent=2))
-    err.print(json.dumps(result))
+    return pipeline.run(exit_when_idle_s=exit_when_idle, max_events=max_events)
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    nproc: Annotated[int, typer.Option(help="Ranks to plan for.")] = 2,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Print the sharding plan (table, type, kernel, ranks, bytes per rank); runs nothing."""
+    from model.checkpoint import load_spec
+    from model.sharding import ShardingConfig, describe_plan, plan_sharding
+
+    settings = _settings(ctx)
+    checkpoint = settings.model.checkpoint
+    spec = (
+        load_spec(checkpoint)
+        if (checkpoint / "meta.json").exists()
+        else settings.model.feature_spec()
+    )
+    sharding_plan = plan_sharding(
+        spec,
+        nproc,
+        device,
+        ShardingConfig.parse(settings.model.sharding),
+        batch_rows=settings.batching.max_batch_rows,
+    )
+    report = describe_plan(sharding_plan, spec, nproc)
+    sys.stdout.write((json.dumps(report.as_dict()) if as_json else report.render()) + "\n")
 
 
 @app.command()

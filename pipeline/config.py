@@ -195,6 +195,9 @@ class ModelSettings(BaseModel):
     """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    sharding: str = "table_wise"
+    """Multi-rank table placement: a default, then per-feature overrides, e.g.
+    ``"table_wise,recent_items=column_wise,item_id=row_wise"`` (see ``model.sharding``)."""
     embedding_dim: int = 64
     num_embeddings: dict[str, int] = Field(
         default_factory=lambda: {t.feature.value: t.num_embeddings for t in FeatureSpec().tables}

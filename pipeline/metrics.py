@@ -15,6 +15,7 @@ metric                                              type        labels / meaning
 ``streamrank_feature_cache_hit_ratio``              gauge       hits / requests since start
 ``streamrank_feature_fallback_total``               counter     ``feature``: events served
                                                                 defaults
+``streamrank_embedding_bytes``                      gauge       embedding bytes held by this rank
 ``streamrank_consumer_lag``                         gauge       ``topic``, ``partition``
 ==================================================  ==========  =================================
 """
@@ -100,6 +101,11 @@ class Metrics:
             "streamrank_feature_fallback",
             "Events scored with default features.",
             ["feature"],
+            registry=r,
+        )
+        self.embedding_bytes = Gauge(
+            "streamrank_embedding_bytes",
+            "Embedding-table bytes held by this process/rank.",
             registry=r,
         )
         self.consumer_lag = Gauge(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ from pipeline.kafka_io import ensure_topics, make_consumer, make_producer
 from pipeline.metrics import Metrics
 from pipeline.score import Scorer
 from pipeline.sink import RecommendationSink
+from pipeline.stepping import LocalStepper, Stepper
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ class ScoringPipeline:
         scorer: the model to serve.
         metrics: where to count (a fresh registry by default).
         enricher: an existing enricher (tests); built from ``settings.redis`` otherwise.
+        stepper: when to score; :class:`~pipeline.stepping.LocalStepper` for one process,
+            :class:`~pipeline.stepping.CollectiveStepper` for the ranks of a sharded model.
 
     Example::
 
@@ -120,6 +124,7 @@ class ScoringPipeline:
         scorer: Scorer,
         metrics: Metrics | None = None,
         enricher: FeatureEnricher | None = None,
+        stepper: Stepper | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
@@ -132,6 +137,12 @@ class ScoringPipeline:
         self.batcher = MicroBatcher(
             settings.batching.max_batch_rows, settings.batching.max_delay_ms
         )
+        self.stepper: Stepper = stepper or LocalStepper()
+        self._collective = not isinstance(self.stepper, LocalStepper)
+        self._backlog: deque[Message] = deque()
+        """Polled messages not yet fed to the batcher (never registered with the checkpointer)."""
+        self._held: tuple[tuple[str, int, int], Record] | None = None
+        """A decoded event that did not fit the open batch: first of the next one."""
         self._stop = threading.Event()
         self._last_activity: float | None = None
         """Last input or (re)assignment; None until the group first assigned partitions."""
@@ -179,52 +190,80 @@ class ScoringPipeline:
             on_lost=self._on_lost,
         )
         started = time.monotonic()
-        batch_size = settings.batching.consume_batch_size
         try:
-            while not self._stop.is_set():
-                timeout = min(_POLL_TIMEOUT_S, self.batcher.time_left())
-                messages = consumer.consume(batch_size, timeout)
-                now = time.monotonic()
-                if messages:
-                    self._last_activity = now
-                    if self.summary.first_input_at is None:
-                        self.summary.first_input_at = now
-                    self._handle(messages)
-                if self.batcher.due():
-                    self._score(self.batcher.close())
-                elif not len(self.batcher):
-                    checkpointer.seal()  # offsets of dead-lettered messages alone
-                checkpointer.commit_ready()
-                if max_events is not None and self.summary.events_in >= max_events:
-                    break
-                if (
-                    exit_when_idle_s is not None
-                    and self._last_activity is not None  # idle only counts once in the group
-                    and not len(self.batcher)
-                    and now - self._last_activity >= exit_when_idle_s
-                ):
-                    log.info("no input for %.1fs: stopping", exit_when_idle_s)
-                    break
-            self._score(self.batcher.close())
+            self._loop(exit_when_idle_s, max_events)
             checkpointer.flush_and_commit()
         finally:
             self.summary.seconds = time.monotonic() - started
             consumer.close()
         return self.summary
 
-    def _handle(self, messages: list[Message]) -> None:
+    def _loop(self, exit_when_idle_s: float | None, max_events: int | None) -> None:
+        """One step per iteration: poll (when nothing is buffered), feed the batcher, and ask
+        the stepper whether to score now. Every rank runs the same number of iterations."""
+        consumer, checkpointer = self._consumer, self._checkpointer
+        assert consumer is not None and checkpointer is not None
+        batcher, summary = self.batcher, self.summary
+        batch_size = self.settings.batching.consume_batch_size
+        poll_s = self.stepper.poll_timeout_s
+        while True:
+            if not self._backlog and self._held is None and not batcher.full:
+                messages = consumer.consume(batch_size, min(poll_s, batcher.time_left()))
+                if messages:
+                    now = time.monotonic()
+                    self._last_activity = now
+                    if summary.first_input_at is None:
+                        summary.first_input_at = now
+                    self._backlog.extend(messages)
+            self._feed()
+            now = time.monotonic()
+            idle = (
+                exit_when_idle_s is not None
+                and self._last_activity is not None  # idle only counts once in the group
+                and not len(batcher)
+                and self._held is None
+                and not self._backlog
+                and now - self._last_activity >= exit_when_idle_s
+            )
+            stop_requested = self._stop.is_set() or (
+                max_events is not None and summary.events_in >= max_events
+            )
+            ready = batcher.full or self._held is not None or batcher.due(now)
+            step = self.stepper.agree(ready, batcher.rows, stop_requested, idle)
+            if step.run or step.stop:
+                self._score(batcher.close(), pad_rows=step.rows)
+            elif not len(batcher):
+                checkpointer.seal()  # offsets of dead-lettered messages alone
+            checkpointer.commit_ready()
+            if step.stop:
+                if idle:
+                    log.info("no input for %.1fs: stopping", exit_when_idle_s)
+                return
+
+    def _feed(self) -> None:
+        """Move buffered messages into the open batch until it is full or the next event
+        does not fit (that one is held for the next batch). Rejects go to the DLQ."""
         checkpointer = self._checkpointer
         dead_letters = self._dead_letters
         assert checkpointer is not None and dead_letters is not None
+        batcher, backlog, summary = self.batcher, self._backlog, self.summary
         start = time.perf_counter()
+        if self._held is not None:
+            if not batcher.fits(self._held[1]):
+                return
+            (held_topic, held_partition, held_offset), held_record = self._held
+            self._held = None
+            checkpointer.consumed(held_topic, held_partition, held_offset)
+            batcher.add(held_record, (held_topic, held_partition))
         decode = self.decoder.decode
-        batcher = self.batcher
-        for msg in messages:
+        consumed = 0
+        while backlog and not batcher.full:
+            msg = backlog.popleft()
             err = msg.error()
             if err is not None:
                 self._client_error(err)
                 continue
-            self.summary.events_in += 1
+            consumed += 1
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             assert topic is not None and partition is not None and offset is not None
             try:
@@ -232,16 +271,17 @@ class ScoringPipeline:
             except RejectedMessage as rejection:
                 checkpointer.consumed(topic, partition, offset)
                 dead_letters.publish(msg, rejection)
-                self.summary.dead_lettered += 1
+                summary.dead_lettered += 1
                 continue
             if not batcher.fits(record):
-                self._score(batcher.close())
+                self._held = ((topic, partition, offset), record)
+                break
             checkpointer.consumed(topic, partition, offset)
-            batcher.add(record)
-            if batcher.full:
-                self._score(batcher.close())
-        self.metrics.events_in.inc(len(messages))
-        self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
+            batcher.add(record, (topic, partition))
+        if consumed:
+            summary.events_in += consumed
+            self.metrics.events_in.inc(consumed)
+            self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
 
     def _client_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
@@ -250,9 +290,17 @@ class ScoringPipeline:
             raise KafkaException(err)
         log.warning("consumer error: %s", err)
 
-    def _score(self, records: list[Record] | None) -> None:
-        """Enrich, featurise, score and publish one closed batch, then seal its checkpoint."""
+    def _score(self, records: list[Record] | None, pad_rows: int | None = None) -> None:
+        """Enrich, featurise, score and publish one closed batch, then seal its checkpoint.
+
+        Args:
+            records: the batch (``None``/empty: nothing of ours to score).
+            pad_rows: ranks of a sharded model pad to the agreed row count and run the forward
+                even with no events of their own; ``None`` for a single process.
+        """
         if not records:
+            if self._collective and pad_rows:
+                self.scorer.forward_padding(pad_rows)
             return
         sink, checkpointer, metrics = self._sink, self._checkpointer, self.metrics
         assert sink is not None and checkpointer is not None
@@ -263,7 +311,7 @@ class ScoringPipeline:
             features = build_feature_columns(events, enrichment, self.scorer.spec)
             inp = self.scorer.model_input(features)
         with metrics.stage("forward"):
-            probs = self.scorer.forward(inp)
+            probs = self.scorer.forward(inp, pad_rows if self._collective else None)
             scored = self.scorer.top_k(probs, events)
         with metrics.stage("produce"):
             flags = fallback_flags(events, enrichment)
@@ -302,11 +350,33 @@ class ScoringPipeline:
         self._last_activity = time.monotonic()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Finish and commit everything consumed so far before the partitions move on."""
-        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
-        self._score(self.batcher.close())
-        if self._checkpointer is not None:
-            self._checkpointer.flush_and_commit()
+        """Commit what is delivered before the partitions move to another member.
+
+        A single process scores its open batch first, so the handover repeats nothing. A rank
+        of a sharded model cannot run a forward alone (it is a collective), so it drops the
+        revoked partitions' unscored events instead; their offsets stay uncommitted and the new
+        owner scores them (at-least-once).
+        """
+        revoked = {(p.topic, p.partition) for p in partitions}
+        log.info("revoked %s", sorted(revoked))
+        checkpointer = self._checkpointer
+        if checkpointer is None:
+            return
+        if not self._collective:
+            self._score(self.batcher.close())
+            checkpointer.flush_and_commit()
+            return
+        dropped = self.batcher.drop_partitions(revoked)
+        kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in revoked)
+        dropped += len(self._backlog) - len(kept)
+        self._backlog = kept
+        if self._held is not None and self._held[0][:2] in revoked:
+            self._held = None
+            dropped += 1
+        checkpointer.forget_open(list(revoked))
+        checkpointer.commit_delivered()
+        if dropped:
+            log.info("left %d unscored events of revoked partitions to their next owner", dropped)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already belong to someone else: results may repeat, commits would fail."""

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.checkpoint import load_checkpoint
-from model.features import FeatureColumns, ModelInput, build_model_input
+from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
 from model.ranker import Ranker
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
@@ -45,11 +47,25 @@ class ScoredBatch:
     scores: npt.NDArray[np.float64]
 
 
+def padding_input(spec: FeatureSpec, rows: int, device: torch.device) -> ModelInput:
+    """A batch of ``rows`` padding rows (zero dense, empty bags): what a rank with no events of
+    its own feeds to a collective forward."""
+    keys = spec.feature_names
+    sparse = KeyedJaggedTensor(
+        keys=keys,
+        values=torch.empty(0, dtype=torch.int64, device=device),
+        lengths=torch.zeros(len(keys) * rows, dtype=torch.int64, device=device),
+        stride=rows,
+    )
+    return ModelInput(dense=torch.zeros((rows, spec.dense_dim), device=device), sparse=sparse)
+
+
 class Scorer:
     """Runs the ranker on batches.
 
     Args:
-        ranker: an authoring-module ranker (eval mode is set here).
+        ranker: the model: a :class:`~model.ranker.Ranker`, or any module with the same
+            ``forward(dense, sparse) -> logits`` (a DistributedModelParallel-wrapped ranker).
         spec: its feature spec.
         model_version: written into every Recommendation.
         device: where the forward runs.
@@ -62,9 +78,9 @@ class Scorer:
     """
 
     def __init__(
-        self, ranker: Ranker, spec: FeatureSpec, model_version: str, device: torch.device
+        self, ranker: nn.Module, spec: FeatureSpec, model_version: str, device: torch.device
     ) -> None:
-        self.ranker = ranker.to(device).eval()
+        self.ranker = ranker.to(device).eval() if isinstance(ranker, Ranker) else ranker.eval()
         self.spec = spec
         self.model_version = model_version
         self.device = device
@@ -76,14 +92,40 @@ class Scorer:
         log.info("loaded model %s from %s onto %s", meta.model_version, path, target)
         return cls(ranker, meta.spec, meta.model_version, target)
 
+    def embedding_bytes(self) -> int:
+        """Bytes of embedding tables held by this process (parameters of the EBC)."""
+        return sum(
+            p.numel() * p.element_size()
+            for name, p in self.ranker.named_parameters()
+            if "embedding_bags" in name
+        )
+
     def model_input(self, features: FeatureColumns) -> ModelInput:
         """Feature columns -> dense tensor + KJT on the model's device."""
         inp = build_model_input(features, self.spec)
         return inp if self.device.type == "cpu" else inp.to(self.device, non_blocking=True)
 
-    def forward(self, inp: ModelInput) -> torch.Tensor:
-        """Click probabilities [R] (one forward, no autograd)."""
-        return self.ranker.score(inp)
+    def forward(self, inp: ModelInput, pad_to: int | None = None) -> torch.Tensor:
+        """Click probabilities [R] (one forward, no autograd).
+
+        Args:
+            inp: the batch, on the model's device.
+            pad_to: ranks of a sharded model pad to the agreed row count; padding scores are
+                dropped.
+
+        Runs under ``torch.no_grad()``, not ``inference_mode`` (the sharded fused kernel has
+        no CPU inference-mode implementation).
+        """
+        rows = inp.num_rows
+        if pad_to is not None and pad_to > rows:
+            inp = pad_model_input(inp, pad_to)
+        with torch.no_grad():
+            logits = self.ranker(inp.dense, inp.sparse).reshape(-1)
+            return torch.sigmoid(logits[:rows])
+
+    def forward_padding(self, rows: int) -> None:
+        """Join a collective forward with padding only (this rank has no events)."""
+        self.forward(padding_input(self.spec, rows, self.device))
 
     def top_k(self, probs: torch.Tensor, events: EventColumns) -> ScoredBatch:
         """Best ``min(num_results, candidates)`` items of every event."""

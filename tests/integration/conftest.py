@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -14,9 +18,10 @@ import numpy as np
 import pytest
 import redis
 
-from model.checkpoint import save_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.features import build_model_input
 from model.spec import FeatureSpec, SparseFeature
-from model.synthetic import SampledEvents, SyntheticWorld, to_event_dicts
+from model.synthetic import SampledEvents, SyntheticWorld, feature_columns, to_event_dicts
 from model.train import train_ranker
 from pipeline.codec import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import ModelSettings, Settings, SyntheticSettings
@@ -201,3 +206,83 @@ def collect(settings: Settings, expected: int, timeout_s: float = 90.0) -> list[
     finally:
         consumer.close()
     return out
+
+
+def run_cli(
+    settings: Settings, *args: str, extra_env: dict[str, object] | None = None, **popen: object
+) -> subprocess.Popen:
+    """``python -m pipeline.cli ARGS`` configured by environment variables only."""
+    env = {
+        **os.environ,
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "STREAMRANK_KAFKA__GROUP_ID": settings.kafka.group_id,
+        "STREAMRANK_TOPICS__INPUT": settings.topics.input,
+        "STREAMRANK_TOPICS__OUTPUT": settings.topics.output,
+        "STREAMRANK_TOPICS__DLQ": settings.topics.dlq,
+        "STREAMRANK_REDIS__URL": settings.redis.url,
+        "STREAMRANK_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+        "STREAMRANK_MODEL__CHECKPOINT": str(settings.model.checkpoint),
+        "STREAMRANK_MODEL__DEVICE": "cpu",
+        "STREAMRANK_METRICS__ENABLED": "false",
+        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
+        **{k: str(v) for k, v in (extra_env or {}).items()},
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        **popen,  # type: ignore[arg-type]
+    )
+
+
+def offline_scores(
+    sent: SentEvents, world: SyntheticWorld, spec: FeatureSpec, checkpoint: Path
+) -> dict[str, dict[int, float]]:
+    """Per event id, the unsharded checkpoint's score of every candidate, from features taken
+    straight from the synthetic world (not through Redis or the pipeline's code)."""
+    ranker, _ = load_checkpoint(checkpoint)
+    ranker.eval()
+    cols = feature_columns(sent.sampled, world, spec)
+    scores = ranker.score(build_model_input(cols, spec)).double().numpy()
+    starts = np.concatenate(([0], np.cumsum(cols.candidate_counts)))
+    return {
+        record["event_id"]: dict(
+            zip(
+                record["candidate_item_ids"],
+                scores[starts[e] : starts[e + 1]].tolist(),
+                strict=True,
+            )
+        )
+        for e, record in enumerate(sent.records)
+    }
+
+
+def max_score_error(recs: list[dict[str, Any]], offline: dict[str, dict[int, float]]) -> float:
+    """Largest |pipeline score - offline score| over every returned item; also checks that the
+    returned items are the offline top-k (up to ties within 1e-5)."""
+    worst = 0.0
+    for rec in recs:
+        expected = offline[rec["event_id"]]
+        for item in rec["items"]:
+            worst = max(worst, abs(item["score"] - expected[item["item_id"]]))
+        k = len(rec["items"])
+        kth_best = sorted(expected.values(), reverse=True)[k - 1]
+        assert min(i["score"] for i in rec["items"]) >= kth_best - 1e-5
+    return worst
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[..., subprocess.Popen]]:
+    """:func:`run_cli` in a session of its own; whatever still runs at teardown is killed
+    (with torchrun's ranks)."""
+    started: list[subprocess.Popen] = []
+
+    def start(settings: Settings, *args: str, **kwargs: Any) -> subprocess.Popen:
+        proc = run_cli(settings, *args, start_new_session=True, **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)

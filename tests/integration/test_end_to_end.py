@@ -2,33 +2,34 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from confluent_kafka import Consumer
 
-from model.checkpoint import load_checkpoint
-from model.features import build_model_input
 from model.spec import FeatureSpec
-from model.synthetic import SyntheticWorld, feature_columns
+from model.synthetic import SyntheticWorld
 from pipeline.codec import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     RejectReason,
 )
-from pipeline.config import BatchingSettings, CodecSettings, RedisSettings, Settings
+from pipeline.config import CodecSettings, RedisSettings, Settings
 from pipeline.dead_letter import DETAIL_HEADER, REASON_HEADER
-from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, seed_features
+from tests.integration.conftest import (
+    BackgroundPipeline,
+    SentEvents,
+    collect,
+    max_score_error,
+    offline_scores,
+    seed_features,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -168,30 +169,9 @@ def test_scores_equal_offline_model_scores(
     recs = collect(pipeline_settings, expected=150)
     bp.stop()
 
-    # Offline: features straight from the world (not from Redis), the checkpoint's model.
-    ranker, _ = load_checkpoint(pipeline_settings.model.checkpoint)
-    ranker.eval()
-    cols = feature_columns(sent.sampled, world, spec)
-    offline = ranker.score(build_model_input(cols, spec)).double().numpy()
-    starts = np.concatenate(([0], np.cumsum(cols.candidate_counts)))
-    offline_by_event = {}
-    for e, record in enumerate(sent.records):
-        ids = record["candidate_item_ids"]
-        offline_by_event[record["event_id"]] = dict(
-            zip(ids, offline[starts[e] : starts[e + 1]].tolist(), strict=True)
-        )
     assert len(recs) == 150
-    worst = 0.0
-    for rec in recs:
-        expected = offline_by_event[rec["event_id"]]
-        for item in rec["items"]:
-            worst = max(worst, abs(item["score"] - expected[item["item_id"]]))
-        # The returned items are the offline top-k (up to ties).
-        k = len(rec["items"])
-        kth_best = sorted(expected.values(), reverse=True)[k - 1]
-        assert min(i["score"] for i in rec["items"]) >= kth_best - 1e-5
-    assert worst <= 1e-5, worst
-    assert torch.get_num_threads() >= 1
+    offline = offline_scores(sent, world, spec, pipeline_settings.model.checkpoint)
+    assert max_score_error(recs, offline) <= 1e-5
 
 
 def test_redis_outage_serves_defaults_with_fallback_flag_and_loses_nothing(
@@ -238,36 +218,15 @@ def test_redis_outage_serves_defaults_with_fallback_flag_and_loses_nothing(
     assert summary.events_out == 200
 
 
-def _run_cli(settings: Settings, *args: str, **popen: object) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "STREAMRANK_KAFKA__GROUP_ID": settings.kafka.group_id,
-        "STREAMRANK_TOPICS__INPUT": settings.topics.input,
-        "STREAMRANK_TOPICS__OUTPUT": settings.topics.output,
-        "STREAMRANK_TOPICS__DLQ": settings.topics.dlq,
-        "STREAMRANK_REDIS__URL": settings.redis.url,
-        "STREAMRANK_REDIS__KEY_PREFIX": settings.redis.key_prefix,
-        "STREAMRANK_MODEL__CHECKPOINT": str(settings.model.checkpoint),
-        "STREAMRANK_MODEL__DEVICE": "cpu",
-        "STREAMRANK_METRICS__ENABLED": "false",
-        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        env=env,
-        **popen,  # type: ignore[arg-type]
-    )
-
-
 def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
 ) -> None:
     sent = send_events(pipeline_settings, 3000)
     log = (tmp_path / "first.log").open("w")
-    first = _run_cli(pipeline_settings, "run", stdout=log, stderr=subprocess.STDOUT)
+    first = cli(pipeline_settings, "run", stdout=log, stderr=subprocess.STDOUT)
     # Kill it hard once it is part-way through.
     deadline = time.monotonic() + 120
     seen = 0
@@ -279,7 +238,7 @@ def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
     first.wait(30)
     assert 0 < seen < 3000, f"kill came too late or too early ({seen} scored)"
 
-    second = _run_cli(
+    second = cli(
         pipeline_settings,
         "run",
         "--exit-when-idle",

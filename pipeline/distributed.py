@@ -1,0 +1,157 @@
+"""Multi-rank scoring: one pipeline per rank, the ranker sharded across ranks with TorchRec.
+
+``streamrank run --nproc N`` re-executes itself under ``torchrun`` (N ranks on this host,
+restarted together by torchrun when one dies). Each rank then:
+
+1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo);
+2. plans the sharding of the embedding tables (``model.sharding``, config ``model.sharding``)
+   and wraps the ranker in ``DistributedModelParallel``; rank 0 logs the plan;
+3. loads the checkpoint: a DCP checkpoint of any world size, or ``init-model``'s
+   single-process one (each rank keeps the shards it owns);
+4. runs the usual :class:`~pipeline.runner.ScoringPipeline` as a member of the Kafka consumer
+   group, with a :class:`~pipeline.stepping.CollectiveStepper` so all ranks run each forward
+   together, and commits its own partitions' offsets after delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from model.checkpoint import load_meta
+from model.distributed_checkpoint import load_sharded
+from model.sharding import (
+    ShardingConfig,
+    default_backend,
+    describe_plan,
+    init_distributed,
+    local_embedding_bytes,
+    plan_sharding,
+    shard_ranker,
+)
+from pipeline.config import Settings
+from pipeline.metrics import Metrics
+from pipeline.runner import RunSummary, ScoringPipeline
+from pipeline.score import Scorer
+from pipeline.stepping import CollectiveStepper
+
+log = logging.getLogger(__name__)
+
+
+def in_torchrun() -> bool:
+    """Whether this process is one rank of a multi-rank job (torchrun sets ``WORLD_SIZE``)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def torchrun_command(nproc: int, cli_args: list[str], max_restarts: int) -> list[str]:
+    """The ``torchrun`` command line that runs ``streamrank <cli_args>`` on ``nproc`` ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "pipeline.cli",
+        *cli_args,
+    ]
+
+
+def join_process_group(timeout_s: float = 300.0) -> None:
+    """Initialise the default process group from torchrun's environment.
+
+    torchrun restarts all ranks together when one dies, and the restarted ranks meet in the
+    same agent-hosted TCPStore: keys left by the previous attempt (the dead ranks' gloo
+    addresses) would be read as current. A store prefix per restart attempt keeps them apart.
+    """
+    if dist.is_initialized():
+        return
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_store and rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(
+        backend=default_backend(),
+        store=dist.PrefixStore(f"streamrank/attempt-{attempt}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def run_rank(
+    settings: Settings, exit_when_idle_s: float | None, max_events: int | None
+) -> RunSummary:
+    """Body of one rank (see the module docstring)."""
+    join_process_group()
+    device = init_distributed()  # the group exists: picks cuda:{LOCAL_RANK} or cpu
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # Control messages (the per-step agreement) stay on the CPU.
+    control = dist.new_group(backend="gloo") if device.type == "cuda" else None
+    checkpoint = settings.model.checkpoint
+    meta = load_meta(checkpoint)
+    spec = meta.spec
+    plan = plan_sharding(
+        spec,
+        world_size,
+        device.type,
+        ShardingConfig.parse(settings.model.sharding),
+        batch_rows=settings.batching.max_batch_rows,
+    )
+    if rank == 0:
+        log.info("sharding plan:\n%s", describe_plan(plan, spec, world_size).render())
+    dmp = shard_ranker(spec, plan, device)
+    loaded = load_sharded(dmp, checkpoint)
+    metrics = Metrics()
+    held = local_embedding_bytes(dmp)
+    metrics.embedding_bytes.set(held)
+    log.info(
+        "rank %d/%d on %s holds %.1f MiB of embeddings; model %s",
+        rank,
+        world_size,
+        device,
+        held / 2**20,
+        loaded.model_version,
+    )
+    if settings.metrics.enabled:
+        port = settings.metrics.port + rank if settings.metrics.port else 0
+        metrics.serve(settings.metrics.host, port)
+    scorer = Scorer(dmp, spec, loaded.model_version, device)
+    pipeline = ScoringPipeline(settings, scorer, metrics, stepper=CollectiveStepper(control))
+    _install_stop_signals(pipeline)
+    try:
+        return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+    finally:
+        dist.destroy_process_group()
+
+
+def _install_stop_signals(pipeline: ScoringPipeline) -> None:
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping at the next agreed step", signum)
+        pipeline.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def summary_path(path: Path | None) -> Path | None:
+    """Per-rank summary file: ``run.json`` -> ``run.rank1.json`` (rank 0 keeps the name)."""
+    if path is None or not in_torchrun():
+        return path
+    rank = int(os.environ.get("RANK", "0"))
+    return path if rank == 0 else path.with_suffix(f".rank{rank}{path.suffix}")

@@ -1,0 +1,80 @@
+"""When to score: the per-iteration step decision of the loop, alone or agreed across ranks.
+
+The loop asks its stepper once per iteration. A single process scores as soon as its batch is
+ready. Ranks of a sharded model must run every forward together (the embedding lookups are
+collectives), so :class:`CollectiveStepper` agrees with one small ``all_reduce`` per iteration:
+whether anyone's batch is ready, the largest batch (everyone pads to it), and whether to stop.
+A rank with no input still joins, so nobody waits forever; the batch deadline
+(``max_delay_ms``) of any rank triggers a step for all, which keeps the latency bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What every rank does in this iteration.
+
+    Attributes:
+        run: score now (every rank, even with an empty batch).
+        rows: the largest batch among the ranks (pad to it); equals local rows when alone.
+        stop: finish this step, commit and leave the loop.
+    """
+
+    run: bool
+    rows: int
+    stop: bool
+
+
+class Stepper(Protocol):
+    poll_timeout_s: float
+    """Longest a Kafka poll may block per iteration."""
+
+    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+        """Decide this iteration's step from the local state."""
+        ...
+
+
+class LocalStepper:
+    """Single process: score when ready; stop when asked or idle."""
+
+    poll_timeout_s = 0.1
+
+    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+        return StepDecision(run=ready, rows=rows, stop=stop_requested or idle)
+
+
+class CollectiveStepper:
+    """Ranks agree with one ``all_reduce(MAX)`` of four integers per iteration.
+
+    - ``run``: some rank's batch is full, held an event that did not fit, or is due;
+    - ``rows``: the largest local batch;
+    - ``stop``: some rank was asked to stop (SIGTERM, ``max_events``), or *every* rank is idle.
+
+    Args:
+        group: a process group for the control messages (gloo, on CPU); the default group when
+            ``None``. With NCCL for the model, pass a separate gloo group so control traffic
+            never syncs the GPU.
+        poll_timeout_s: short, so ranks meet often under light load.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup | None = None, poll_timeout_s: float = 0.01
+    ) -> None:
+        self._group = group
+        self.poll_timeout_s = poll_timeout_s
+
+    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+        state = torch.tensor(
+            [int(ready), rows, int(stop_requested), int(not idle)], dtype=torch.int64
+        )
+        dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
+        any_ready, max_rows, any_stop, any_busy = (int(v) for v in state.tolist())
+        stop = bool(any_stop) or not any_busy
+        return StepDecision(run=bool(any_ready) and max_rows > 0, rows=max_rows, stop=stop)

@@ -1,0 +1,136 @@
+"""Sharded ranker across ranks (torchrun, gloo on CPU) against the real Kafka and Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from model.spec import FeatureSpec
+from model.synthetic import SyntheticWorld
+from pipeline.config import Settings
+from tests.integration.conftest import (
+    SentEvents,
+    collect,
+    max_score_error,
+    offline_scores,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _rank_pids(launcher_pid: int) -> list[int]:
+    """Worker processes under torchrun (their environment has RANK set)."""
+    ranks = []
+    for pid in _descendants(launcher_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"RANK=") for v in environ):
+            ranks.append(pid)
+    return ranks
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_score_every_event_once_with_the_offline_scores(
+    nproc: int,
+    pipeline_settings: Settings,
+    spec: FeatureSpec,
+    world: SyntheticWorld,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 400)
+    log_file = tmp_path / "ranks.log"
+    proc = cli(
+        pipeline_settings,
+        "run",
+        "--nproc",
+        str(nproc),
+        "--exit-when-idle",
+        "4",
+        "--summary-json",
+        str(tmp_path / "summary.json"),
+        stdout=log_file.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+
+    recs = collect(pipeline_settings, expected=400)
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == sent.ids
+    assert max(counts.values()) == 1
+    offline = offline_scores(sent, world, spec, pipeline_settings.model.checkpoint)
+    assert max_score_error(recs, offline) <= 1e-5
+    # Every rank took part and wrote its own summary.
+    summaries = [tmp_path / "summary.json"] + [
+        tmp_path / f"summary.rank{r}.json" for r in range(1, nproc)
+    ]
+    assert all(p.exists() for p in summaries)
+    log_text = log_file.read_text()
+    assert "sharding plan" in log_text
+
+
+def test_killing_a_rank_restarts_the_ranks_without_losing_events(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 3000)
+    log_file = tmp_path / "ranks.log"
+    proc = cli(
+        pipeline_settings,
+        "run",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "2",
+        "--exit-when-idle",
+        "6",
+        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
+        stdout=log_file.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    seen = 0
+    while time.monotonic() < deadline and seen < 200:
+        seen = len(collect(pipeline_settings, expected=1, timeout_s=5))
+    ranks = _rank_pids(proc.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(max(ranks), signal.SIGKILL)
+    assert 0 < seen < 3000, f"kill came too late or too early ({seen} scored)"
+
+    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+    recs = collect(pipeline_settings, expected=3000)
+    assert {r["event_id"] for r in recs} == sent.ids  # nothing lost
+    assert len(recs) >= 3000
