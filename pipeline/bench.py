@@ -7,18 +7,27 @@ ratios are not skewed by a noisy machine drifting between separate runs.
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from model.compile import maybe_compile
 from model.features import FeatureColumns, ModelInput, build_model_input
-from model.ranker import build_ranker
+from model.quantize import compare_quantized, quantize_ranker
+from model.ranker import Ranker, build_ranker
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.config import MetricsSettings, Settings, TopicsSettings
@@ -45,7 +54,8 @@ def batch_of_rows(
 def load_or_build_scorer(settings: Settings) -> Scorer:
     """The configured checkpoint's model, or a fresh one from the configured spec."""
     if (settings.model.checkpoint / "meta.json").exists():
-        return Scorer.from_checkpoint(settings.model.checkpoint, settings.model.device)
+        model = settings.model
+        return Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
     return Scorer(build_ranker(spec, seed=0), spec, "untrained", torch.device("cpu"))
@@ -186,3 +196,181 @@ def bench_pipeline(
             result.per_event_rows_per_s.append(rows_per_s)
             report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")
     return result
+
+
+def bench_quantization(
+    settings: Settings, batch_rows: int, seconds: float, dtypes: tuple[str, ...] = ("fp16", "int8")
+) -> list[dict[str, Any]]:
+    """Embedding bytes, max |score change| and forward rows/s of quantized tables vs fp32.
+
+    The fp32 model and each quantized copy are timed in alternation on the same batch.
+    """
+    scorer = load_or_build_scorer(
+        settings.model_copy(
+            update={
+                "model": settings.model.model_copy(update={"quantize": "fp32", "compile": False})
+            }
+        )
+    )
+    ranker = scorer.ranker
+    assert isinstance(ranker, Ranker)
+    world = build_world(settings)
+    cols = batch_of_rows(world, scorer.spec, batch_rows)
+    inp = build_model_input(cols, scorer.spec)
+    rows = []
+    for dtype in dtypes:
+        quantized = quantize_ranker(ranker, dtype)
+        report = compare_quantized(ranker, quantized, inp, dtype)
+        q_scorer = Scorer(quantized, scorer.spec, scorer.model_version, scorer.device)
+        fp32_per_s = time_forward(scorer, inp, seconds)
+        q_per_s = time_forward(q_scorer, inp, seconds)
+        rows.append(
+            {
+                "dtype": dtype,
+                "batch_rows": cols.num_rows,
+                "fp32_bytes": report.fp32_bytes,
+                "bytes": report.quant_bytes,
+                "bytes_ratio": round(report.ratio, 3),
+                "max_abs_score_diff": report.max_abs_score_diff,
+                "fp32_rows_per_s": round(cols.num_rows * fp32_per_s, 1),
+                "rows_per_s": round(cols.num_rows * q_per_s, 1),
+            }
+        )
+    return rows
+
+
+def bench_compile(
+    settings: Settings, batch_rows: int, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """Forward rows/s with and without ``torch.compile``, interleaved; compile time apart."""
+    eager = load_or_build_scorer(
+        settings.model_copy(
+            update={
+                "model": settings.model.model_copy(update={"quantize": "fp32", "compile": False})
+            }
+        )
+    )
+    world = build_world(settings)
+    cols = batch_of_rows(world, eager.spec, batch_rows)
+    inp = build_model_input(cols, eager.spec)
+    compiled_module = maybe_compile(copy.deepcopy(eager.ranker), True)
+    compiled = Scorer(compiled_module, eager.spec, eager.model_version, eager.device)
+    start = time.perf_counter()
+    compiled_probs = compiled.forward(inp)
+    compile_s = time.perf_counter() - start
+    max_diff = float((compiled_probs - eager.forward(inp)).abs().max())
+    eager_rates, compiled_rates = [], []
+    for _ in range(rounds):
+        eager_rates.append(cols.num_rows * time_forward(eager, inp, seconds))
+        compiled_rates.append(cols.num_rows * time_forward(compiled, inp, seconds))
+    ratios = [c / e for c, e in zip(compiled_rates, eager_rates, strict=True)]
+    return {
+        "batch_rows": cols.num_rows,
+        "first_compile_s": round(compile_s, 1),
+        "eager_rows_per_s": [round(r, 1) for r in eager_rates],
+        "compiled_rows_per_s": [round(r, 1) for r in compiled_rates],
+        "compiled_over_eager": [round(r, 3) for r in ratios],
+        "compiled_over_eager_median": round(float(np.median(ratios)), 3),
+        "max_abs_score_diff": max_diff,
+    }
+
+
+def _run_ranks_once(
+    settings: Settings, world: SyntheticWorld, events: int, nproc: int
+) -> dict[str, Any]:
+    """Produce ``events`` to fresh topics, then ``streamrank run --nproc N`` until idle."""
+    tag = uuid.uuid4().hex[:8]
+    topics = TopicsSettings(
+        input=f"bench-events-{tag}",
+        output=f"bench-recs-{tag}",
+        dlq=f"bench-dlq-{tag}",
+        partitions=max(settings.topics.partitions, nproc),
+        replication_factor=settings.topics.replication_factor,
+    )
+    run_settings = settings.model_copy(update={"topics": topics})
+    produce_events(run_settings, world, events)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        env = {
+            **os.environ,
+            "STREAMRANK_TOPICS__INPUT": topics.input,
+            "STREAMRANK_TOPICS__OUTPUT": topics.output,
+            "STREAMRANK_TOPICS__DLQ": topics.dlq,
+            "STREAMRANK_TOPICS__PARTITIONS": str(topics.partitions),
+            "STREAMRANK_KAFKA__GROUP_ID": f"bench-{tag}",
+            "STREAMRANK_METRICS__ENABLED": "false",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            "--nproc",
+            str(nproc),
+            "--exit-when-idle",
+            "3",
+            "--summary-json",
+            str(summary),
+        ]
+        subprocess.run(
+            cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        files = [summary] + [summary.with_suffix(f".rank{r}.json") for r in range(1, nproc)]
+        parts = [json.loads(f.read_text()) for f in files]
+    rows = sum(p["rows_scored"] for p in parts)
+    out = sum(p["events_out"] for p in parts)
+    if out < events:
+        raise RuntimeError(f"{nproc}-rank run scored {out} of {events} events")
+    busy = max(p["busy_seconds"] for p in parts)
+    return {
+        "rows_per_s": rows / busy if busy else 0.0,
+        "rank_rows": [p["rows_scored"] for p in parts],
+    }
+
+
+def bench_ranks(
+    settings: Settings,
+    events: int,
+    rounds: int,
+    nprocs: tuple[int, ...] = (1, 2),
+    report: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """End-to-end rows/s with 1 vs N ranks (interleaved rounds) and per-rank embedding bytes."""
+    from model.checkpoint import load_spec
+    from model.sharding import ShardingConfig, describe_plan, plan_sharding
+
+    world = build_world(settings)
+    seed_world_features(
+        world, FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
+    )
+    spec = load_spec(settings.model.checkpoint)
+    memory = {}
+    for n in nprocs:
+        plan = plan_sharding(
+            spec,
+            n,
+            "cpu",
+            ShardingConfig.parse(settings.model.sharding),
+            batch_rows=settings.batching.max_batch_rows,
+        )
+        memory[n] = describe_plan(plan, spec, n).as_dict()["ranks"]
+    rates: dict[int, list[float]] = {n: [] for n in nprocs}
+    for r in range(rounds):
+        for n in nprocs:
+            result = _run_ranks_once(settings, world, events, n)
+            rates[n].append(result["rows_per_s"])
+            report(
+                f"round {r + 1}: {n} rank(s) {result['rows_per_s']:,.0f} rows/s "
+                f"(rows per rank {result['rank_rows']})"
+            )
+    base = nprocs[0]
+    return {
+        "events": events,
+        "batch_rows": settings.batching.max_batch_rows,
+        "rows_per_s": {str(n): [round(v, 1) for v in rates[n]] for n in nprocs},
+        "ratio_over_1_rank": {
+            str(n): [round(a / b, 3) for a, b in zip(rates[n], rates[base], strict=True)]
+            for n in nprocs
+        },
+        "embedding_bytes_per_rank": {str(n): memory[n] for n in nprocs},
+    }

@@ -130,7 +130,8 @@ def _run_single(
     metrics = Metrics()
     if settings.metrics.enabled:
         metrics.serve(settings.metrics.host, settings.metrics.port)
-    scorer = Scorer.from_checkpoint(settings.model.checkpoint, settings.model.device)
+    model = settings.model
+    scorer = Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
     metrics.embedding_bytes.set(scorer.embedding_bytes())
     pipeline = ScoringPipeline(settings, scorer, metrics)
 
@@ -351,6 +352,55 @@ def bench_pipeline_cmd(
         report=lambda line: err.print(line),
     )
     _emit(result.as_dict(), as_json)
+
+
+@bench_app.command("quantize")
+def bench_quantize_cmd(
+    ctx: typer.Context,
+    batch_rows: Annotated[int, typer.Option(help="Rows per forward.")] = 1024,
+    seconds: Annotated[float, typer.Option(help="Timing per model and dtype.")] = 3.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
+) -> None:
+    """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
+    from pipeline.bench import bench_quantization
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    _emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
+
+
+@bench_app.command("compile")
+def bench_compile_cmd(
+    ctx: typer.Context,
+    batch_rows: Annotated[
+        int | None, typer.Option(help="Rows per forward (default batching.max_batch_rows).")
+    ] = None,
+    seconds: Annotated[float, typer.Option(help="Timing per round and variant.")] = 3.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
+) -> None:
+    """Forward rows/s with and without torch.compile (interleaved)."""
+    from pipeline.bench import bench_compile
+
+    settings = _settings(ctx)
+    _apply_threads(settings)
+    rows = batch_rows or settings.batching.max_batch_rows
+    _emit(bench_compile(settings, rows, seconds, rounds), as_json)
+
+
+@bench_app.command("ranks")
+def bench_ranks_cmd(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events per run.")] = 5000,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds of 1 and 2 ranks.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
+) -> None:
+    """End-to-end rows/s with 1 vs 2 ranks, and embedding bytes per rank."""
+    from pipeline.bench import bench_ranks
+
+    settings = _settings(ctx)
+    result = bench_ranks(settings, events, rounds, report=lambda line: err.print(line))
+    _emit(result, as_json)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,11 @@ class ModelSettings(BaseModel):
     """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    quantize: str = "fp32"
+    """Embedding-table storage for serving in one process: ``fp32``, ``fp16`` or ``int8``
+    (TorchRec quantized EmbeddingBagCollection)."""
+    compile: bool = False
+    """``torch.compile`` the served model (first batches are slow while it compiles)."""
     sharding: str = "table_wise"
     """Multi-rank table placement: a default, then per-feature overrides, e.g.
     ``"table_wise,recent_items=column_wise,item_id=row_wise"`` (see ``model.sharding``)."""

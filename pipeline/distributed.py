@@ -96,6 +96,12 @@ def run_rank(
     settings: Settings, exit_when_idle_s: float | None, max_events: int | None
 ) -> RunSummary:
     """Body of one rank (see the module docstring)."""
+    if settings.model.quantize != "fp32" or settings.model.compile:
+        raise ValueError(
+            "model.quantize and model.compile apply to single-process serving; TorchRec's "
+            "quantized tables shard only within one process (shard_quant_model). Use "
+            "--nproc 1 with them, or fp32 without compile for several ranks."
+        )
     join_process_group()
     device = init_distributed()  # the group exists: picks cuda:{LOCAL_RANK} or cpu
     rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -143,6 +143,8 @@ class ScoringPipeline:
         """Polled messages not yet fed to the batcher (never registered with the checkpointer)."""
         self._held: tuple[tuple[str, int, int], Record] | None = None
         """A decoded event that did not fit the open batch: first of the next one."""
+        self.assignment: set[tuple[str, int]] = set()
+        """Partitions this member owns now (updated by the rebalance callbacks)."""
         self._stop = threading.Event()
         self._last_activity: float | None = None
         """Last input or (re)assignment; None until the group first assigned partitions."""
@@ -347,6 +349,7 @@ class ScoringPipeline:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        self.assignment |= {(p.topic, p.partition) for p in partitions}
         self._last_activity = time.monotonic()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -359,27 +362,30 @@ class ScoringPipeline:
         """
         revoked = {(p.topic, p.partition) for p in partitions}
         log.info("revoked %s", sorted(revoked))
+        self.assignment -= revoked
         checkpointer = self._checkpointer
         if checkpointer is None:
             return
-        if not self._collective:
-            self._score(self.batcher.close())
-            checkpointer.flush_and_commit()
-            return
-        dropped = self.batcher.drop_partitions(revoked)
+        # Polled but not yet fed: never registered for commit; the next owner gets them.
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in revoked)
-        dropped += len(self._backlog) - len(kept)
+        dropped = len(self._backlog) - len(kept)
         self._backlog = kept
         if self._held is not None and self._held[0][:2] in revoked:
             self._held = None
             dropped += 1
-        checkpointer.forget_open(list(revoked))
-        checkpointer.commit_delivered()
+        if self._collective:
+            dropped += self.batcher.drop_partitions(revoked)
+            checkpointer.forget_open(list(revoked))
+            checkpointer.commit_delivered()
+        else:
+            self._score(self.batcher.close())
+            checkpointer.flush_and_commit()
         if dropped:
             log.info("left %d unscored events of revoked partitions to their next owner", dropped)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already belong to someone else: results may repeat, commits would fail."""
         log.warning("lost %s", [(p.topic, p.partition) for p in partitions])
+        self.assignment -= {(p.topic, p.partition) for p in partitions}
         if self._checkpointer is not None:
             self._checkpointer.forget([(p.topic, p.partition) for p in partitions])

@@ -14,7 +14,9 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.checkpoint import load_checkpoint
+from model.compile import maybe_compile
 from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
+from model.quantize import QuantDtype, embedding_bytes, quantize_ranker
 from model.ranker import Ranker
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
@@ -86,19 +88,36 @@ class Scorer:
         self.device = device
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str = "auto") -> Scorer:
+    def from_checkpoint(
+        cls, path: Path, device: str = "auto", quantize: str = "fp32", compile: bool = False
+    ) -> Scorer:
+        """Load a single-process checkpoint for serving.
+
+        Args:
+            path: checkpoint directory.
+            device: ``auto``, ``cpu`` or ``cuda:N``.
+            quantize: embedding storage, ``fp32``/``fp16``/``int8`` (TorchRec quantization).
+            compile: ``torch.compile`` the model.
+        """
         target = pick_device(device)
         ranker, meta = load_checkpoint(path, device=target)
+        fp32_bytes = embedding_bytes(ranker)
+        served: nn.Module = ranker
+        if QuantDtype(quantize) is not QuantDtype.FP32:
+            served = quantize_ranker(ranker, quantize)
+            log.info(
+                "embedding tables as %s: %.1f MiB (fp32 %.1f MiB)",
+                quantize,
+                embedding_bytes(served) / 2**20,
+                fp32_bytes / 2**20,
+            )
+        served = maybe_compile(served, compile)
         log.info("loaded model %s from %s onto %s", meta.model_version, path, target)
-        return cls(ranker, meta.spec, meta.model_version, target)
+        return cls(served, meta.spec, meta.model_version, target)
 
     def embedding_bytes(self) -> int:
-        """Bytes of embedding tables held by this process (parameters of the EBC)."""
-        return sum(
-            p.numel() * p.element_size()
-            for name, p in self.ranker.named_parameters()
-            if "embedding_bags" in name
-        )
+        """Bytes of embedding tables held by this process (quantized or not)."""
+        return embedding_bytes(self.ranker)
 
     def model_input(self, features: FeatureColumns) -> ModelInput:
         """Feature columns -> dense tensor + KJT on the model's device."""

@@ -253,3 +253,27 @@ def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
     # At-least-once: only events of the killed run's last uncommitted batches repeat.
     duplicates = len(recs) - len(sent.ids)
     assert 0 <= duplicates < 3000
+
+
+def test_a_second_group_member_takes_over_partitions_without_loss_or_repeats(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+) -> None:
+    first = background_pipeline(pipeline_settings)
+    early = send_events(pipeline_settings, 300)
+    assert len(collect(pipeline_settings, expected=300)) >= 300
+    second = background_pipeline(pipeline_settings)  # same group: partitions are rebalanced
+    deadline = time.monotonic() + 60
+    while not second.pipeline.assignment and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert second.pipeline.assignment, "the second member never got partitions"
+    late = send_events(pipeline_settings, 600)
+    recs = collect(pipeline_settings, expected=900)
+    s1, s2 = first.stop(), second.stop()
+
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == early.ids | late.ids
+    assert max(counts.values()) == 1  # revocation scores and commits before the handover
+    assert s2.events_out > 0, "the second member never got partitions"
+    assert s1.events_out + s2.events_out == 900
