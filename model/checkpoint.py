@@ -178,7 +178,7 @@ def save_checkpoint(
         spec=spec,
         created_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
         metrics={str(k): float(v) for k, v in (metrics or {}).items()},
-        framework_versions=_framework_versions(),
+        framework_versions=framework_versions(),
         weights_sha256=sha,
     )
 
@@ -322,7 +322,8 @@ def load_checkpoint(
     return ranker, meta
 
 
-def _framework_versions() -> dict[str, str]:
+def framework_versions() -> dict[str, str]:
+    """Python and ML-stack package versions, recorded in ``meta.json``."""
     versions = {"python": platform.python_version()}
     for package in _VERSIONED_PACKAGES:
         try:

@@ -317,7 +317,7 @@ class ScoringPipeline:
             scored = self.scorer.top_k(probs, events)
         with metrics.stage("produce"):
             flags = fallback_flags(events, enrichment)
-            sink.publish(
+            latency_s = sink.publish(
                 events.event_ids,
                 events.user_ids,
                 events.event_time_ms,
@@ -342,8 +342,7 @@ class ScoringPipeline:
         summary.batches += 1
         summary.last_output_at = time.monotonic()
         if len(summary.latencies_s) < _MAX_LATENCY_SAMPLES:
-            now_ms = time.time() * 1000
-            summary.latencies_s.extend(((now_ms - events.event_time_ms) / 1000).tolist())
+            summary.latencies_s.extend(latency_s.tolist())
 
     # -- rebalances ----------------------------------------------------------------------------
 

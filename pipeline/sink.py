@@ -50,7 +50,7 @@ class RecommendationSink:
         top_scores: npt.NDArray[np.float64],
         fallbacks: FallbackFlags,
         model_version: str,
-    ) -> None:
+    ) -> npt.NDArray[np.float64]:
         """Produce one Recommendation per event.
 
         Args:
@@ -59,6 +59,9 @@ class RecommendationSink:
             top_item_ids, top_scores: flat, event-major, best first within each event.
             fallbacks: per-event fallback flags.
             model_version: of the model that scored the batch.
+
+        Returns:
+            float64[E] end-to-end latency of each event (event_time -> produced), seconds.
         """
         now_ms = int(time.time() * 1000)
         item_ids: list[int] = top_item_ids.tolist()
@@ -86,6 +89,7 @@ class RecommendationSink:
                 on_delivery=self._checkpointer.delivery_callback(),
             )
         self._metrics.events_out.inc(len(event_ids))
-        latency_s = (now_ms - event_time_ms) / 1000.0
+        latency_s: npt.NDArray[np.float64] = (now_ms - event_time_ms) / 1000.0
         for value in latency_s.tolist():
             self._metrics.end_to_end_seconds.observe(value)
+        return latency_s
