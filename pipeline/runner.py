@@ -146,6 +146,7 @@ class ScoringPipeline:
         self.assignment: set[tuple[str, int]] = set()
         """Partitions this member owns now (updated by the rebalance callbacks)."""
         self._stop = threading.Event()
+        self._failed = False
         self._last_activity: float | None = None
         """Last input or (re)assignment; None until the group first assigned partitions."""
         self._consumer: Consumer | None = None
@@ -195,6 +196,10 @@ class ScoringPipeline:
         try:
             self._loop(exit_when_idle_s, max_events)
             checkpointer.flush_and_commit()
+        except BaseException:
+            # Leave uncommitted work to the next run; closing must not score or commit more.
+            self._failed = True
+            raise
         finally:
             self.summary.seconds = time.monotonic() - started
             consumer.close()
@@ -363,7 +368,7 @@ class ScoringPipeline:
         log.info("revoked %s", sorted(revoked))
         self.assignment -= revoked
         checkpointer = self._checkpointer
-        if checkpointer is None:
+        if checkpointer is None or self._failed:
             return
         # Polled but not yet fed: never registered for commit; the next owner gets them.
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in revoked)

@@ -286,3 +286,31 @@ def cli() -> Iterator[Callable[..., subprocess.Popen]]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def produced_count(settings: Settings, topic: str | None = None) -> int:
+    """Records on ``topic`` (default: the output topic), from the partitions' high watermarks."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    name = topic or settings.topics.output
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "watermarks"}
+    )
+    try:
+        partitions = consumer.list_topics(name, timeout=10).topics[name].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+            for p in partitions
+        )
+    finally:
+        consumer.close()
+
+
+def wait_for_outputs(settings: Settings, at_least: int, timeout_s: float = 180.0) -> int:
+    """Poll the output topic's size every 0.2 s until it reaches ``at_least``."""
+    deadline = time.monotonic() + timeout_s
+    count = produced_count(settings)
+    while count < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+        count = produced_count(settings)
+    return count
