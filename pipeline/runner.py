@@ -213,9 +213,13 @@ class ScoringPipeline:
         batcher, summary = self.batcher, self.summary
         batch_size = self.settings.batching.consume_batch_size
         poll_s = self.stepper.poll_timeout_s
+        # consume(n, timeout) returns after n messages or the timeout: never wait longer than
+        # half the delay budget for the first event of a batch, or past an open batch's deadline.
+        first_wait_s = min(poll_s, batcher.max_delay_s / 2)
         while True:
             if not self._backlog and self._held is None and not batcher.full:
-                messages = consumer.consume(batch_size, min(poll_s, batcher.time_left()))
+                wait = batcher.time_left() if len(batcher) else first_wait_s
+                messages = consumer.consume(batch_size, min(poll_s, wait))
                 if messages:
                     now = time.monotonic()
                     self._last_activity = now

@@ -41,23 +41,7 @@ wait $pipeline_pid || { echo "pipeline failed; see artifacts/demo-pipeline.log" 
 trap - EXIT
 
 echo "== 5/5 a few recommendations from the output topic"
-$SR consume --max 3 --timeout 10 | .venv/bin/python -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    items = ", ".join(f"{i[\"item_id\"]}:{i[\"score\"]:.3f}" for i in r["items"][:5])
-    print(f"  event {r[\"event_id\"][:12]}.. user {r[\"user_id\"]} model {r[\"model_version\"]} "
-          f"fallback={r[\"fallback_features\"]} top: {items}")
-'
+$SR consume --max 3 --timeout 10 | .venv/bin/python scripts/demo_report.py recs
 echo
 echo "== summary"
-.venv/bin/python - "$summary" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-print(f"  events in            {s['events_in']}")
-print(f"  recommendations out  {s['events_out']}")
-print(f"  dead-lettered        {s['dead_lettered']}")
-print(f"  events/s             {s['events_per_s']}")
-print(f"  scored rows/s        {s['rows_per_s']}")
-print(f"  end-to-end latency   p50 {s['latency_p50_ms']} ms, p99 {s['latency_p99_ms']} ms")
-PY
+.venv/bin/python scripts/demo_report.py summary "$summary"

@@ -1,0 +1,32 @@
+"""Pretty-print for scripts/demo.sh: `recs` reads JSON lines on stdin, `summary FILE` a run summary."""
+
+import json
+import sys
+
+
+def show_recommendations() -> None:
+    for line in sys.stdin:
+        rec = json.loads(line)
+        top = ", ".join(f"{i['item_id']}:{i['score']:.3f}" for i in rec["items"][:5])
+        print(
+            f"  event {rec['event_id'][:12]}.. user {rec['user_id']} model {rec['model_version']}"
+            f" fallback={rec['fallback_features']}\n    top items: {top}"
+        )
+
+
+def show_summary(path: str) -> None:
+    with open(path) as f:
+        s = json.load(f)
+    print(f"  events in            {s['events_in']}")
+    print(f"  recommendations out  {s['events_out']}")
+    print(f"  dead-lettered        {s['dead_lettered']}")
+    print(f"  events/s             {s['events_per_s']}")
+    print(f"  scored rows/s        {s['rows_per_s']}")
+    print(f"  end-to-end latency   p50 {s['latency_p50_ms']} ms, p99 {s['latency_p99_ms']} ms")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "recs":
+        show_recommendations()
+    else:
+        show_summary(sys.argv[2])
