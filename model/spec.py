@@ -100,8 +100,8 @@ class FeatureSpec:
     user_dense_dim: int = 8
     item_dense_dim: int = 8
     recent_items_cap: int = 20
-    dense_arch: tuple[int, ...] = (128, 64)
-    over_arch: tuple[int, ...] = (256, 128, 1)
+    dense_arch: tuple[int, ...] = (512, 256, 64)
+    over_arch: tuple[int, ...] = (512, 512, 256, 1)
     hash_salt: int = 0x5EED
 
     def __post_init__(self) -> None:

@@ -97,23 +97,37 @@ class Checkpointer:
         """Record that the message at ``offset`` was consumed (call in poll order)."""
         self._open.next_offsets[(topic, partition)] = offset + 1
 
-    def delivery_callback(self) -> DeliveryCallback:
-        """The ``on_delivery`` for one record produced on behalf of the open checkpoint."""
-        self._open.pending += 1
-        return self._open.on_delivery
+    def delivery_callback(self, checkpoint: Checkpoint | None = None) -> DeliveryCallback:
+        """The ``on_delivery`` for one record produced on behalf of ``checkpoint`` (default:
+        the open one)."""
+        target = checkpoint or self._open
+        target.pending += 1
+        return target.on_delivery
 
-    def seal(self) -> None:
-        """Close the open checkpoint; it is committed once all its records are acknowledged.
+    def cut(self) -> Checkpoint:
+        """End the open checkpoint here without sealing it, and queue it (commit order).
 
-        Bounds memory: waits for acknowledgements while more than ``max_sealed`` are pending.
+        For a batch whose records are produced later (its forward still running): what is
+        consumed from now on belongs to the next checkpoint. Produce the batch's records with
+        ``delivery_callback(checkpoint)``, then :meth:`seal` it.
         """
-        if not self._open.next_offsets and self._open.pending == 0:
-            return
-        self._open.sealed = True
-        self._sealed.append(self._open)
-        self._open = Checkpoint()
+        checkpoint, self._open = self._open, Checkpoint()
+        self._sealed.append(checkpoint)
+        return checkpoint
+
+    def seal(self, checkpoint: Checkpoint | None = None) -> None:
+        """Mark a checkpoint complete (default: cut and seal the open one); it is committed
+        once all its records are acknowledged.
+
+        Bounds memory: waits for acknowledgements while more than ``max_sealed`` are queued.
+        """
+        if checkpoint is None:
+            if not self._open.next_offsets and self._open.pending == 0:
+                return
+            checkpoint = self.cut()
+        checkpoint.sealed = True
         self._producer.poll(0)
-        while len(self._sealed) > self._max_sealed:
+        while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
             self._producer.poll(0.05)
             self.commit_ready()
 

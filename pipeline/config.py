@@ -211,8 +211,8 @@ class ModelSettings(BaseModel):
     user_dense_dim: int = 8
     item_dense_dim: int = 8
     recent_items_cap: int = 20
-    dense_arch: list[int] = Field(default_factory=lambda: [128, 64])
-    over_arch: list[int] = Field(default_factory=lambda: [256, 128, 1])
+    dense_arch: list[int] = Field(default_factory=lambda: [512, 256, 64])
+    over_arch: list[int] = Field(default_factory=lambda: [512, 512, 256, 1])
 
     def feature_spec(self) -> FeatureSpec:
         """The :class:`model.spec.FeatureSpec` these settings describe."""

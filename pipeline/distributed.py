@@ -105,8 +105,10 @@ def run_rank(
     join_process_group()
     device = init_distributed()  # the group exists: picks cuda:{LOCAL_RANK} or cpu
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    # Control messages (the per-step agreement) stay on the CPU.
-    control = dist.new_group(backend="gloo") if device.type == "cuda" else None
+    # The per-step agreement runs on the loop's thread while the forward's collectives run on
+    # the scoring thread: separate groups keep their message orders apart (and, with NCCL,
+    # control traffic on the CPU).
+    control = dist.new_group(backend="gloo")
     checkpoint = settings.model.checkpoint
     meta = load_meta(checkpoint)
     spec = meta.spec

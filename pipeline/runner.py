@@ -22,14 +22,16 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from pipeline.batch import MicroBatcher, to_columns
-from pipeline.checkpointing import Checkpointer
+from model.features import ModelInput
+from pipeline.batch import EventColumns, MicroBatcher, to_columns
+from pipeline.checkpointing import Checkpoint, Checkpointer
 from pipeline.codec import (
     RECOMMENDATION_SCHEMA_FILE,
     Record,
@@ -39,11 +41,11 @@ from pipeline.codec import (
 )
 from pipeline.config import Settings
 from pipeline.dead_letter import DeadLetterSink
-from pipeline.enrich import FallbackFeature, FeatureEnricher
+from pipeline.enrich import Enrichment, FallbackFeature, FeatureEnricher
 from pipeline.features import build_feature_columns, fallback_flags
 from pipeline.kafka_io import ensure_topics, make_consumer, make_producer
 from pipeline.metrics import Metrics
-from pipeline.score import Scorer
+from pipeline.score import ScoredBatch, Scorer
 from pipeline.sink import RecommendationSink
 from pipeline.stepping import LocalStepper, Stepper
 
@@ -101,6 +103,16 @@ class RunSummary:
         }
 
 
+@dataclass
+class _InFlight:
+    """A batch whose forward runs on the scoring thread (padding-only steps have no events)."""
+
+    events: EventColumns | None
+    enrichment: Enrichment | None
+    checkpoint: Checkpoint | None
+    future: Future[Any]
+
+
 class ScoringPipeline:
     """One consumer-group member scoring its partitions.
 
@@ -147,6 +159,9 @@ class ScoringPipeline:
         """Partitions this member owns now (updated by the rebalance callbacks)."""
         self._stop = threading.Event()
         self._failed = False
+        self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        """Runs each batch's forward while the loop consumes the next batch."""
+        self._inflight: _InFlight | None = None
         self._last_activity: float | None = None
         """Last input or (re)assignment; None until the group first assigned partitions."""
         self._consumer: Consumer | None = None
@@ -203,6 +218,7 @@ class ScoringPipeline:
         finally:
             self.summary.seconds = time.monotonic() - started
             consumer.close()
+            self._forward_pool.shutdown(wait=True)
         return self.summary
 
     def _loop(self, exit_when_idle_s: float | None, max_events: int | None) -> None:
@@ -245,6 +261,7 @@ class ScoringPipeline:
                 self._score(batcher.close(), pad_rows=step.rows)
             elif not len(batcher):
                 checkpointer.seal()  # offsets of dead-lettered messages alone
+            self._finish_inflight(wait=step.stop)
             checkpointer.commit_ready()
             if step.stop:
                 if idle:
@@ -302,7 +319,11 @@ class ScoringPipeline:
         log.warning("consumer error: %s", err)
 
     def _score(self, records: list[Record] | None, pad_rows: int | None = None) -> None:
-        """Enrich, featurise, score and publish one closed batch, then seal its checkpoint.
+        """Enrich and featurise one closed batch, then start its forward on the scoring thread.
+
+        The forward of this batch overlaps with consuming and decoding the next one; the
+        previous batch's forward is finished (and its results published) first, so one forward
+        at most is in flight and batches are published in order.
 
         Args:
             records: the batch (``None``/empty: nothing of ours to score).
@@ -311,19 +332,58 @@ class ScoringPipeline:
         """
         if not records:
             if self._collective and pad_rows:
-                self.scorer.forward_padding(pad_rows)
+                self._finish_inflight()
+                self._inflight = _InFlight(
+                    None, None, None, self._forward_pool.submit(self._forward_padding, pad_rows)
+                )
             return
-        sink, checkpointer, metrics = self._sink, self._checkpointer, self.metrics
-        assert sink is not None and checkpointer is not None
+        checkpointer, metrics = self._checkpointer, self.metrics
+        assert checkpointer is not None
+        checkpoint = checkpointer.cut()  # what is consumed from now on is the next batch's
         with metrics.stage("enrich"):
             events = to_columns(records)
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
             features = build_feature_columns(events, enrichment, self.scorer.spec)
             inp = self.scorer.model_input(features)
-        with metrics.stage("forward"):
-            probs = self.scorer.forward(inp, pad_rows if self._collective else None)
-            scored = self.scorer.top_k(probs, events)
+        self._finish_inflight()
+        pad = pad_rows if self._collective else None
+        future = self._forward_pool.submit(self._forward, inp, pad, events)
+        self._inflight = _InFlight(events, enrichment, checkpoint, future)
+
+    def _forward(self, inp: ModelInput, pad_rows: int | None, events: EventColumns) -> ScoredBatch:
+        """On the scoring thread: one forward and the top-K of every event."""
+        start = time.perf_counter()
+        scored = self.scorer.top_k(self.scorer.forward(inp, pad_rows), events)
+        self.metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
+        return scored
+
+    def _forward_padding(self, rows: int) -> None:
+        self.scorer.forward_padding(rows)
+
+    def _finish_inflight(self, wait: bool = True) -> None:
+        """Publish the in-flight batch once its forward is done (``wait=False``: only if it
+        already is)."""
+        inflight = self._inflight
+        if inflight is None or (not wait and not inflight.future.done()):
+            return
+        self._inflight = None
+        scored = inflight.future.result()  # re-raises a failed forward
+        if inflight.events is None or inflight.enrichment is None or scored is None:
+            return
+        assert inflight.checkpoint is not None
+        self._publish(inflight.events, inflight.enrichment, scored, inflight.checkpoint)
+
+    def _publish(
+        self,
+        events: EventColumns,
+        enrichment: Enrichment,
+        scored: ScoredBatch,
+        checkpoint: Checkpoint,
+    ) -> None:
+        """Produce a scored batch's Recommendations, then seal its checkpoint."""
+        sink, checkpointer, metrics = self._sink, self._checkpointer, self.metrics
+        assert sink is not None and checkpointer is not None
         with metrics.stage("produce"):
             flags = fallback_flags(events, enrichment)
             latency_s = sink.publish(
@@ -335,8 +395,9 @@ class ScoringPipeline:
                 scored.scores,
                 flags,
                 self.scorer.model_version,
+                checkpoint,
             )
-            checkpointer.seal()
+            checkpointer.seal(checkpoint)
         for feature, mask in (
             (FallbackFeature.USER, flags.user),
             (FallbackFeature.ITEM, flags.item),
@@ -382,11 +443,13 @@ class ScoringPipeline:
             self._held = None
             dropped += 1
         if self._collective:
+            self._finish_inflight()  # already stepped together; only publishing is left
             dropped += self.batcher.drop_partitions(revoked)
             checkpointer.forget_open(list(revoked))
             checkpointer.commit_delivered()
         else:
             self._score(self.batcher.close())
+            self._finish_inflight()
             checkpointer.flush_and_commit()
         if dropped:
             log.info("left %d unscored events of revoked partitions to their next owner", dropped)

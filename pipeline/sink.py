@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Producer
 
-from pipeline.checkpointing import Checkpointer
+from pipeline.checkpointing import Checkpoint, Checkpointer
 from pipeline.codec import RecordCodec
 from pipeline.features import FallbackFlags
 from pipeline.kafka_io import produce
@@ -50,6 +50,7 @@ class RecommendationSink:
         top_scores: npt.NDArray[np.float64],
         fallbacks: FallbackFlags,
         model_version: str,
+        checkpoint: Checkpoint | None = None,
     ) -> npt.NDArray[np.float64]:
         """Produce one Recommendation per event.
 
@@ -59,6 +60,7 @@ class RecommendationSink:
             top_item_ids, top_scores: flat, event-major, best first within each event.
             fallbacks: per-event fallback flags.
             model_version: of the model that scored the batch.
+            checkpoint: the batch's checkpoint (default: the open one).
 
         Returns:
             float64[E] end-to-end latency of each event (event_time -> produced), seconds.
@@ -86,7 +88,7 @@ class RecommendationSink:
                 self._topic,
                 encode(record),
                 key=str(user_id).encode(),
-                on_delivery=self._checkpointer.delivery_callback(),
+                on_delivery=self._checkpointer.delivery_callback(checkpoint),
             )
         self._metrics.events_out.inc(len(event_ids))
         latency_s: npt.NDArray[np.float64] = (now_ms - event_time_ms) / 1000.0
