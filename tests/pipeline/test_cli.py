@@ -1,0 +1,65 @@
+"""The command line, run as a user runs it (no servers needed for these commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(tmp_path: Path) -> None:
+    no_checkpoint = {"STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none")}
+    one = _cli("plan", "--nproc", "1", "--json", env=no_checkpoint)
+    two = _cli("plan", "--nproc", "2", "--json", env=no_checkpoint)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    one_rank = json.loads(one.stdout.strip().splitlines()[-1])
+    two_ranks = json.loads(two.stdout.strip().splitlines()[-1])
+    total = one_rank["ranks"][0]["bytes"]
+    assert [r["rank"] for r in two_ranks["ranks"]] == [0, 1]
+    assert sum(r["bytes"] for r in two_ranks["ranks"]) == total
+    assert max(r["bytes"] for r in two_ranks["ranks"]) <= 0.6 * total
+    assert {t["sharding_type"] for t in two_ranks["tables"]} == {"table_wise"}
+
+
+def test_plan_text_names_every_table_and_rank(tmp_path: Path) -> None:
+    result = _cli(
+        "plan",
+        "--nproc",
+        "3",
+        env={
+            "STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none"),
+            "STREAMRANK_MODEL__SHARDING": "table_wise,item_id=column_wise",
+        },
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in ("t_user_id", "t_item_id", "t_recent_items", "rank 0", "rank 1", "rank 2"):
+        assert name in result.stdout
+    assert "column_wise" in result.stdout
+
+
+def test_bad_sharding_config_is_a_clear_error(tmp_path: Path) -> None:
+    result = _cli(
+        "plan",
+        "--nproc",
+        "2",
+        env={
+            "STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none"),
+            "STREAMRANK_MODEL__SHARDING": "table_wise,item_id=diagonal_wise",
+        },
+    )
+    assert result.returncode != 0
+    assert "diagonal_wise" in result.stderr
