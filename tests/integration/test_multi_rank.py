@@ -134,3 +134,40 @@ def test_killing_a_rank_restarts_the_ranks_without_losing_events(
     log_text = log_file.read_text()
     assert "exitcode: -9" in log_text  # torchrun saw the kill ...
     assert log_text.count("sharding plan") >= 2  # ... and started the ranks again
+
+
+def test_sigterm_stops_all_ranks_together_and_a_restart_loses_nothing(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 4000)
+    small_batches = {"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"}
+    first = cli(
+        pipeline_settings,
+        "run",
+        "--nproc",
+        "2",
+        extra_env=small_batches,
+        stdout=(tmp_path / "first.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    seen = wait_for_outputs(pipeline_settings, at_least=300)
+    assert 300 <= seen < 4000, f"stop came too late ({seen} scored)"
+    os.killpg(first.pid, signal.SIGTERM)  # what an orchestrator does to the whole job
+    first.wait(90)  # no collective left hanging: every rank reaches the agreed stop
+
+    second = cli(
+        pipeline_settings,
+        "run",
+        "--nproc",
+        "2",
+        "--exit-when-idle",
+        "5",
+        stdout=(tmp_path / "second.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-4000:]
+    recs = collect(pipeline_settings, expected=4000)
+    assert {r["event_id"] for r in recs} == sent.ids
