@@ -172,15 +172,7 @@ def save_checkpoint(
         raise ValueError("cannot save a ranker whose weights are on the meta device")
     state = {name: t.detach().to("cpu") for name, t in raw_state.items()}
     sha = weights_digest(state)
-    now = dt.datetime.now(dt.UTC)
-    meta = CheckpointMeta(
-        model_version=model_version or f"dlrm-{now:%Y%m%d}-{sha[:8]}",
-        spec=spec,
-        created_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        metrics={str(k): float(v) for k, v in (metrics or {}).items()},
-        framework_versions=framework_versions(),
-        weights_sha256=sha,
-    )
+    meta = new_meta(spec, model_version, metrics, weights_sha256=sha, version_suffix=sha[:8])
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
@@ -320,6 +312,26 @@ def load_checkpoint(
     ranker = ranker.to(torch.device(device))
     ranker.eval()
     return ranker, meta
+
+
+def new_meta(
+    spec: FeatureSpec,
+    model_version: str | None,
+    metrics: dict[str, float] | None,
+    weights_sha256: str,
+    version_suffix: str,
+) -> CheckpointMeta:
+    """Metadata of a checkpoint written now; the default version is
+    ``dlrm-<YYYYMMDD>-<version_suffix>``."""
+    now = dt.datetime.now(dt.UTC)
+    return CheckpointMeta(
+        model_version=model_version or f"dlrm-{now:%Y%m%d}-{version_suffix}",
+        spec=spec,
+        created_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        metrics={str(k): float(v) for k, v in (metrics or {}).items()},
+        framework_versions=framework_versions(),
+        weights_sha256=weights_sha256,
+    )
 
 
 def framework_versions() -> dict[str, str]:

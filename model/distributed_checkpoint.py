@@ -21,7 +21,6 @@ plan loads into any other one, and into a plain single-process :class:`~model.ra
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import shutil
@@ -40,10 +39,10 @@ from model.checkpoint import (
     META_FILE,
     WEIGHTS_FILE,
     CheckpointMeta,
-    framework_versions,
     load_checkpoint,
     load_meta,
     load_state_dict,
+    new_meta,
     save_checkpoint,
 )
 from model.ranker import Ranker, build_ranker
@@ -169,14 +168,8 @@ def save_sharded(
         if target.exists() and not overwrite:
             plan = {"error": f"checkpoint path already exists: {target}"}
         else:
-            now = dt.datetime.now(dt.UTC)
-            meta = CheckpointMeta(
-                model_version=model_version or f"dlrm-{now:%Y%m%d}-{uuid.uuid4().hex[:8]}",
-                spec=spec,
-                created_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                metrics={str(k): float(v) for k, v in (metrics or {}).items()},
-                framework_versions=framework_versions(),
-                weights_sha256="",
+            meta = new_meta(
+                spec, model_version, metrics, weights_sha256="", version_suffix=uuid.uuid4().hex[:8]
             )
             tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
             target.parent.mkdir(parents=True, exist_ok=True)
