@@ -28,8 +28,8 @@ test-unit: install
 	@$(PY) -m pytest -q tests -m "not integration"
 
 lint: install
-	@$(VENV)/bin/ruff check pipeline model tests
-	@$(VENV)/bin/ruff format --check pipeline model tests
+	@$(VENV)/bin/ruff check pipeline model tests scripts
+	@$(VENV)/bin/ruff format --check pipeline model tests scripts
 
 typecheck: install
 	@$(VENV)/bin/mypy

@@ -1,4 +1,7 @@
-"""Pretty-print for scripts/demo.sh: `recs` reads JSON lines on stdin, `summary FILE` a run summary."""
+"""Pretty-print for scripts/demo.sh.
+
+`recs` reads Recommendations as JSON lines on stdin; `summary FILE` reads a run summary.
+"""
 
 import json
 import sys
