@@ -8,7 +8,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 STACK_DIR="${STACK_DIR:-.stack}"
 DEMO_EVENTS="${DEMO_EVENTS:-5000}"
-DEMO_RATE="${DEMO_RATE:-1000}"
+DEMO_RATE="${DEMO_RATE:-500}"
 DEMO_MALFORMED="${DEMO_MALFORMED:-25}"
 SR=.venv/bin/streamrank
 
