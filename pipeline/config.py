@@ -174,6 +174,10 @@ class BatchingSettings(BaseModel):
     """Messages asked from Kafka per poll."""
     max_in_flight_batches: int = 4
     """Batches produced but not yet acknowledged by the broker before we wait for acks."""
+    overlap_forward: bool | None = None
+    """Run each batch's forward on a scoring thread while the loop consumes the next batch.
+    ``None`` (auto): on when the model runs on a GPU; off on CPU, where the loop's work and the
+    forward's threads compete for the same cores (measured slower on 2 cores: BENCHMARKS.md)."""
 
     @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
     @classmethod

@@ -160,7 +160,9 @@ class ScoringPipeline:
         self._stop = threading.Event()
         self._failed = False
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        """Runs each batch's forward while the loop consumes the next batch."""
+        """Runs each batch's forward (while the loop consumes the next batch if overlapping)."""
+        overlap = settings.batching.overlap_forward
+        self._overlap = scorer.device.type == "cuda" if overlap is None else overlap
         self._inflight: _InFlight | None = None
         self._last_activity: float | None = None
         """Last input or (re)assignment; None until the group first assigned partitions."""
@@ -319,11 +321,12 @@ class ScoringPipeline:
         log.warning("consumer error: %s", err)
 
     def _score(self, records: list[Record] | None, pad_rows: int | None = None) -> None:
-        """Enrich and featurise one closed batch, then start its forward on the scoring thread.
+        """Enrich and featurise one closed batch, then run its forward on the scoring thread.
 
-        The forward of this batch overlaps with consuming and decoding the next one; the
-        previous batch's forward is finished (and its results published) first, so one forward
-        at most is in flight and batches are published in order.
+        With ``batching.overlap_forward`` the forward of this batch overlaps with consuming and
+        decoding the next one; the previous batch's forward is finished (and its results
+        published) first, so one forward at most is in flight and batches are published in
+        order. Without it, the batch is published before this returns.
 
         Args:
             records: the batch (``None``/empty: nothing of ours to score).
@@ -350,6 +353,8 @@ class ScoringPipeline:
         pad = pad_rows if self._collective else None
         future = self._forward_pool.submit(self._forward, inp, pad, events)
         self._inflight = _InFlight(events, enrichment, checkpoint, future)
+        if not self._overlap:
+            self._finish_inflight()
 
     def _forward(self, inp: ModelInput, pad_rows: int | None, events: EventColumns) -> ScoredBatch:
         """On the scoring thread: one forward and the top-K of every event."""

@@ -50,14 +50,21 @@ def assert_well_formed(recs: list[dict], sent: SentEvents) -> None:
         assert set(items) <= set(event["candidate_item_ids"])
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync-forward", "overlapped-forward"])
 def test_every_valid_event_gets_exactly_one_recommendation(
+    overlap: bool,
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     background_pipeline: Callable[[Settings], BackgroundPipeline],
 ) -> None:
-    sent = send_events(pipeline_settings, 400)
-    bp = background_pipeline(pipeline_settings)
-    recs = collect(pipeline_settings, expected=400)
+    settings = pipeline_settings.model_copy(
+        update={
+            "batching": pipeline_settings.batching.model_copy(update={"overlap_forward": overlap})
+        }
+    )
+    sent = send_events(settings, 400)
+    bp = background_pipeline(settings)
+    recs = collect(settings, expected=400)
     summary = bp.stop()
 
     counts = Counter(r["event_id"] for r in recs)

@@ -80,6 +80,9 @@ def test_ranks_score_every_event_once_with_the_offline_scores(
         "4",
         "--summary-json",
         str(tmp_path / "summary.json"),
+        # 3 ranks also run each forward on the scoring thread while the loop goes on (its
+        # control all_reduce then runs alongside the forward's collectives, on its own group).
+        extra_env={"STREAMRANK_BATCHING__OVERLAP_FORWARD": str(nproc == 3).lower()},
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
     )
