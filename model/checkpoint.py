@@ -180,13 +180,7 @@ def save_checkpoint(
     try:
         torch.save(state, tmp / WEIGHTS_FILE)
         (tmp / META_FILE).write_text(json.dumps(meta.to_dict(), indent=2, sort_keys=True) + "\n")
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -312,6 +306,17 @@ def load_checkpoint(
     ranker = ranker.to(torch.device(device))
     ranker.eval()
     return ranker, meta
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Move a fully written checkpoint directory into place (an existing one is replaced)."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
 
 
 def new_meta(

@@ -43,6 +43,7 @@ from model.checkpoint import (
     load_meta,
     load_state_dict,
     new_meta,
+    replace_dir,
     save_checkpoint,
 )
 from model.ranker import Ranker, build_ranker
@@ -204,7 +205,7 @@ def save_sharded(
                     "world_size": world_size,
                 }
                 (tmp / META_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-                _replace_dir(tmp, target)
+                replace_dir(tmp, target)
             except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 failures = [f"rank 0: {exc!r}"]
@@ -220,16 +221,6 @@ def _gather_failures(failed: str | None, pg: dist.ProcessGroup | None) -> list[s
     gathered: list[str | None] = [None] * dist.get_world_size(pg)
     dist.all_gather_object(gathered, failed, group=pg)
     return [f for f in gathered if f]
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
-        target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(target)
 
 
 def load_sharded(
