@@ -61,25 +61,30 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
     return Scorer(build_ranker(spec, seed=0), spec, "untrained", torch.device("cpu"))
 
 
-def time_forward(scorer: Scorer, inp: ModelInput, seconds: float, warmup: int = 3) -> float:
-    """Forwards per second over about ``seconds`` (after ``warmup`` calls).
+def _plain_scorer(settings: Settings) -> Scorer:
+    """The configured model as fp32 and eager (the baseline of the quantize/compile benches)."""
+    plain = settings.model.model_copy(update={"quantize": "fp32", "compile": False})
+    return load_or_build_scorer(settings.model_copy(update={"model": plain}))
 
-    Times exactly what the pipeline's forward stage runs: :meth:`Scorer.forward`.
-    """
-    for _ in range(warmup):
-        scorer.forward(inp)
-    calls = 0
-    start = time.perf_counter()
-    while True:
-        scorer.forward(inp)
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return calls / elapsed
+
+def fresh_topics(settings: Settings, partitions: int | None = None) -> tuple[TopicsSettings, str]:
+    """Topics (and a tag for the consumer group) no earlier run has used."""
+    tag = uuid.uuid4().hex[:8]
+    topics = TopicsSettings(
+        input=f"bench-events-{tag}",
+        output=f"bench-recs-{tag}",
+        dlq=f"bench-dlq-{tag}",
+        partitions=partitions or settings.topics.partitions,
+        replication_factor=settings.topics.replication_factor,
+    )
+    return topics, tag
 
 
 def time_forward_rows(scorer: Scorer, inputs: list[ModelInput], seconds: float) -> float:
-    """Rows per second scoring ``inputs`` in turn for about ``seconds`` (after one warm pass)."""
+    """Rows per second scoring ``inputs`` in turn for about ``seconds`` (after one warm pass).
+
+    Times exactly what the pipeline's forward stage runs: :meth:`Scorer.forward`.
+    """
     for inp in inputs:
         scorer.forward(inp)
     rows = calls = 0
@@ -184,16 +189,10 @@ def _run_pipeline_once(
     The backlog is in Kafka before the pipeline starts, so this measures sustained throughput
     (end-to-end latency here would only measure the backlog, and is not reported).
     """
-    tag = uuid.uuid4().hex[:8]
+    topics, tag = fresh_topics(settings)
     run_settings = settings.model_copy(
         update={
-            "topics": TopicsSettings(
-                input=f"bench-events-{tag}",
-                output=f"bench-recs-{tag}",
-                dlq=f"bench-dlq-{tag}",
-                partitions=settings.topics.partitions,
-                replication_factor=settings.topics.replication_factor,
-            ),
+            "topics": topics,
             "batching": settings.batching.model_copy(update={"max_batch_rows": max_batch_rows}),
             "metrics": MetricsSettings(enabled=False),
         }
@@ -253,13 +252,7 @@ def bench_quantization(
 
     The fp32 model and each quantized copy are timed in alternation on the same batch.
     """
-    scorer = load_or_build_scorer(
-        settings.model_copy(
-            update={
-                "model": settings.model.model_copy(update={"quantize": "fp32", "compile": False})
-            }
-        )
-    )
+    scorer = _plain_scorer(settings)
     ranker = scorer.ranker
     assert isinstance(ranker, Ranker)
     world = build_world(settings)
@@ -270,8 +263,8 @@ def bench_quantization(
         quantized = quantize_ranker(ranker, dtype)
         report = compare_quantized(ranker, quantized, inp, dtype)
         q_scorer = Scorer(quantized, scorer.spec, scorer.model_version, scorer.device)
-        fp32_per_s = time_forward(scorer, inp, seconds)
-        q_per_s = time_forward(q_scorer, inp, seconds)
+        fp32_per_s = time_forward_rows(scorer, [inp], seconds)
+        q_per_s = time_forward_rows(q_scorer, [inp], seconds)
         rows.append(
             {
                 "dtype": dtype,
@@ -280,8 +273,8 @@ def bench_quantization(
                 "bytes": report.quant_bytes,
                 "bytes_ratio": round(report.ratio, 3),
                 "max_abs_score_diff": report.max_abs_score_diff,
-                "fp32_rows_per_s": round(cols.num_rows * fp32_per_s, 1),
-                "rows_per_s": round(cols.num_rows * q_per_s, 1),
+                "fp32_rows_per_s": round(fp32_per_s, 1),
+                "rows_per_s": round(q_per_s, 1),
             }
         )
     return rows
@@ -291,13 +284,7 @@ def bench_compile(
     settings: Settings, batch_rows: int, seconds: float, rounds: int
 ) -> dict[str, Any]:
     """Forward rows/s with and without ``torch.compile``, interleaved; compile time apart."""
-    eager = load_or_build_scorer(
-        settings.model_copy(
-            update={
-                "model": settings.model.model_copy(update={"quantize": "fp32", "compile": False})
-            }
-        )
-    )
+    eager = _plain_scorer(settings)
     world = build_world(settings)
     cols = batch_of_rows(world, eager.spec, batch_rows)
     inp = build_model_input(cols, eager.spec)
@@ -309,8 +296,8 @@ def bench_compile(
     max_diff = float((compiled_probs - eager.forward(inp)).abs().max())
     eager_rates, compiled_rates = [], []
     for _ in range(rounds):
-        eager_rates.append(cols.num_rows * time_forward(eager, inp, seconds))
-        compiled_rates.append(cols.num_rows * time_forward(compiled, inp, seconds))
+        eager_rates.append(time_forward_rows(eager, [inp], seconds))
+        compiled_rates.append(time_forward_rows(compiled, [inp], seconds))
     ratios = [c / e for c, e in zip(compiled_rates, eager_rates, strict=True)]
     return {
         "batch_rows": cols.num_rows,
@@ -327,14 +314,7 @@ def _run_ranks_once(
     settings: Settings, world: SyntheticWorld, events: int, nproc: int
 ) -> dict[str, Any]:
     """Produce ``events`` to fresh topics, then ``streamrank run --nproc N`` until idle."""
-    tag = uuid.uuid4().hex[:8]
-    topics = TopicsSettings(
-        input=f"bench-events-{tag}",
-        output=f"bench-recs-{tag}",
-        dlq=f"bench-dlq-{tag}",
-        partitions=max(settings.topics.partitions, nproc),
-        replication_factor=settings.topics.replication_factor,
-    )
+    topics, tag = fresh_topics(settings, max(settings.topics.partitions, nproc))
     run_settings = settings.model_copy(update={"topics": topics})
     produce_events(run_settings, world, events)
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -141,13 +139,7 @@ def _run_single(
     scorer = Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
     metrics.embedding_bytes.set(scorer.embedding_bytes())
     pipeline = ScoringPipeline(settings, scorer, metrics)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: finishing the open batch and committing", signum)
-        pipeline.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    pipeline.stop_on_signals()
     log.info(
         "scoring %s -> %s (dlq %s) with model %s",
         settings.topics.input,

@@ -139,22 +139,11 @@ def run_rank(
         metrics.serve(settings.metrics.host, port)
     scorer = Scorer(dmp, spec, loaded.model_version, device)
     pipeline = ScoringPipeline(settings, scorer, metrics, stepper=CollectiveStepper(control))
-    _install_stop_signals(pipeline)
+    pipeline.stop_on_signals()
     try:
         return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
     finally:
         dist.destroy_process_group()
-
-
-def _install_stop_signals(pipeline: ScoringPipeline) -> None:
-    import signal
-
-    def stop(signum: int, frame: object) -> None:
-        log.info("signal %d: stopping at the next agreed step", signum)
-        pipeline.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
 
 
 def summary_path(path: Path | None) -> Path | None:

@@ -7,6 +7,7 @@ truncated to ``spec.recent_items_cap``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,19 +43,38 @@ def fallback_flags(events: EventColumns, enrichment: Enrichment) -> FallbackFlag
     return FallbackFlags(user=enrichment.user_missing.copy(), item=item_any.astype(bool))
 
 
+def _starts(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Exclusive prefix sum: where each segment starts in a flat array."""
+    return np.cumsum(counts) - counts
+
+
+def _positions(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each element's position inside its segment (0, 1, ... per segment)."""
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(_starts(counts), counts)
+
+
 def merge_recent(
     event_recent: list[list[int]], stored_recent: list[npt.NDArray[np.int64]], cap: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Per event, event recent items then stored ones, capped. Returns (counts, flat ids)."""
-    merged = [
-        np.concatenate((np.asarray(ev, np.int64), st))[:cap]
-        if st.size
-        else np.asarray(ev[:cap], np.int64)
-        for ev, st in zip(event_recent, stored_recent, strict=True)
-    ]
-    counts = np.fromiter((len(m) for m in merged), np.int64, len(merged))
-    flat = np.concatenate(merged) if merged else np.empty(0, np.int64)
-    return counts, flat.astype(np.int64, copy=False)
+    """Per event, event recent items then stored ones, capped. Returns (counts, flat ids).
+
+    Vectorised: both sources are flattened once, and index arithmetic places the kept items.
+    """
+    n = len(event_recent)
+    ev_counts = np.fromiter(map(len, event_recent), np.int64, n)
+    ev_flat = np.fromiter(itertools.chain.from_iterable(event_recent), np.int64, ev_counts.sum())
+    st_counts = np.fromiter((s.size for s in stored_recent), np.int64, n)
+    st_flat = np.concatenate(stored_recent).astype(np.int64, copy=False) if n else ev_flat[:0]
+    ev_keep = np.minimum(ev_counts, cap)
+    st_keep = np.minimum(st_counts, cap - ev_keep)
+    counts = ev_keep + st_keep
+    out = np.empty(int(counts.sum()), dtype=np.int64)
+    out_starts = _starts(counts)
+    ev_taken = ev_flat[_positions(ev_counts) < np.repeat(ev_keep, ev_counts)]
+    st_taken = st_flat[_positions(st_counts) < np.repeat(st_keep, st_counts)]
+    out[np.repeat(out_starts, ev_keep) + _positions(ev_keep)] = ev_taken
+    out[np.repeat(out_starts + ev_keep, st_keep) + _positions(st_keep)] = st_taken
+    return counts, out
 
 
 def build_feature_columns(

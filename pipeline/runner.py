@@ -19,11 +19,13 @@ Follow one message through :meth:`ScoringPipeline.run`:
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -176,6 +178,16 @@ class ScoringPipeline:
     def stop(self) -> None:
         """Ask the loop to finish the open batch, commit, and return (thread/signal safe)."""
         self._stop.set()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM/SIGINT call :meth:`stop` (with several ranks: at the next agreed step)."""
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: finishing the open batch and committing", signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
 
     # -- the loop ------------------------------------------------------------------------------
 

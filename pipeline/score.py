@@ -18,6 +18,7 @@ from model.compile import maybe_compile
 from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
 from model.quantize import QuantDtype, embedding_bytes, quantize_ranker
 from model.ranker import Ranker
+from model.sharding import rank_device
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
 from pipeline.batch import EventColumns
@@ -26,12 +27,11 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(setting: str) -> torch.device:
-    """``auto`` -> ``cuda:{LOCAL_RANK}`` when a GPU is present, else ``cpu``."""
+    """``auto`` -> what a rank uses (:func:`model.sharding.rank_device`): ``cuda:{LOCAL_RANK}``
+    when a GPU is present, else ``cpu``."""
     if setting != "auto":
         return torch.device(setting)
-    if torch.cuda.is_available():
-        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
-    return torch.device("cpu")
+    return rank_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 @dataclass
