@@ -1,8 +1,7 @@
-"""streamrank's streaming side: Kafka in, Redis features, micro-batches, scores, Kafka out.
+"""streamrank's serving pipeline: Kafka UserEvents in, scored Recommendations out.
 
-Modules in the order one event flows through them: :mod:`pipeline.runner` (the loop) drives
-:mod:`~pipeline.kafka_io` (source) -> :mod:`~pipeline.codec` (decode/validate, with
-:mod:`~pipeline.dead_letter` for rejects) -> :mod:`~pipeline.batch` -> :mod:`~pipeline.enrich`
--> :mod:`~pipeline.features` -> :mod:`~pipeline.score` -> :mod:`~pipeline.sink`, with
-:mod:`~pipeline.checkpointing` owning offset commits.
+:mod:`pipeline.loop` wires the stages of :mod:`pipeline.stages`, in the order one event flows
+through them: source -> decode -> batch -> enrich -> features -> score -> publish -> commit
+(see :mod:`pipeline.stages`). Kafka clients live behind the Protocols of
+:mod:`pipeline.kafka_io`; ranks of a sharded model are launched by :mod:`pipeline.distributed`.
 """

@@ -32,8 +32,8 @@ from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.config import MetricsSettings, Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
-from pipeline.runner import ScoringPipeline
-from pipeline.score import Scorer
+from pipeline.loop import ScoringPipeline
+from pipeline.stages.score import Scorer
 from pipeline.synthetic_io import build_world, produce_events, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.config import Settings, load_settings
 
 if TYPE_CHECKING:
-    from pipeline.runner import RunSummary
+    from pipeline.summary import RunSummary
 
 app = typer.Typer(
     help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
@@ -128,9 +128,9 @@ def _drop_option(args: list[str], name: str) -> list[str]:
 def _run_single(
     settings: Settings, exit_when_idle: float | None, max_events: int | None
 ) -> RunSummary:
+    from pipeline.loop import ScoringPipeline
     from pipeline.metrics import Metrics
-    from pipeline.runner import ScoringPipeline
-    from pipeline.score import Scorer
+    from pipeline.stages.score import Scorer
 
     metrics = Metrics()
     if settings.metrics.enabled:

@@ -8,7 +8,7 @@ restarted together by torchrun when one dies). Each rank then:
    and wraps the ranker in ``DistributedModelParallel``; rank 0 logs the plan;
 3. loads the checkpoint: a DCP checkpoint of any world size, or ``init-model``'s
    single-process one (each rank keeps the shards it owns);
-4. runs the usual :class:`~pipeline.runner.ScoringPipeline` as a member of the Kafka consumer
+4. runs the usual :class:`~pipeline.loop.ScoringPipeline` as a member of the Kafka consumer
    group, with a :class:`~pipeline.stepping.CollectiveStepper` so all ranks run each forward
    together, and commits its own partitions' offsets after delivery.
 """
@@ -35,10 +35,11 @@ from model.sharding import (
     shard_ranker,
 )
 from pipeline.config import Settings
+from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
-from pipeline.runner import RunSummary, ScoringPipeline
-from pipeline.score import Scorer
+from pipeline.stages.score import Scorer
 from pipeline.stepping import CollectiveStepper
+from pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,20 @@
-"""Thin wrappers over confluent-kafka clients: creation, back-pressured produce, topic setup."""
+"""Thin wrappers over confluent-kafka clients: the Protocols stages depend on, creation,
+back-pressured produce, topic setup.
+
+Stages never name ``confluent_kafka.Consumer``/``Producer``: they take the small Protocols
+below, so their unit tests run on fakes while integration tests use the real broker.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, overload
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.checkpointing import DeliveryCallback
 from pipeline.config import KafkaSettings, TopicsSettings
 
 log = logging.getLogger(__name__)
@@ -17,7 +22,65 @@ log = logging.getLogger(__name__)
 ErrorCallback = Callable[[KafkaError], None]
 """librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
 
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
+
+RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
+"""``on_assign``/``on_revoke``/``on_lost``: (consumer, partitions)."""
+
 Headers = list[tuple[str, str | bytes | None]]
+
+
+class PollingProducer(Protocol):
+    """What the commit protocol needs of a producer: serve callbacks, wait for delivery."""
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+    def flush(self, timeout: float = ...) -> int: ...
+
+
+class RecordProducer(PollingProducer, Protocol):
+    """What the sinks need: produce a record with a delivery callback."""
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = ...,
+        key: bytes | None = ...,
+        *,
+        headers: Headers | None = ...,
+        on_delivery: DeliveryCallback | None = ...,
+    ) -> None: ...
+
+
+class CommittingConsumer(Protocol):
+    """What the commit protocol needs of a consumer."""
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
+    ) -> list[TopicPartition]: ...
+
+
+class SubscribingConsumer(CommittingConsumer, Protocol):
+    """What the source stage needs of a consumer."""
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback = ...,
+        on_revoke: RebalanceCallback = ...,
+        on_lost: RebalanceCallback = ...,
+    ) -> None: ...
+
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Message]: ...
+
+    def close(self) -> None: ...
 
 
 def log_client_error(err: KafkaError) -> None:
@@ -34,7 +97,7 @@ def make_consumer(
     stats_cb: Callable[[str], None] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Consumer:
-    """A consumer with manual commits (see :mod:`pipeline.checkpointing`)."""
+    """A consumer with manual commits (see :mod:`pipeline.stages.commit`)."""
     conf = settings.consumer_config(group_id)
     conf["error_cb"] = error_cb
     if stats_cb is not None:
@@ -58,7 +121,7 @@ def make_producer(
 
 
 def produce(
-    producer: Producer,
+    producer: RecordProducer,
     topic: str,
     value: bytes | None,
     *,
@@ -106,3 +169,38 @@ def ensure_topics(
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+
+@dataclass
+class KafkaClients:
+    """The clients one scoring loop uses (real ones from :func:`connect`, fakes in tests)."""
+
+    consumer: SubscribingConsumer
+    producer: RecordProducer
+
+
+ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
+"""Builds a loop's clients from its settings and a librdkafka ``stats_cb``."""
+
+
+def connect(
+    settings: KafkaSettings, topics: TopicsSettings, stats_cb: Callable[[str], None]
+) -> KafkaClients:
+    """Create missing topics, then an idempotent producer and a manual-commit consumer.
+
+    Args:
+        settings: where the cluster is and how to talk to it.
+        topics: the pipeline's topics.
+        stats_cb: receives librdkafka's statistics JSON (consumer lag and more).
+
+    Returns:
+        The clients (the consumer is not subscribed yet).
+
+    Example::
+
+        clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
+    """
+    ensure_topics(settings, topics)
+    return KafkaClients(
+        consumer=make_consumer(settings, stats_cb=stats_cb), producer=make_producer(settings)
+    )

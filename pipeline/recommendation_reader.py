@@ -7,10 +7,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.batch import epoch_millis
-from pipeline.codec import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
 from pipeline.kafka_io import make_consumer
+from pipeline.stages.batch import epoch_millis
+from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 
 
 def read_recommendations(

@@ -17,10 +17,10 @@ import redis
 from confluent_kafka import Producer
 
 from model.synthetic import SyntheticWorld, WorldConfig, to_event_dicts
-from pipeline.codec import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import ensure_topics, make_producer, produce
+from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec
 
 
 def build_world(settings: Settings) -> SyntheticWorld:

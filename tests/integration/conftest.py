@@ -23,12 +23,13 @@ from model.features import build_model_input
 from model.spec import FeatureSpec, SparseFeature
 from model.synthetic import SampledEvents, SyntheticWorld, feature_columns, to_event_dicts
 from model.train import train_ranker
-from pipeline.codec import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import ModelSettings, Settings, SyntheticSettings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import make_consumer, make_producer, produce
-from pipeline.runner import RunSummary, ScoringPipeline
-from pipeline.score import Scorer
+from pipeline.loop import ScoringPipeline
+from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.stages.score import Scorer
+from pipeline.summary import RunSummary
 from pipeline.synthetic_io import build_world, seed_world_features
 
 WORLD = SyntheticSettings(

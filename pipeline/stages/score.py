@@ -1,9 +1,17 @@
-"""Score: the served ranker, one forward per batch, then top-K per event."""
+"""Score: the served ranker, one forward per batch, then top-K per event.
+
+:class:`Scorer` adapts the model (single-process or sharded) to batches; :class:`ForwardExecutor`
+runs each batch's forward on a scoring thread, at most one in flight, and hands the result to
+the publish stage in batch order.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +29,10 @@ from model.ranker import Ranker
 from model.sharding import rank_device
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
-from pipeline.batch import EventColumns
+from pipeline.metrics import Metrics
+from pipeline.stages.batch import EventColumns
+from pipeline.stages.commit import Checkpoint
+from pipeline.stages.enrich import Enrichment
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +165,113 @@ class Scorer:
             item_ids=events.candidate_ids[top.row_index],
             scores=top.scores.astype(np.float64),
         )
+
+
+@dataclass
+class PreparedBatch:
+    """A closed batch ready for its forward.
+
+    Attributes:
+        events: the decoded events as columns.
+        enrichment: their Redis features.
+        checkpoint: the offsets its records will guard (cut, not sealed yet).
+        model_input: dense tensor + KJT on the model's device.
+    """
+
+    events: EventColumns
+    enrichment: Enrichment
+    checkpoint: Checkpoint
+    model_input: ModelInput
+
+
+ScoredCallback = Callable[[PreparedBatch, ScoredBatch], None]
+"""Called on the loop's thread with each finished batch, in batch order (the publish step)."""
+
+
+class ForwardExecutor:
+    """Runs each batch's forward and top-K on one scoring thread.
+
+    With ``overlap`` the forward of batch n runs while the loop consumes and prepares batch
+    n+1; without it :meth:`submit` returns only after the batch is published. Either way at
+    most one forward is in flight, and a batch is handed to ``on_scored`` (on the caller's
+    thread) before the next one is submitted, so batches are published in order.
+
+    Args:
+        scorer: the model.
+        metrics: the ``forward`` stage time.
+        on_scored: the publish step.
+        overlap: keep one forward in flight while the loop goes on.
+        collective: ranks of a sharded model pad every forward to the agreed row count.
+
+    Example::
+
+        executor = ForwardExecutor(scorer, metrics, publish, overlap=False, collective=False)
+        executor.submit(batch)
+        executor.finish()
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        metrics: Metrics,
+        on_scored: ScoredCallback,
+        overlap: bool,
+        collective: bool,
+    ) -> None:
+        self._scorer = scorer
+        self._metrics = metrics
+        self._on_scored = on_scored
+        self._overlap = overlap
+        self._collective = collective
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._inflight: tuple[PreparedBatch | None, Future[ScoredBatch | None]] | None = None
+
+    def submit(self, batch: PreparedBatch, pad_rows: int | None = None) -> None:
+        """Start ``batch``'s forward (after publishing the one in flight).
+
+        Args:
+            batch: the batch.
+            pad_rows: the row count agreed by the ranks (ignored for a single process).
+        """
+        self.finish()
+        pad = pad_rows if self._collective else None
+        self._inflight = (batch, self._pool.submit(self._forward, batch, pad))
+        if not self._overlap:
+            self.finish()
+
+    def submit_padding(self, rows: int) -> None:
+        """Join a collective forward with padding only (this rank has no events)."""
+        self.finish()
+        self._inflight = (None, self._pool.submit(self._forward_padding, rows))
+
+    def finish(self, wait: bool = True) -> None:
+        """Publish the in-flight batch once its forward is done.
+
+        Args:
+            wait: block until it is done; ``False`` publishes only if it already is.
+
+        Raises:
+            Exception: whatever the forward raised.
+        """
+        inflight = self._inflight
+        if inflight is None or (not wait and not inflight[1].done()):
+            return
+        self._inflight = None
+        batch, future = inflight
+        scored = future.result()
+        if batch is not None and scored is not None:
+            self._on_scored(batch, scored)
+
+    def shutdown(self) -> None:
+        """Stop the scoring thread (after the forward in flight, if any, returns)."""
+        self._pool.shutdown(wait=True)
+
+    def _forward(self, batch: PreparedBatch, pad_rows: int | None) -> ScoredBatch:
+        start = time.perf_counter()
+        scorer = self._scorer
+        scored = scorer.top_k(scorer.forward(batch.model_input, pad_rows), batch.events)
+        self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
+        return scored
+
+    def _forward_padding(self, rows: int) -> None:
+        self._scorer.forward_padding(rows)

@@ -17,7 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from model.spec import string_to_id
-from pipeline.codec import Record
+from pipeline.stages.decode import Record
+
+Position = tuple[str, int, int]
+"""(topic, partition, offset) of a consumed message."""
 
 _STRING_IDS: dict[str, int] = {}
 _STRING_IDS_MAX = 100_000
@@ -128,6 +131,7 @@ class MicroBatcher:
         self._sources: list[tuple[str, int]] = []
         self._rows = 0
         self._oldest = 0.0
+        self._held: tuple[Position, Record] | None = None
 
     def __len__(self) -> int:
         return len(self._records)
@@ -159,10 +163,40 @@ class MicroBatcher:
         self._sources.append(source)
         self._rows += len(record["candidate_item_ids"])
 
+    def hold(self, position: Position, record: Record) -> None:
+        """Keep an event that did not :meth:`fits` the open batch: it opens the next one."""
+        self._held = (position, record)
+
+    @property
+    def holding(self) -> bool:
+        """Whether an event waits for the next batch (the open one is then complete)."""
+        return self._held is not None
+
+    def admit_held(self) -> Position | None:
+        """Add the held event to the open batch if it fits now.
+
+        Returns:
+            Its (topic, partition, offset), or ``None`` if nothing was held or it still does
+            not fit.
+        """
+        if self._held is None or not self.fits(self._held[1]):
+            return None
+        (position, record), self._held = self._held, None
+        self.add(record, position[:2])
+        return position
+
     def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
-        """Remove the events of ``partitions`` from the open batch; returns how many."""
+        """Remove the events of ``partitions`` from the open batch and the held event.
+
+        Returns:
+            How many events were removed.
+        """
+        dropped = 0
+        if self._held is not None and self._held[0][:2] in partitions:
+            self._held = None
+            dropped = 1
         keep = [i for i, src in enumerate(self._sources) if src not in partitions]
-        dropped = len(self._records) - len(keep)
+        dropped += len(self._records) - len(keep)
         if dropped:
             self._records = [self._records[i] for i in keep]
             self._sources = [self._sources[i] for i in keep]
@@ -172,6 +206,10 @@ class MicroBatcher:
     @property
     def full(self) -> bool:
         return self._rows >= self.max_rows
+
+    def ready(self, now: float | None = None) -> bool:
+        """Whether the open batch should be scored now: full, followed by a held event, or due."""
+        return self.full or self._held is not None or self.due(now)
 
     def time_left(self, now: float | None = None) -> float:
         """Seconds until the open batch is due (``inf`` when empty)."""

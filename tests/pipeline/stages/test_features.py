@@ -10,10 +10,10 @@ import pytest
 
 from model.features import FeatureColumns, build_model_input
 from model.spec import FeatureSpec
-from pipeline.batch import EventColumns, to_columns
-from pipeline.enrich import Enrichment, FallbackFeature
 from pipeline.feature_store import item_record_dtype
-from pipeline.features import build_feature_columns, fallback_flags, merge_recent
+from pipeline.stages.batch import EventColumns, to_columns
+from pipeline.stages.enrich import Enrichment, FallbackFeature
+from pipeline.stages.features import build_feature_columns, fallback_flags, merge_recent
 
 EventFactory = Callable[..., dict[str, Any]]
 SPEC = FeatureSpec(

@@ -6,8 +6,9 @@ produced for it, *and for every earlier message of its partition*, are acknowled
 broker. The protocol, owned entirely by :class:`Checkpointer`:
 
 1. The loop reports each consumed message with :meth:`Checkpointer.consumed` (in poll order).
-2. Every record produced on behalf of consumed messages passes ``checkpointer.delivery_callback()``
-   as its ``on_delivery``; the callback belongs to the *open* checkpoint.
+2. Every record produced on behalf of consumed messages passes ``checkpoint.expect_delivery()``
+   as its ``on_delivery``: the sinks (:mod:`pipeline.stages.publish`) see only the
+   :class:`Checkpoint` of their batch, never the :class:`Checkpointer`.
 3. When a micro-batch has been produced, :meth:`Checkpointer.seal` closes the open checkpoint:
    it now covers every message consumed so far that was not covered before.
 4. :meth:`Checkpointer.commit_ready` commits, in order, the sealed checkpoints whose records are
@@ -26,15 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from pipeline.kafka_io import CommittingConsumer, DeliveryCallback, PollingProducer
 
 log = logging.getLogger(__name__)
-
-DeliveryCallback = Callable[[KafkaError | None, Message], None]
-"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
 
 
 class DeliveryFailed(RuntimeError):
@@ -55,6 +54,15 @@ class Checkpoint:
     pending: int = 0
     sealed: bool = False
     error: str | None = None
+
+    def expect_delivery(self) -> DeliveryCallback:
+        """Count one more record produced on behalf of these offsets.
+
+        Returns:
+            Its ``on_delivery`` callback: the broker's acknowledgement flows back here.
+        """
+        self.pending += 1
+        return self.on_delivery
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self.pending -= 1
@@ -85,7 +93,9 @@ class Checkpointer:
         ckpt.commit_ready()
     """
 
-    def __init__(self, consumer: Consumer, producer: Producer, max_sealed: int = 4) -> None:
+    def __init__(
+        self, consumer: CommittingConsumer, producer: PollingProducer, max_sealed: int = 4
+    ) -> None:
         self._consumer = consumer
         self._producer = producer
         self._max_sealed = max_sealed
@@ -100,9 +110,12 @@ class Checkpointer:
     def delivery_callback(self, checkpoint: Checkpoint | None = None) -> DeliveryCallback:
         """The ``on_delivery`` for one record produced on behalf of ``checkpoint`` (default:
         the open one)."""
-        target = checkpoint or self._open
-        target.pending += 1
-        return target.on_delivery
+        return (checkpoint or self._open).expect_delivery()
+
+    @property
+    def open(self) -> Checkpoint:
+        """The checkpoint that messages consumed now belong to (dead letters guard it)."""
+        return self._open
 
     def cut(self) -> Checkpoint:
         """End the open checkpoint here without sealing it, and queue it (commit order).

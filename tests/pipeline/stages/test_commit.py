@@ -2,77 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 
-from pipeline.checkpointing import Checkpointer, DeliveryCallback, DeliveryFailed
+from pipeline.stages.commit import Checkpointer, DeliveryFailed
+from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
 
 T = "events"
-
-
-@dataclass
-class FakeMessage:
-    _topic: str
-
-    def topic(self) -> str:
-        return self._topic
-
-
-@dataclass
-class FakeConsumer:
-    commits: list[tuple[dict[tuple[str, int], int], bool]] = field(default_factory=list)
-
-    def commit(
-        self,
-        message: object = None,
-        offsets: list[TopicPartition] | None = None,
-        asynchronous: bool = True,
-    ) -> None:
-        assert message is None
-        assert offsets is not None
-        for tp in offsets:
-            assert isinstance(tp, TopicPartition)
-        as_dict = {(tp.topic, tp.partition): tp.offset for tp in offsets}
-        assert len(as_dict) == len(offsets), "one entry per partition"
-        self.commits.append((as_dict, asynchronous))
-
-    @property
-    def offsets(self) -> list[dict[tuple[str, int], int]]:
-        return [c[0] for c in self.commits]
-
-
-class FakeProducer:
-    """Records produced with :meth:`produce`; acks happen in :meth:`ack` or in poll/flush."""
-
-    def __init__(self, acks_per_poll: int = 0, stuck_on_flush: int = 0) -> None:
-        self.pending: list[tuple[DeliveryCallback, KafkaError | None]] = []
-        self.polls: list[float] = []
-        self.flushes: list[float] = []
-        self.acks_per_poll = acks_per_poll
-        self.stuck_on_flush = stuck_on_flush
-
-    def produce(self, callback: DeliveryCallback, error: KafkaError | None = None) -> None:
-        self.pending.append((callback, error))
-
-    def ack(self, n: int | None = None) -> None:
-        """Fire the oldest ``n`` (default all) delivery callbacks, like librdkafka's poll."""
-        n = len(self.pending) if n is None else n
-        fire, self.pending = self.pending[:n], self.pending[n:]
-        for callback, error in fire:
-            callback(error, FakeMessage("recs"))  # type: ignore[arg-type]
-
-    def poll(self, timeout: float = 0) -> int:
-        self.polls.append(timeout)
-        n = min(self.acks_per_poll, len(self.pending)) if timeout > 0 else 0
-        self.ack(n)
-        return n
-
-    def flush(self, timeout: float = 0) -> int:
-        self.flushes.append(timeout)
-        self.ack(len(self.pending) - self.stuck_on_flush)
-        return len(self.pending)
 
 
 def _error() -> KafkaError:
@@ -96,7 +32,9 @@ def ckpt(consumer: FakeConsumer, producer: FakeProducer) -> Checkpointer:
 
 def _produce(ckpt: Checkpointer, producer: FakeProducer, n: int = 1, error: bool = False) -> None:
     for _ in range(n):
-        producer.produce(ckpt.delivery_callback(), _error() if error else None)
+        if error:
+            producer.failures.append(_error())
+        producer.produce("recs", b"", on_delivery=ckpt.delivery_callback())
 
 
 def test_commits_only_after_every_delivery_of_a_sealed_checkpoint(

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import redis
 
-from pipeline import enrich as enrich_mod
 from pipeline.config import RedisSettings
-from pipeline.enrich import Enrichment, FeatureEnricher
 from pipeline.feature_store import FeatureStoreWriter, item_key, user_key
 from pipeline.metrics import Metrics
+from pipeline.stages import enrich as enrich_mod
+from pipeline.stages.enrich import Enrichment, FeatureEnricher
 
 USER_DIM = 4
 ITEM_DIM = 3
@@ -25,7 +25,7 @@ CountingRedis = Any  # tests/pipeline/conftest.py: redis.Redis that records its 
 
 
 class FakeClock:
-    """Replaces ``time`` inside ``pipeline.enrich`` only (monotonic is all it uses)."""
+    """Replaces ``time`` inside ``pipeline.stages.enrich`` only (monotonic is all it uses)."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start

@@ -26,7 +26,7 @@ from fastavro.types import Schema
 
 from pipeline.config import CodecSettings, Framing
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 USER_EVENT_SCHEMA_FILE = SCHEMA_DIR / "user_event.avsc"
 RECOMMENDATION_SCHEMA_FILE = SCHEMA_DIR / "recommendation.avsc"
 

@@ -15,8 +15,8 @@ import numpy.typing as npt
 
 from model.features import FeatureColumns
 from model.spec import FeatureSpec
-from pipeline.batch import EventColumns
-from pipeline.enrich import Enrichment, FallbackFeature
+from pipeline.stages.batch import EventColumns
+from pipeline.stages.enrich import Enrichment, FallbackFeature
 
 
 @dataclass

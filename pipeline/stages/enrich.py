@@ -14,7 +14,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,14 @@ class Enrichment:
     item_category: npt.NDArray[np.int64]
     item_dense: npt.NDArray[np.float32]
     item_missing: npt.NDArray[np.bool_]
+
+
+class BatchEnricher(Protocol):
+    """What the loop needs of an enricher (:class:`FeatureEnricher`, or a fake in tests)."""
+
+    def enrich(
+        self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
+    ) -> Enrichment: ...
 
 
 class _SlotCache:

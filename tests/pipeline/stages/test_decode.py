@@ -14,7 +14,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from pipeline.codec import (
+from pipeline.config import CodecSettings, Framing
+from pipeline.stages.decode import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
@@ -23,7 +24,6 @@ from pipeline.codec import (
     SchemaLookup,
     UserEventDecoder,
 )
-from pipeline.config import CodecSettings, Framing
 
 RECENT_CAP = 5
 

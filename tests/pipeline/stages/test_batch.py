@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from model.spec import string_to_id
-from pipeline import batch as batch_mod
-from pipeline.batch import MicroBatcher, categorical_id, to_columns
+from pipeline.stages import batch as batch_mod
+from pipeline.stages.batch import MicroBatcher, categorical_id, to_columns
 
 EventFactory = Callable[..., dict[str, Any]]
 
@@ -246,8 +246,8 @@ class TestToColumns:
         assert not wrong, f"{len(wrong)} of {len(millis)} off, e.g. {wrong[:3]}"
 
     def test_event_time_from_decoded_record(self, make_event: EventFactory) -> None:
-        from pipeline.codec import USER_EVENT_SCHEMA_FILE, RecordCodec, UserEventDecoder
         from pipeline.config import CodecSettings
+        from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec, UserEventDecoder
 
         codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "t")
         decoder = UserEventDecoder(CodecSettings(), recent_cap=20)

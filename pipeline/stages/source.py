@@ -1,0 +1,132 @@
+"""Source: messages from the input topic, the partitions this member owns, and its activity.
+
+:class:`KafkaSource` wraps the consumer for the loop: it polls a bounded number of messages
+into a backlog that the loop feeds to the batch one message at a time, keeps the assignment
+the rebalance callbacks report (:mod:`pipeline.stages.rebalance`), and remembers when input
+last arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
+end-of-partition is ignored, a fatal error raises, anything else is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from pipeline.kafka_io import RebalanceCallback, SubscribingConsumer
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+"""(topic, partition)."""
+
+
+class KafkaSource:
+    """The input topic as seen by one consumer-group member.
+
+    Args:
+        consumer: subscribed by :meth:`subscribe`; closed by :meth:`close`.
+        topic: the input topic.
+        max_messages: messages asked for per poll (``batching.consume_batch_size``).
+
+    Example::
+
+        source = KafkaSource(consumer, "user-events", max_messages=500)
+        source.subscribe(handler.on_assign, handler.on_revoke, handler.on_lost)
+        source.poll(0.1)
+        while (message := source.next_message()) is not None:
+            ...
+    """
+
+    def __init__(self, consumer: SubscribingConsumer, topic: str, max_messages: int) -> None:
+        self._consumer = consumer
+        self._topic = topic
+        self._max_messages = max_messages
+        self._backlog: deque[Message] = deque()
+        self.assignment: set[Partition] = set()
+        """Partitions this member owns now."""
+        self.last_activity: float | None = None
+        """Monotonic time of the last input or (re)assignment; ``None`` before the first."""
+        self.first_input_at: float | None = None
+        """Monotonic time the first message arrived."""
+
+    def subscribe(
+        self,
+        on_assign: RebalanceCallback,
+        on_revoke: RebalanceCallback,
+        on_lost: RebalanceCallback,
+    ) -> None:
+        """Join the consumer group on the input topic with these rebalance callbacks."""
+        self._consumer.subscribe(
+            [self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
+        )
+
+    @property
+    def backlog(self) -> int:
+        """Messages polled and not yet taken."""
+        return len(self._backlog)
+
+    def poll(self, timeout_s: float) -> int:
+        """Consume up to ``max_messages`` into the backlog (rebalance callbacks run in here).
+
+        Args:
+            timeout_s: longest to wait for the first message.
+
+        Returns:
+            How many messages arrived.
+        """
+        messages = self._consumer.consume(self._max_messages, timeout_s)
+        if messages:
+            now = time.monotonic()
+            self.last_activity = now
+            if self.first_input_at is None:
+                self.first_input_at = now
+            self._backlog.extend(messages)
+        return len(messages)
+
+    def next_message(self) -> Message | None:
+        """The next message of the backlog that carries data (``None`` when it is empty).
+
+        Raises:
+            KafkaException: a message carried a fatal client error.
+        """
+        backlog = self._backlog
+        while backlog:
+            message = backlog.popleft()
+            err = message.error()
+            if err is None:
+                return message
+            self._client_error(err)
+        return None
+
+    def assigned(self, partitions: set[Partition]) -> None:
+        """Partitions were added to this member (incremental, cooperative-sticky)."""
+        self.assignment |= partitions
+        self.last_activity = time.monotonic()
+
+    def revoked(self, partitions: set[Partition]) -> int:
+        """Partitions left this member: drop their polled messages (never registered for commit;
+        the next owner consumes them again).
+
+        Returns:
+            How many messages were dropped.
+        """
+        self.assignment -= partitions
+        kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in partitions)
+        dropped = len(self._backlog) - len(kept)
+        self._backlog = kept
+        return dropped
+
+    def close(self) -> None:
+        """Leave the group (commits are the checkpointer's; nothing is committed here)."""
+        self._consumer.close()
+
+    @staticmethod
+    def _client_error(err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("consumer error: %s", err)
