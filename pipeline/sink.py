@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Producer
 
+from model.segments import offsets
 from pipeline.checkpointing import Checkpoint, Checkpointer
 from pipeline.codec import RecordCodec
 from pipeline.features import FallbackFlags
@@ -68,7 +69,7 @@ class RecommendationSink:
         now_ms = int(time.time() * 1000)
         item_ids: list[int] = top_item_ids.tolist()
         scores: list[float] = top_scores.tolist()
-        bounds = np.concatenate(([0], np.cumsum(top_counts))).tolist()
+        bounds = offsets(top_counts).tolist()
         encode = self._codec.encode
         for e, (event_id, user_id) in enumerate(zip(event_ids, user_ids.tolist(), strict=True)):
             lo, hi = bounds[e], bounds[e + 1]
