@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import cast
 
 import torch
@@ -18,7 +19,8 @@ def embedding_bytes(module: nn.Module) -> int:
 
     Counts the weights of ``nn.EmbeddingBag``/``nn.Embedding`` modules and the weight buffers
     of FBGEMM table-batched kernels, so a plain ranker, a quantized one and this rank's shards
-    of a ``DistributedModelParallel`` model (fused and data-parallel tables) all count. Of a
+    of a ``DistributedModelParallel`` model (fused and data-parallel tables, whose kernels
+    TorchRec keeps outside the module tree) all count. Of a
     ``ShardedTensor`` weight only the local shards count, of a ``DTensor`` only the local
     tensor; every storage once; tensors on the meta device count zero.
 
@@ -36,7 +38,7 @@ def embedding_bytes(module: nn.Module) -> int:
     """
     seen: set[int] = set()
     total = 0
-    for mod in module.modules():
+    for mod in _table_holders(module):
         for weight in _table_weights(mod):
             for t in _local_tensors(weight):
                 if t.is_meta or t.numel() == 0 or t.data_ptr() in seen:
@@ -44,6 +46,18 @@ def embedding_bytes(module: nn.Module) -> int:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
     return total
+
+
+def _table_holders(module: nn.Module) -> Iterator[nn.Module]:
+    """Every submodule, including the lookup kernels of TorchRec's sharded collections, which
+    keep them in a plain list (``_lookups``) outside the module tree."""
+    for mod in module.modules():
+        yield mod
+        lookups = getattr(mod, "_lookups", None)
+        if isinstance(lookups, list):
+            for lookup in lookups:
+                if isinstance(lookup, nn.Module):
+                    yield from _table_holders(lookup)
 
 
 def _table_weights(mod: nn.Module) -> list[object]:
