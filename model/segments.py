@@ -77,7 +77,7 @@ def segment_ids(counts: npt.ArrayLike) -> Int64Array:
         counts: int[S] items per segment.
 
     Returns:
-        int64[sum(counts)].
+        int64[sum(counts)], non-decreasing; empty segments' ids do not occur.
 
     Example::
 
@@ -90,11 +90,13 @@ def segment_ids(counts: npt.ArrayLike) -> Int64Array:
 def positions(counts: npt.ArrayLike) -> Int64Array:
     """Every item's position inside its segment (0, 1, ... per segment).
 
+    ``flat[starts(counts)[segment_ids(counts)] + positions(counts)]`` is ``flat`` itself.
+
     Args:
         counts: int[S] items per segment.
 
     Returns:
-        int64[sum(counts)].
+        int64[sum(counts)]: 0 for each segment's first item, 1 for its second, ...
 
     Example::
 
