@@ -4,15 +4,21 @@ Modules (import them directly; this package module imports nothing so that light
 as the event producer do not pay for torch/torchrec unless they need them):
 
 - :mod:`model.spec`: feature spec, table sizes, id hashing.
+- :mod:`model.segments`: index arithmetic over per-segment counts (offsets, positions, ...).
 - :mod:`model.features`: numpy feature columns -> dense tensor + KeyedJaggedTensor.
+- :mod:`model.recent_items`: the recent-items rule shared by serving and training data.
 - :mod:`model.ranker`: the DLRM ranker and its builder.
+- :mod:`model.inference`: the one scoring forward (``score_probabilities``).
+- :mod:`model.device`: which device a process or rank runs on.
+- :mod:`model.memory`: bytes of embedding tables held (plain, quantized, sharded).
 - :mod:`model.topk`: per-event top-K over a flat batch of scores.
 - :mod:`model.checkpoint`: checkpoint directories (``meta.json`` + ``model.pt``).
 - :mod:`model.synthetic`: the deterministic synthetic world (features, events, clicks).
 - :mod:`model.metrics`: AUC and log loss.
 - :mod:`model.train`: training the ranker on the synthetic world.
-- :mod:`model.sharding`: sharding the tables across ranks with ``DistributedModelParallel``.
-- :mod:`model.distributed_checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
-- :mod:`model.quantize`: quantized embedding tables for single-process inference.
+- :mod:`model.distributed`: sharding the tables across ranks with ``DistributedModelParallel``
+  (config, planner, report, process group, runtime, sharded checkpoints); the only modules
+  that import ``torchrec.distributed``.
+- :mod:`model.quant_dtype` / :mod:`model.quantize`: quantized tables for single-process serving.
 - :mod:`model.compile`: optional ``torch.compile`` of the ranker.
 """

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from model.segments import offsets, segment_ids, take_segments
 from model.spec import FeatureSpec, SparseFeature
 
 __all__ = [
@@ -25,7 +26,6 @@ __all__ = [
     "ModelInput",
     "build_model_input",
     "pad_model_input",
-    "row_event_index",
 ]
 
 Int64Array = npt.NDArray[np.int64]
@@ -171,8 +171,8 @@ class FeatureColumns:
         """
         start, stop, _ = slice(start, stop).indices(self.num_events)
         stop = max(stop, start)
-        row_off = _offsets(self.candidate_counts)
-        rec_off = _offsets(self.recent_counts)
+        row_off = offsets(self.candidate_counts)
+        rec_off = offsets(self.recent_counts)
         r0, r1 = int(row_off[start]), int(row_off[stop])
         q0, q1 = int(rec_off[start]), int(rec_off[stop])
         return FeatureColumns(
@@ -251,18 +251,6 @@ class ModelInput:
         )
 
 
-def row_event_index(candidate_counts: Int64Array) -> Int64Array:
-    """The event of each row: ``[0]*c0 + [1]*c1 + ...``.
-
-    Args:
-        candidate_counts: int64[E] rows per event.
-
-    Returns:
-        int64[R] event index of every row.
-    """
-    return np.repeat(np.arange(candidate_counts.shape[0], dtype=np.int64), candidate_counts)
-
-
 def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     """Hash and lay out a batch's features for the ranker, fully vectorised.
 
@@ -293,7 +281,7 @@ def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     """
     cols.validate(spec)
     num_rows = cols.num_rows
-    row_event = row_event_index(cols.candidate_counts)
+    row_event = segment_ids(cols.candidate_counts)
 
     user_rows = spec.hash_ids(SparseFeature.USER_ID, cols.user_ids)[row_event]
     item_rows = spec.hash_ids(SparseFeature.ITEM_ID, cols.candidate_ids)
@@ -301,15 +289,10 @@ def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     device_rows = spec.hash_ids(SparseFeature.DEVICE, cols.device_ids)[row_event]
     country_rows = spec.hash_ids(SparseFeature.COUNTRY, cols.country_ids)[row_event]
 
-    # recent_items: row r of event e gets recent_ids[rec_off[e] : rec_off[e] + recent_counts[e]].
+    # recent_items: row r of event e gets the event's whole recent list.
     recent_hashed = spec.hash_ids(SparseFeature.RECENT_ITEMS, cols.recent_ids)
     row_recent_len = cols.recent_counts[row_event]
-    total_recent = int(row_recent_len.sum())
-    row_recent_src_start = _offsets(cols.recent_counts)[:-1][row_event]
-    out_row_start = _offsets(row_recent_len)[:-1]
-    # For output slot j (belonging to row r): source = src_start[r] + (j - out_start[r]).
-    shift = np.repeat(row_recent_src_start - out_row_start, row_recent_len)
-    recent_rows = recent_hashed[np.arange(total_recent, dtype=np.int64) + shift]
+    recent_rows = recent_hashed[take_segments(cols.recent_counts, row_event)]
 
     values = np.concatenate(
         [user_rows, item_rows, category_rows, device_rows, country_rows, recent_rows]
@@ -367,13 +350,6 @@ def pad_model_input(inp: ModelInput, num_rows: int) -> ModelInput:
         stride=num_rows,
     )
     return ModelInput(dense=dense, sparse=sparse)
-
-
-def _offsets(counts: Int64Array) -> Int64Array:
-    """Exclusive prefix sums with a trailing total: ``[0, c0, c0+c1, ..., sum]``."""
-    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out
 
 
 def _describe(arr: object) -> str:

@@ -17,40 +17,26 @@ alone yields all-zero embeddings).
 from __future__ import annotations
 
 import copy
-import enum
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torchrec.inference.modules import DEFAULT_QUANT_MAPPING, quantize_inference_model
 
 from model.features import ModelInput
+from model.memory import embedding_bytes
+from model.quant_dtype import QuantDtype
 from model.ranker import Ranker
 
 __all__ = [
     "QuantDtype",
     "QuantReport",
     "compare_quantized",
-    "embedding_bytes",
     "quantize_ranker",
     "quantize_with_report",
 ]
 
 
-class QuantDtype(enum.StrEnum):
-    """Storage type of the embedding tables."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    INT8 = "int8"
-    INT4 = "int4"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """The dtype handed to ``quantize_inference_model``."""
-        return _TORCH_DTYPES[self]
-
-
+# The dtype handed to ``quantize_inference_model`` per storage type.
 _TORCH_DTYPES: dict[QuantDtype, torch.dtype] = {
     QuantDtype.FP32: torch.float32,
     QuantDtype.FP16: torch.float16,
@@ -92,55 +78,11 @@ def quantize_ranker(ranker: Ranker, dtype: QuantDtype | str) -> Ranker:
     quantize_inference_model(
         model,
         quantization_mapping=DEFAULT_QUANT_MAPPING,
-        quantization_dtype=qdtype.torch_dtype,
+        quantization_dtype=_TORCH_DTYPES[qdtype],
         output_dtype=torch.float,
     )
     model.eval()
     return model
-
-
-_TBE_WEIGHT_ATTRS = ("weights_host", "weights_dev", "weights_uvm", "weights")
-
-
-def embedding_bytes(module: nn.Module) -> int:
-    """Bytes of embedding-table storage held in ``module`` (this process).
-
-    Counts ``nn.EmbeddingBag``/``nn.Embedding`` weights and the weight buffers of FBGEMM
-    table-batched kernels (quantized, fused and dense, so quantized rankers and the local
-    shards of a ``DistributedModelParallel`` model count too); each tensor once, meta
-    tensors as zero.
-
-    Args:
-        module: a ranker, quantized ranker, sharded model or any module containing tables.
-
-    Returns:
-        Bytes, including the per-row scale/bias and the row and table alignment padding of
-        quantized tables.
-
-    Example::
-
-        embedding_bytes(build_ranker(FeatureSpec()))  # 77_137_920 (301_320 rows x 64 x 4)
-    """
-    seen: set[int] = set()
-    total = 0
-    for mod in module.modules():
-        tensors: list[torch.Tensor] = []
-        if isinstance(mod, nn.EmbeddingBag | nn.Embedding):
-            tensors.append(mod.weight)
-        elif "TableBatchedEmbedding" in type(mod).__name__:
-            for attr in _TBE_WEIGHT_ATTRS:
-                value = getattr(mod, attr, None)
-                if isinstance(value, torch.Tensor):
-                    tensors.append(value)
-        for t in tensors:
-            if t.is_meta or t.numel() == 0:
-                continue
-            key = t.data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
 
 
 @dataclass(frozen=True)

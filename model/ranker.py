@@ -15,6 +15,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.features import ModelInput
+from model.inference import score_probabilities
 from model.spec import FeatureSpec
 
 __all__ = ["Ranker", "build_ranker", "embedding_bag_configs"]
@@ -101,10 +102,7 @@ class Ranker(nn.Module):
         return logits.reshape(-1)
 
     def score(self, inp: ModelInput) -> torch.Tensor:
-        """Click probabilities, without autograd.
-
-        Runs under ``torch.no_grad()`` rather than ``torch.inference_mode()``: the fused FBGEMM
-        embedding kernel used once the tables are sharded has no CPU inference-mode kernel.
+        """Click probabilities, without autograd (:func:`model.inference.score_probabilities`).
 
         Args:
             inp: the batch, already on the model's device.
@@ -112,8 +110,7 @@ class Ranker(nn.Module):
         Returns:
             float32[R] probabilities in ``[0, 1]``.
         """
-        with torch.no_grad():
-            return torch.sigmoid(self(inp.dense, inp.sparse))
+        return score_probabilities(self, inp)
 
 
 def build_ranker(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -121,6 +121,46 @@ class FeatureSpec:
         if not self.over_arch or self.over_arch[-1] != 1:
             raise ValueError(f"over_arch must end with 1, got {self.over_arch}")
 
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> FeatureSpec:
+        """A spec from configuration-shaped values; keys left out keep their defaults.
+
+        Keys are :data:`SPEC_SETTING_KEYS`: every field but ``tables`` and ``hash_salt``, plus
+        ``num_embeddings``, rows per table by feature name (features left out keep theirs).
+        Sequences become tuples.
+
+        Args:
+            values: e.g. the ``[model]`` section of ``streamrank.toml``.
+
+        Returns:
+            The spec (its own validation applies).
+
+        Raises:
+            ValueError: on unknown keys or feature names.
+
+        Example::
+
+            FeatureSpec.from_settings({"embedding_dim": 32, "dense_arch": [64, 32],
+                                       "num_embeddings": {"user_id": 5000}})
+        """
+        unknown = set(values) - set(SPEC_SETTING_KEYS)
+        if unknown:
+            raise ValueError(f"unknown FeatureSpec settings {sorted(unknown)}")
+        rows = dict(values.get("num_embeddings", {}))
+        unknown_features = set(rows) - {f.value for f in SparseFeature}
+        if unknown_features:
+            raise ValueError(f"num_embeddings: unknown features {sorted(unknown_features)}")
+        kwargs: dict[str, Any] = {
+            name: tuple(value) if isinstance(value, list | tuple) else value
+            for name, value in values.items()
+            if name != "num_embeddings"
+        }
+        tables = tuple(
+            TableSpec(t.feature, int(rows.get(t.feature.value, t.num_embeddings)))
+            for t in _default_tables()
+        )
+        return cls(tables=tables, **kwargs)
+
     @property
     def dense_dim(self) -> int:
         """Width of the dense input: user vector then item vector."""
@@ -139,6 +179,13 @@ class FeatureSpec:
         """Map raw 64-bit ids to rows of ``feature``'s table (vectorised)."""
         return hash_to_rows(raw_ids, self.table(feature).num_embeddings, self.hash_salt)
 
+
+#: The keys :meth:`FeatureSpec.from_settings` takes: the spec's fields as configuration sets
+#: them (``num_embeddings`` by feature name instead of ``tables``; ``hash_salt`` is fixed).
+SPEC_SETTING_KEYS: tuple[str, ...] = (
+    "num_embeddings",
+    *(f.name for f in fields(FeatureSpec) if f.name not in ("tables", "hash_salt")),
+)
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)

@@ -8,6 +8,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from model.segments import offsets, positions, segment_ids, starts
+
 __all__ = ["TopK", "top_k_per_event"]
 
 
@@ -36,9 +38,7 @@ class TopK:
     @property
     def offsets(self) -> npt.NDArray[np.int64]:
         """int64[E + 1] start of each event's results in the flat arrays, then the total."""
-        out = np.zeros(self.counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=out[1:])
-        return out
+        return offsets(self.counts)
 
 
 def top_k_per_event(
@@ -101,10 +101,9 @@ def top_k_per_event(
         )
 
     max_count = int(counts.max())
-    starts = np.zeros(num_events, dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    row_event = np.repeat(np.arange(num_events, dtype=np.int64), counts)
-    position = np.arange(num_rows, dtype=np.int64) - starts[row_event]
+    event_starts = starts(counts)
+    row_event = segment_ids(counts)
+    position = positions(counts)
 
     padded = torch.full((num_events, max_count), float("-inf"), dtype=scores_cpu.dtype)
     padded[torch.from_numpy(row_event), torch.from_numpy(position)] = scores_cpu
@@ -113,5 +112,5 @@ def top_k_per_event(
     sorted_pos = sorted_pos_t[:, :k_max].numpy()
 
     keep = np.arange(k_max, dtype=np.int64)[None, :] < take[:, None]
-    row_index = (sorted_pos + starts[:, None])[keep]
+    row_index = (sorted_pos + event_starts[:, None])[keep]
     return TopK(counts=take, row_index=row_index.astype(np.int64), scores=sorted_scores[keep])

@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from model.features import FeatureColumns, ModelInput, build_model_input
+from model.inference import score_probabilities
 from model.metrics import log_loss, roc_auc
 from model.ranker import Ranker, build_ranker
+from model.segments import offsets
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns, row_click_probability, sample_labels
 
@@ -79,7 +81,7 @@ def iter_row_batches(cols: FeatureColumns, batch_rows: int) -> Iterator[tuple[in
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
-    ends = np.cumsum(cols.candidate_counts)
+    ends = offsets(cols.candidate_counts)[1:]
     event, row, num_events = 0, 0, cols.num_events
     while event < num_events:
         stop = int(np.searchsorted(ends, row + batch_rows, side="right"))
@@ -177,7 +179,8 @@ def train_ranker(
     scores, labels_all, oracle = [], [], []
     for cols, labels, truth in _chunks(world, spec, num_holdout, seed, _HOLDOUT_STREAM):
         for e0, e1, _, _ in iter_row_batches(cols, max(batch_rows, 4096)):
-            scores.append(ranker.score(build_model_input(cols.slice_events(e0, e1), spec)))
+            inp = build_model_input(cols.slice_events(e0, e1), spec)
+            scores.append(score_probabilities(ranker, inp))
         labels_all.append(labels)
         oracle.append(truth)
     probs = torch.cat(scores).numpy()

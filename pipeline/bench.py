@@ -365,7 +365,7 @@ def bench_ranks(
 ) -> dict[str, Any]:
     """End-to-end rows/s with 1 vs N ranks (interleaved rounds) and per-rank embedding bytes."""
     from model.checkpoint import load_spec
-    from model.sharding import ShardingConfig, describe_plan, plan_sharding
+    from model.distributed import describe_plan, plan_sharding
 
     world = build_world(settings)
     seed_world_features(
@@ -378,7 +378,7 @@ def bench_ranks(
             spec,
             n,
             "cpu",
-            ShardingConfig.parse(settings.model.sharding),
+            settings.model.sharding.to_config(),
             batch_rows=settings.batching.max_batch_rows,
         )
         memory[n] = describe_plan(plan, spec, n).as_dict()["ranks"]

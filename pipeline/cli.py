@@ -159,7 +159,7 @@ def plan(
 ) -> None:
     """Print the sharding plan (table, type, kernel, ranks, bytes per rank); runs nothing."""
     from model.checkpoint import load_spec
-    from model.sharding import ShardingConfig, describe_plan, plan_sharding
+    from model.distributed import describe_plan, plan_sharding
 
     settings = _settings(ctx)
     checkpoint = settings.model.checkpoint
@@ -172,7 +172,7 @@ def plan(
         spec,
         nproc,
         device,
-        ShardingConfig.parse(settings.model.sharding),
+        settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
     )
     report = describe_plan(sharding_plan, spec, nproc)

@@ -4,8 +4,8 @@
 restarted together by torchrun when one dies). Each rank then:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo);
-2. plans the sharding of the embedding tables (``model.sharding``, config ``model.sharding``)
-   and wraps the ranker in ``DistributedModelParallel``; rank 0 logs the plan;
+2. plans the sharding of the embedding tables (``model.distributed``, config
+   ``[model.sharding]``), wraps the ranker in ``DistributedModelParallel``; rank 0 logs the plan;
 3. loads the checkpoint: a DCP checkpoint of any world size, or ``init-model``'s
    single-process one (each rank keeps the shards it owns);
 4. runs the usual :class:`~pipeline.loop.ScoringPipeline` as a member of the Kafka consumer
@@ -18,22 +18,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 from model.checkpoint import load_meta
-from model.distributed_checkpoint import load_sharded
-from model.sharding import (
-    ShardingConfig,
-    default_backend,
+from model.distributed import (
     describe_plan,
-    init_distributed,
-    local_embedding_bytes,
+    join_process_group,
+    load_sharded,
     plan_sharding,
     shard_ranker,
 )
+from model.memory import embedding_bytes
+from model.quantize import QuantDtype
 from pipeline.config import Settings
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
@@ -64,47 +62,17 @@ def torchrun_command(nproc: int, cli_args: list[str], max_restarts: int) -> list
     ]
 
 
-def join_process_group(timeout_s: float = 300.0) -> None:
-    """Initialise the default process group from torchrun's environment.
-
-    torchrun restarts all ranks together when one dies, and the restarted ranks meet in the
-    same agent-hosted TCPStore: keys left by the previous attempt (the dead ranks' gloo
-    addresses) would be read as current. A store prefix per restart attempt keeps them apart.
-    """
-    if dist.is_initialized():
-        return
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=not agent_store and rank == 0,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(
-        backend=default_backend(),
-        store=dist.PrefixStore(f"streamrank/attempt-{attempt}", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-
-
 def run_rank(
     settings: Settings, exit_when_idle_s: float | None, max_events: int | None
 ) -> RunSummary:
     """Body of one rank (see the module docstring)."""
-    if settings.model.quantize != "fp32" or settings.model.compile:
+    if settings.model.quantize is not QuantDtype.FP32 or settings.model.compile:
         raise ValueError(
             "model.quantize and model.compile apply to single-process serving; TorchRec's "
             "quantized tables shard only within one process (shard_quant_model). Use "
             "--nproc 1 with them, or fp32 without compile for several ranks."
         )
-    join_process_group()
-    device = init_distributed()  # the group exists: picks cuda:{LOCAL_RANK} or cpu
+    device = join_process_group()  # cuda:{LOCAL_RANK} + NCCL with GPUs, else cpu + gloo
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # The per-step agreement runs on the loop's thread while the forward's collectives run on
     # the scoring thread: separate groups keep their message orders apart (and, with NCCL,
@@ -117,7 +85,7 @@ def run_rank(
         spec,
         world_size,
         device.type,
-        ShardingConfig.parse(settings.model.sharding),
+        settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
     )
     if rank == 0:
@@ -125,7 +93,7 @@ def run_rank(
     dmp = shard_ranker(spec, plan, device)
     loaded = load_sharded(dmp, checkpoint)
     metrics = Metrics()
-    held = local_embedding_bytes(dmp)
+    held = embedding_bytes(dmp)
     metrics.embedding_bytes.set(held)
     log.info(
         "rank %d/%d on %s holds %.1f MiB of embeddings; model %s",

@@ -50,7 +50,8 @@ def _batch(spec: FeatureSpec, rows: int):  # type: ignore[no-untyped-def]
 def _nccl_rank(rank: int, port: int, rows: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
     import torch.distributed as dist
 
-    from model.sharding import plan_sharding, shard_ranker, sharded_scores
+    from model.distributed import plan_sharding, shard_ranker
+    from model.inference import score_probabilities
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl", rank=rank, world_size=2)
@@ -60,7 +61,7 @@ def _nccl_rank(rank: int, port: int, rows: int, queue: mp.Queue) -> None:  # typ
     inp = _batch(spec, rows)
     expected = ranker.score(inp)
     dmp = shard_ranker(ranker, plan_sharding(spec, 2, "cuda"), device)
-    got, ms = _timed(lambda: sharded_scores(dmp, inp.to(device)))
+    got, ms = _timed(lambda: score_probabilities(dmp, inp.to(device)))
     queue.put(
         {"rank": rank, "max_abs_diff": float((got.cpu() - expected).abs().max()), "forward_ms": ms}
     )

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
+from model.segments import offsets
 from pipeline.kafka_io import Headers, RecordProducer, produce
 from pipeline.metrics import Metrics
 from pipeline.stages.commit import Checkpoint
@@ -84,7 +85,7 @@ class RecommendationSink:
         now_ms = int(time.time() * 1000)
         item_ids: list[int] = scored.item_ids.tolist()
         scores: list[float] = scored.scores.tolist()
-        bounds = np.concatenate(([0], np.cumsum(scored.counts))).tolist()
+        bounds = offsets(scored.counts).tolist()
         encode = self._codec.encode
         user_ids: list[int] = events.user_ids.tolist()
         for e, (event_id, user_id) in enumerate(zip(events.event_ids, user_ids, strict=True)):

@@ -23,10 +23,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.checkpoint import load_checkpoint
 from model.compile import maybe_compile
-from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
-from model.quantize import QuantDtype, embedding_bytes, quantize_ranker
+from model.device import rank_device
+from model.features import FeatureColumns, ModelInput, build_model_input
+from model.inference import score_probabilities
+from model.memory import embedding_bytes
+from model.quantize import QuantDtype, quantize_ranker
 from model.ranker import Ranker
-from model.sharding import rank_device
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
 from pipeline.metrics import Metrics
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(setting: str) -> torch.device:
-    """``auto`` -> what a rank uses (:func:`model.sharding.rank_device`): ``cuda:{LOCAL_RANK}``
+    """``auto`` -> what a rank uses (:func:`model.device.rank_device`): ``cuda:{LOCAL_RANK}``
     when a GPU is present, else ``cpu``."""
     if setting != "auto":
         return torch.device(setting)
@@ -143,15 +145,9 @@ class Scorer:
             pad_to: ranks of a sharded model pad to the agreed row count; padding scores are
                 dropped.
 
-        Runs under ``torch.no_grad()``, not ``inference_mode`` (the sharded fused kernel has
-        no CPU inference-mode implementation).
+        See :func:`model.inference.score_probabilities`.
         """
-        rows = inp.num_rows
-        if pad_to is not None and pad_to > rows:
-            inp = pad_model_input(inp, pad_to)
-        with torch.no_grad():
-            logits = self.ranker(inp.dense, inp.sparse).reshape(-1)
-            return torch.sigmoid(logits[:rows])
+        return score_probabilities(self.ranker, inp, pad_to)
 
     def forward_padding(self, rows: int) -> None:
         """Join a collective forward with padding only (this rank has no events)."""

@@ -13,8 +13,8 @@ from model.features import (
     ModelInput,
     build_model_input,
     pad_model_input,
-    row_event_index,
 )
+from model.segments import segment_ids
 from model.spec import FeatureSpec, SparseFeature, string_to_id
 
 
@@ -114,14 +114,9 @@ def test_dense_layout(cols: FeatureColumns, spec: FeatureSpec) -> None:
     dense = build_model_input(cols, spec).dense
     assert dense.dtype == torch.float32
     assert dense.shape == (cols.num_rows, spec.dense_dim)
-    events = row_event_index(cols.candidate_counts)
+    events = segment_ids(cols.candidate_counts)
     np.testing.assert_array_equal(dense[:, : spec.user_dense_dim].numpy(), cols.user_dense[events])
     np.testing.assert_array_equal(dense[:, spec.user_dense_dim :].numpy(), cols.item_dense)
-
-
-def test_row_event_index() -> None:
-    got = row_event_index(np.array([2, 0, 1, 3], dtype=np.int64))
-    assert got.tolist() == [0, 0, 2, 3, 3, 3]
 
 
 def test_empty_batch(spec: FeatureSpec, cols: FeatureColumns) -> None:

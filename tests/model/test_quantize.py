@@ -12,10 +12,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from model.compile import maybe_compile
 from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
+from model.memory import embedding_bytes
 from model.quantize import (
     QuantDtype,
     compare_quantized,
-    embedding_bytes,
     quantize_ranker,
     quantize_with_report,
 )

@@ -42,7 +42,8 @@ def test_plan_text_names_every_table_and_rank(tmp_path: Path) -> None:
         "3",
         env={
             "STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none"),
-            "STREAMRANK_MODEL__SHARDING": "table_wise,item_id=column_wise",
+            "STREAMRANK_MODEL__SHARDING__DEFAULT": "table_wise",
+            "STREAMRANK_MODEL__SHARDING__TABLES__ITEM_ID__SHARDING_TYPE": "column_wise",
         },
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -58,7 +59,7 @@ def test_bad_sharding_config_is_a_clear_error(tmp_path: Path) -> None:
         "2",
         env={
             "STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none"),
-            "STREAMRANK_MODEL__SHARDING": "table_wise,item_id=diagonal_wise",
+            "STREAMRANK_MODEL__SHARDING__TABLES__ITEM_ID__SHARDING_TYPE": "diagonal_wise",
         },
     )
     assert result.returncode != 0

@@ -278,3 +278,100 @@ def test_producer_config() -> None:
     assert "group.id" not in conf
     assert "enable.auto.commit" not in conf
     assert KafkaSettings().producer_config()["acks"] == "all"
+
+
+# ------------------------------------------------------------------------------ [model] --
+
+MODEL_TOML = """
+[model]
+quantize = "int8"
+embedding_dim = 32
+dense_arch = [64, 32]
+num_embeddings = { user_id = 5000 }
+
+[model.sharding]
+default = "row_wise"
+balance = "planner"
+[model.sharding.tables.recent_items]
+sharding_type = "column_wise"
+compute_kernel = "fused"
+ranks = [0, 1]
+[model.sharding.tables.t_device]
+sharding_type = "data_parallel"
+"""
+
+
+def test_model_sharding_table_from_toml(tmp_path: Path) -> None:
+    from model.distributed.config import (
+        Balance,
+        ComputeKernel,
+        ShardingConfig,
+        ShardingKind,
+        TableShardingConfig,
+    )
+    from model.quant_dtype import QuantDtype
+
+    model = load_settings(_toml(tmp_path, MODEL_TOML)).model
+    assert model.quantize is QuantDtype.INT8
+    assert model.sharding.to_config() == ShardingConfig(
+        default=TableShardingConfig(ShardingKind.ROW_WISE),
+        per_table={
+            "recent_items": TableShardingConfig(
+                ShardingKind.COLUMN_WISE, ComputeKernel.FUSED, (0, 1)
+            ),
+            "t_device": TableShardingConfig(ShardingKind.DATA_PARALLEL),
+        },
+        balance=Balance.PLANNER,
+    )
+
+
+def test_model_sharding_defaults_and_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    from model.distributed.config import ShardingConfig, ShardingKind, TableShardingConfig
+
+    assert Settings().model.sharding.to_config() == ShardingConfig()
+    monkeypatch.setenv("STREAMRANK_MODEL__SHARDING__DEFAULT", "row_wise")
+    monkeypatch.setenv("STREAMRANK_MODEL__SHARDING__TABLES__ITEM_ID__SHARDING_TYPE", "column_wise")
+    cfg = load_settings().model.sharding.to_config()
+    assert cfg.default == TableShardingConfig(ShardingKind.ROW_WISE)
+    assert cfg.per_table == {"item_id": TableShardingConfig(ShardingKind.COLUMN_WISE)}
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        'sharding_type = "diagonal_wise"',
+        'sharding_type = "row_wise"\nranks = [0, 1]',
+        'sharding_type = "data_parallel"\ncompute_kernel = "fused"',
+        'sharding_type = "row_wise"\nkernel = "fused"',
+    ],
+)
+def test_bad_model_sharding_tables_are_rejected_at_load(tmp_path: Path, table: str) -> None:
+    text = f"[model.sharding.tables.item_id]\n{table}\n"
+    with pytest.raises(pydantic.ValidationError):
+        load_settings(_toml(tmp_path, text))
+
+
+def test_model_rejects_the_string_dsl_and_unknown_quantize(tmp_path: Path) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        load_settings(_toml(tmp_path, '[model]\nsharding = "table_wise,item_id=row_wise"\n'))
+    with pytest.raises(pydantic.ValidationError):
+        load_settings(_toml(tmp_path, '[model]\nquantize = "int3"\n'))
+
+
+def test_model_feature_spec_from_settings(tmp_path: Path) -> None:
+    from model.spec import SPEC_SETTING_KEYS, FeatureSpec, SparseFeature
+
+    assert Settings().model.feature_spec() == FeatureSpec()
+    spec = load_settings(_toml(tmp_path, MODEL_TOML)).model.feature_spec()
+    assert spec.embedding_dim == 32 and spec.dense_arch == (64, 32)
+    assert spec.table(SparseFeature.USER_ID).num_embeddings == 5000
+    assert (
+        spec.table(SparseFeature.ITEM_ID).num_embeddings == FeatureSpec().tables[1].num_embeddings
+    )
+    # Every spec setting is a [model] key, and the defaults are the spec's own.
+    defaults = Settings().model.model_dump()
+    assert set(SPEC_SETTING_KEYS) <= set(defaults)
+    with pytest.raises(ValueError, match="unknown features"):
+        load_settings(
+            _toml(tmp_path, "[model]\nnum_embeddings = { nope = 3 }\n")
+        ).model.feature_spec()

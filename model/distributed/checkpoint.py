@@ -239,7 +239,7 @@ def load_sharded(
 
     Args:
         dmp: the ``DistributedModelParallel`` ranker (from
-            :func:`model.sharding.shard_ranker`) or a plain :class:`Ranker`.
+            :func:`model.distributed.runtime.shard_ranker`) or a plain :class:`Ranker`.
         path: the checkpoint directory.
         pg: the process group (default: the global one; ignored without one).
 

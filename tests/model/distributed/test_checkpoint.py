@@ -1,6 +1,6 @@
-"""Tests for model.distributed_checkpoint: DCP checkpoints that reshard across world sizes.
+"""Tests for model.distributed.checkpoint: DCP checkpoints that reshard across world sizes.
 
-Parity chain (spawned gloo ranks, see test_sharding's module docstring for the batches):
+Parity chain (spawned gloo ranks, see test_runtime's module docstring for the batches):
 single-process checkpoint -> 2 ranks, table-wise (loads model.pt, saves DCP) -> 3 ranks,
 mixed row/column/table-row-wise/data-parallel plan (loads the 2-rank DCP, saves DCP) ->
 1 process (export_unsharded). Scores match the original ranker within 1e-5 at every step.
@@ -22,20 +22,23 @@ from model.checkpoint import (
     load_spec,
     save_checkpoint,
 )
-from model.distributed_checkpoint import (
+from model.distributed import (
     DCP_INDEX_FILE,
+    ShardingConfig,
     checkpoint_format,
     export_unsharded,
     load_ranker,
     load_sharded,
+    plan_sharding,
     save_sharded,
+    shard_ranker,
 )
 from model.features import FeatureColumns, build_model_input
+from model.inference import score_probabilities
 from model.ranker import build_ranker
-from model.sharding import ShardingConfig, plan_sharding, shard_ranker, sharded_scores
 from model.spec import FeatureSpec
 from tests.model.conftest import small_spec
-from tests.model.test_sharding import (
+from tests.model.distributed.ranks import (
     MIXED_3_RANKS,
     finish_rank,
     rank_inputs,
@@ -62,10 +65,10 @@ def _chain_worker(
     plan = plan_sharding(spec, world_size, config=ShardingConfig.parse(config))
     dmp = shard_ranker(spec, plan, device, seed=123)  # random weights until loaded
     local, full = rank_inputs(spec, world_size, rank)
-    before = float((sharded_scores(dmp, local) - reference.score(local)).abs().max())
+    before = float((score_probabilities(dmp, local) - reference.score(local)).abs().max())
     meta = load_sharded(dmp, src)
-    local_diff = float((sharded_scores(dmp, local) - reference.score(local)).abs().max())
-    full_diff = float((sharded_scores(dmp, full) - reference.score(full)).abs().max())
+    local_diff = float((score_probabilities(dmp, local) - reference.score(local)).abs().max())
+    full_diff = float((score_probabilities(dmp, full) - reference.score(full)).abs().max())
     saved = save_sharded(dmp, spec, dst, metrics={"auc": 0.75})
     try:
         save_sharded(dmp, spec, dst)

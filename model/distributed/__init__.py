@@ -1,0 +1,116 @@
+"""Sharding the ranker's embedding tables across ranks with TorchRec ``DistributedModelParallel``.
+
+Modules, mirroring TorchRec's ``distributed`` package (each usable on its own):
+
+- :mod:`model.distributed.config`: :class:`ShardingConfig` and friends (plain dataclasses and
+  string enums; no torch or TorchRec import, so configuration loading can use them).
+- :mod:`model.distributed.planner`: :func:`plan_sharding`, a config -> a TorchRec
+  ``ShardingPlan``, without a process group.
+- :mod:`model.distributed.report`: :func:`describe_plan`, which rank holds what, in bytes.
+- :mod:`model.distributed.process_group`: :func:`join_process_group`, the one way to join.
+- :mod:`model.distributed.runtime`: :func:`shard_ranker` (``DistributedModelParallel``) and
+  :func:`load_unsharded_state_dict`.
+- :mod:`model.distributed.checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
+
+The names below are re-exported lazily (on first attribute access), so importing
+``model.distributed.config`` does not import ``torchrec.distributed``.
+
+Example::
+
+    from model.distributed import join_process_group, plan_sharding, shard_ranker
+
+    device = join_process_group()  # under torchrun
+    plan = plan_sharding(spec, dist.get_world_size(), device.type, ShardingConfig())
+    dmp = shard_ranker(spec, plan, device)
+    probs = score_probabilities(dmp, inp.to(device))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model.distributed.checkpoint import (
+        DCP_INDEX_FILE,
+        WEIGHTS_FORMAT_DCP,
+        checkpoint_format,
+        export_unsharded,
+        load_ranker,
+        load_sharded,
+        save_sharded,
+    )
+    from model.distributed.config import (
+        Balance,
+        ComputeKernel,
+        ShardingConfig,
+        ShardingKind,
+        TableShardingConfig,
+    )
+    from model.distributed.planner import EBC_MODULE_PATH, plan_sharding
+    from model.distributed.process_group import default_backend, join_process_group
+    from model.distributed.report import PlanReport, RankBytes, TablePlacement, describe_plan
+    from model.distributed.runtime import load_unsharded_state_dict, make_sharder, shard_ranker
+
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "DCP_INDEX_FILE",
+            "WEIGHTS_FORMAT_DCP",
+            "checkpoint_format",
+            "export_unsharded",
+            "load_ranker",
+            "load_sharded",
+            "save_sharded",
+        ),
+        "checkpoint",
+    ),
+    **dict.fromkeys(
+        ("Balance", "ComputeKernel", "ShardingConfig", "ShardingKind", "TableShardingConfig"),
+        "config",
+    ),
+    **dict.fromkeys(("EBC_MODULE_PATH", "plan_sharding"), "planner"),
+    **dict.fromkeys(("default_backend", "join_process_group"), "process_group"),
+    **dict.fromkeys(("PlanReport", "RankBytes", "TablePlacement", "describe_plan"), "report"),
+    **dict.fromkeys(("load_unsharded_state_dict", "make_sharder", "shard_ranker"), "runtime"),
+}
+
+__all__ = [
+    "DCP_INDEX_FILE",
+    "EBC_MODULE_PATH",
+    "WEIGHTS_FORMAT_DCP",
+    "Balance",
+    "ComputeKernel",
+    "PlanReport",
+    "RankBytes",
+    "ShardingConfig",
+    "ShardingKind",
+    "TablePlacement",
+    "TableShardingConfig",
+    "checkpoint_format",
+    "default_backend",
+    "describe_plan",
+    "export_unsharded",
+    "join_process_group",
+    "load_ranker",
+    "load_sharded",
+    "load_unsharded_state_dict",
+    "make_sharder",
+    "plan_sharding",
+    "save_sharded",
+    "shard_ranker",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,324 @@
+"""Planning: a :class:`~model.distributed.config.ShardingConfig` -> a TorchRec ``ShardingPlan``.
+
+:func:`plan_sharding` needs no process group (``streamrank plan --nproc N`` prints a plan
+without starting anything): tables the ``EmbeddingShardingPlanner`` can place are planned by it
+on a meta-device collection, the others are built by hand with
+:mod:`torchrec.distributed.sharding_plan`'s generators.
+
+What works on CPU (gloo): the planner offers only ``fused`` for table-wise, column-wise and
+table-column-wise and ``dense`` for data-parallel; it rejects row-wise and table-row-wise
+("No available sharding type and compute kernel combination after applying user provided
+constraints"; the sharder offers RW/TWRW only for CUDA). Those tables, column-wise tables (the
+planner keeps them in one column shard), and any table with explicit ``ranks`` or a kernel the
+planner does not offer are planned by hand, which works with gloo for every type here.
+Table-wise tables are placed by hand too unless asked otherwise (``balance="planner"``): the
+planner's perf-model placement ignores memory balance (default spec, 2 ranks: 75% of the bytes
+on rank 0, against 50% when balancing bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import cast
+
+from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.sharding_plan import (
+    ParameterShardingGenerator,
+    column_wise,
+    data_parallel,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+from torchrec.distributed.types import (
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ParameterSharding,
+    ShardingPlan,
+    ShardingType,
+)
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from model.distributed.config import (
+    Balance,
+    ComputeKernel,
+    ShardingConfig,
+    ShardingKind,
+    TableShardingConfig,
+)
+from model.distributed.runtime import make_sharder, sharders
+from model.ranker import embedding_bag_configs
+from model.spec import FeatureSpec, TableSpec
+
+__all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding", "shard_bytes"]
+
+#: Path of the ranker's ``EmbeddingBagCollection`` inside :class:`~model.ranker.Ranker`; the key
+#: of its entry in a ``ShardingPlan``.
+EBC_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
+#: Bytes per element of an fp32 table.
+FP32_BYTES = 4
+
+# (sharding kind, compute kernel) pairs left to the planner per compute device; anything else
+# is planned by hand. Column-wise is always planned by hand: the planner kept the default
+# spec's dim-64 tables in a single column shard (i.e. table-wise), which defeats the point.
+_PLANNER_OFFERS: dict[str, frozenset[tuple[ShardingKind, ComputeKernel]]] = {
+    "cpu": frozenset(
+        {
+            (ShardingKind.TABLE_WISE, ComputeKernel.FUSED),
+            (ShardingKind.TABLE_COLUMN_WISE, ComputeKernel.FUSED),
+            (ShardingKind.DATA_PARALLEL, ComputeKernel.DENSE),
+        }
+    ),
+    "cuda": frozenset(
+        {
+            (kind, ComputeKernel.FUSED)
+            for kind in ShardingKind
+            if kind not in (ShardingKind.DATA_PARALLEL, ShardingKind.COLUMN_WISE)
+        }
+        | {(ShardingKind.DATA_PARALLEL, ComputeKernel.DENSE)}
+    ),
+}
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    """Silence the planner's advisory warnings (topology construction, storage heuristics)."""
+    names = (
+        "",  # the planner logs "Sharding spec not found for ..." on the root logger
+        "torchrec.distributed.planner",
+        "torchrec.distributed.planner.types",
+        "torchrec.distributed.planner.storage_reservations",
+        "torchrec.distributed.planner.stats",
+    )
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def plan_sharding(
+    spec: FeatureSpec,
+    world_size: int,
+    device_type: str = "cpu",
+    config: ShardingConfig | None = None,
+    batch_rows: int = 4096,
+    local_world_size: int | None = None,
+) -> ShardingPlan:
+    """A ``ShardingPlan`` for the ranker's tables, without a process group.
+
+    Who places what:
+
+    - ``EmbeddingShardingPlanner`` (``Topology(world_size, device_type)``,
+      ``ParameterConstraints`` from ``config``, a meta-device collection of just these tables):
+      tables without explicit ranks whose (sharding type, kernel) it offers on ``device_type``
+      (module docstring), except column-wise ones and, with ``config.balance == "bytes"`` (the
+      default), table-wise ones; i.e. data-parallel and table-column-wise on CPU, plus
+      row-wise and table-row-wise on CUDA.
+    - by hand, with TorchRec's plan generators, all others, largest table first: table-wise
+      tables go to the rank holding the fewest bytes so far, column-wise shards to the
+      least-loaded ranks (as many as divide the embedding dim, up to ``world_size``; ties:
+      lowest rank), row-wise spreads rows over all ranks, table-row-wise over the ranks of
+      host 0 (all ranks: one host).
+
+    Args:
+        spec: the feature spec (table sizes, embedding dim).
+        world_size: number of ranks.
+        device_type: ``"cpu"`` or ``"cuda"``.
+        config: per-table sharding; default: every table table-wise, automatic kernel.
+        batch_rows: rows per rank and batch, the planner's cost-model batch size.
+        local_world_size: ranks per host (default ``world_size``: one host); sets the CUDA
+            device index of each rank (``rank % local_world_size``) and table-row-wise groups.
+
+    Returns:
+        A plan with one entry, :data:`EBC_MODULE_PATH`, for a :class:`~model.ranker.Ranker`.
+
+    Raises:
+        ValueError: on a bad world size or device type, unknown tables in ``config``, ranks
+            outside the world, a column split that does not divide the embedding dim, or a
+            planner failure (its message is kept).
+
+    Example::
+
+        plan = plan_sharding(FeatureSpec(), 2)
+        print(describe_plan(plan, FeatureSpec(), 2).render())
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if device_type not in _PLANNER_OFFERS:
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    local_size = world_size if local_world_size is None else local_world_size
+    if local_size < 1 or world_size % local_size:
+        raise ValueError(
+            f"local_world_size must divide world_size {world_size}, got {local_world_size}"
+        )
+    cfg = config if config is not None else ShardingConfig()
+    cfg.check(spec)
+    by_name = {t.name: t for t in spec.tables}
+    table_cfg = {t.name: cfg.for_table(t) for t in spec.tables}
+    for name, tc in table_cfg.items():
+        if tc.ranks is not None and max(tc.ranks) >= world_size:
+            raise ValueError(f"table {name}: ranks {tc.ranks} outside world_size {world_size}")
+    offers = _PLANNER_OFFERS[device_type]
+    planned = [
+        n
+        for n, tc in table_cfg.items()
+        if tc.ranks is None
+        and (tc.sharding_type, tc.kernel) in offers
+        and not (cfg.balance is Balance.BYTES and tc.sharding_type is ShardingKind.TABLE_WISE)
+    ]
+    by_hand = [n for n in table_cfg if n not in planned]
+
+    result = EmbeddingModuleShardingPlan()
+    if planned:
+        result.update(
+            _run_planner(spec, planned, table_cfg, world_size, local_size, device_type, batch_rows)
+        )
+    load = [0] * world_size
+    for ps in result.values():
+        for rank, nbytes in shard_bytes(ps):
+            load[rank] += nbytes
+
+    meta_ebc = EmbeddingBagCollection(
+        tables=[c for c in embedding_bag_configs(spec) if c.name in by_hand], device="meta"
+    )
+    sharder = make_sharder()
+    params = sharder.shardable_parameters(meta_ebc)
+    # Biggest tables first, so the greedy balancer places them while ranks are still empty.
+    for name in sorted(by_hand, key=lambda n: -by_name[n].num_embeddings):
+        tc = table_cfg[name]
+        gen = _hand_generator(tc, by_name[name], spec.embedding_dim, world_size, load)
+        ps = gen(
+            params[name],
+            local_size,
+            world_size,
+            device_type,
+            cast(ModuleSharder[nn.Module], sharder),
+        )
+        result[name] = ps
+        for rank, nbytes in shard_bytes(ps):
+            load[rank] += nbytes
+
+    ordered = EmbeddingModuleShardingPlan()
+    for t in spec.tables:
+        ordered[t.name] = result[t.name]
+    return ShardingPlan({EBC_MODULE_PATH: ordered})
+
+
+def _run_planner(
+    spec: FeatureSpec,
+    names: list[str],
+    table_cfg: Mapping[str, TableShardingConfig],
+    world_size: int,
+    local_size: int,
+    device_type: str,
+    batch_rows: int,
+) -> EmbeddingModuleShardingPlan:
+    ebc = EmbeddingBagCollection(
+        tables=[c for c in embedding_bag_configs(spec) if c.name in names], device="meta"
+    )
+    constraints = {
+        n: ParameterConstraints(
+            sharding_types=[ShardingType(table_cfg[n].sharding_type.value).value],
+            compute_kernels=[table_cfg[n].kernel.value],
+        )
+        for n in names
+    }
+    with _quiet_planner():
+        topology = Topology(
+            world_size=world_size, compute_device=device_type, local_world_size=local_size
+        )
+        planner = EmbeddingShardingPlanner(
+            topology=topology, batch_size=batch_rows, constraints=constraints, debug=False
+        )
+        try:
+            plan = planner.plan(ebc, sharders())
+        except Exception as exc:  # PlannerError and friends: keep the planner's reason
+            raise ValueError(f"sharding planner failed: {exc}") from exc
+    module_plan = plan.plan.get("")
+    if not isinstance(module_plan, EmbeddingModuleShardingPlan):
+        raise ValueError(f"sharding planner returned no plan for the tables: {plan}")
+    return module_plan
+
+
+def _hand_generator(
+    tc: TableShardingConfig,
+    table: TableSpec,
+    dim: int,
+    world_size: int,
+    load: list[int],
+) -> ParameterShardingGenerator:
+    kind, kernel = tc.sharding_type, tc.kernel.value
+
+    def least_loaded(k: int) -> list[int]:
+        return sorted(sorted(range(world_size), key=lambda r: (load[r], r))[:k])
+
+    if kind is ShardingKind.TABLE_WISE:
+        rank = tc.ranks[0] if tc.ranks is not None else least_loaded(1)[0]
+        return table_wise(rank=rank, compute_kernel=kernel)
+    if kind is ShardingKind.COLUMN_WISE:
+        if tc.ranks is not None:
+            ranks = list(tc.ranks)
+        else:
+            shards = max(k for k in range(1, min(world_size, dim) + 1) if dim % k == 0)
+            ranks = least_loaded(shards)
+        if dim % len(ranks):
+            raise ValueError(
+                f"table {table.name}: embedding_dim {dim} does not split evenly over "
+                f"{len(ranks)} column shards ({ranks})"
+            )
+        return column_wise(ranks=ranks, compute_kernel=kernel)
+    if kind is ShardingKind.ROW_WISE:
+        return row_wise(compute_kernel=kernel)
+    if kind is ShardingKind.DATA_PARALLEL:
+        return data_parallel()
+    if kind is ShardingKind.TABLE_ROW_WISE:
+        return _with_kernel(table_row_wise(host_index=0), kernel)
+    raise ValueError(f"table {table.name}: {kind.value} can only be planned by the planner")
+
+
+def _with_kernel(gen: ParameterShardingGenerator, kernel: str) -> ParameterShardingGenerator:
+    def wrapped(
+        param: nn.Parameter,
+        local_size: int,
+        world_size: int,
+        device_type: str,
+        sharder: ModuleSharder[nn.Module],
+    ) -> ParameterSharding:
+        ps = gen(param, local_size, world_size, device_type, sharder)
+        ps.compute_kernel = kernel
+        return ps
+
+    return wrapped
+
+
+def shard_bytes(ps: ParameterSharding) -> list[tuple[int, int]]:
+    """(rank, fp32 bytes) of every shard of one table's ``ParameterSharding``.
+
+    Args:
+        ps: one table's entry of a plan.
+
+    Returns:
+        One pair per shard; empty for a data-parallel table (a full copy on every rank).
+    """
+    if ps.sharding_spec is None:  # data parallel: a full copy on every rank
+        return []
+    out = []
+    for shard in ps.sharding_spec.shards:
+        placement = shard.placement
+        rank = placement.rank() if placement is not None else 0
+        numel = 1
+        for size in shard.shard_sizes:
+            numel *= int(size)
+        out.append((int(rank), numel * FP32_BYTES))
+    return out
