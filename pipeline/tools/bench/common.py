@@ -34,7 +34,7 @@ from pipeline.config import MetricsSettings, Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.runner import ScoringPipeline
 from pipeline.score import Scorer
-from pipeline.synthetic_io import build_world, produce_events, redis_client, seed_world_features
+from pipeline.tools.synthetic_io import build_world, produce_events, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)
 
