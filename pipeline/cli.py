@@ -190,7 +190,7 @@ def produce(
     ] = 0,
 ) -> None:
     """Produce synthetic UserEvents (the synthetic world of the config) to the input topic."""
-    from pipeline.synthetic_io import build_world, produce_events
+    from pipeline.tools.synthetic_io import build_world, produce_events
 
     settings = _settings(ctx)
     world = build_world(settings)
@@ -224,7 +224,7 @@ def consume(
     timeout: Annotated[float, typer.Option(help="Stop after S seconds without a record.")] = 10.0,
 ) -> None:
     """Print Recommendations from the output topic as JSON lines."""
-    from pipeline.recommendation_reader import read_recommendations
+    from pipeline.tools.recommendation_reader import read_recommendations
 
     settings = _settings(ctx)
     for record in read_recommendations(settings, max_records=max_records, timeout_s=timeout):
@@ -240,7 +240,7 @@ def seed_features(
 ) -> None:
     """Write user and item features to Redis: synthetic, or from CSV/Parquet files."""
     from pipeline.feature_store import FeatureStoreWriter
-    from pipeline.synthetic_io import (
+    from pipeline.tools.synthetic_io import (
         build_world,
         redis_client,
         seed_file_features,
@@ -273,7 +273,7 @@ def init_model(
     """Train the configured DLRM briefly on synthetic interactions and save a checkpoint."""
     from model.checkpoint import save_checkpoint
     from model.train import train_ranker
-    from pipeline.synthetic_io import build_world
+    from pipeline.tools.synthetic_io import build_world
 
     settings = _settings(ctx)
     _apply_threads(settings)
@@ -314,8 +314,9 @@ def bench_model_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
 ) -> None:
     """Bare forward rows/s of the configured model at the configured batch size."""
-    from pipeline.bench import bench_model, load_or_build_scorer
-    from pipeline.synthetic_io import build_world
+    from pipeline.tools.bench.common import load_or_build_scorer
+    from pipeline.tools.bench.model import bench_model
+    from pipeline.tools.synthetic_io import build_world
 
     settings = _settings(ctx)
     _apply_threads(settings)
@@ -338,7 +339,7 @@ def bench_pipeline_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
 ) -> None:
     """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
-    from pipeline.bench import bench_pipeline
+    from pipeline.tools.bench.pipeline import bench_pipeline
 
     settings = _settings(ctx)
     _apply_threads(settings)
@@ -361,7 +362,7 @@ def bench_quantize_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
 ) -> None:
     """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
-    from pipeline.bench import bench_quantization
+    from pipeline.tools.bench.serving import bench_quantization
 
     settings = _settings(ctx)
     _apply_threads(settings)
@@ -379,7 +380,7 @@ def bench_compile_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
 ) -> None:
     """Forward rows/s with and without torch.compile (interleaved)."""
-    from pipeline.bench import bench_compile
+    from pipeline.tools.bench.serving import bench_compile
 
     settings = _settings(ctx)
     _apply_threads(settings)
@@ -395,7 +396,7 @@ def bench_ranks_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: a JSON object.")] = False,
 ) -> None:
     """End-to-end rows/s with 1 vs 2 ranks, and embedding bytes per rank."""
-    from pipeline.bench import bench_ranks
+    from pipeline.tools.bench.ranks import bench_ranks
 
     settings = _settings(ctx)
     result = bench_ranks(settings, events, rounds, report=lambda line: err.print(line))

@@ -29,7 +29,7 @@ from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import make_consumer, make_producer, produce
 from pipeline.runner import RunSummary, ScoringPipeline
 from pipeline.score import Scorer
-from pipeline.synthetic_io import build_world, seed_world_features
+from pipeline.tools.synthetic_io import build_world, seed_world_features
 
 WORLD = SyntheticSettings(
     num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40
