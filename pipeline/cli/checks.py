@@ -14,7 +14,6 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from model.checkpoint import META_FILE
 from pipeline.cli.errors import UserError
 from pipeline.config import KafkaSettings, RedisSettings
 
@@ -91,6 +90,8 @@ def require_checkpoint(path: Path) -> None:
     Args:
         path: ``model.checkpoint``.
     """
+    from model.checkpoint import META_FILE  # imports torch: only when a command needs a model
+
     if not (path / META_FILE).is_file():
         raise UserError(
             f"no model at {path} (model.checkpoint): run `streamrank init-model` first, "

@@ -6,12 +6,16 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
+from pipeline.cli.errors import UserError
 from pipeline.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from model.spec import FeatureSpec
 
 err = Console(stderr=True)
 """Progress, summaries and logs go to stderr; stdout carries only data (JSON lines, plans)."""
@@ -52,6 +56,21 @@ def command_settings(ctx: typer.Context, config: Path | None) -> Settings:
     state = ctx.find_object(CliState)
     chosen = config if config is not None else (state.config_file if state else None)
     return load_settings(chosen)
+
+
+def configured_spec(settings: Settings) -> FeatureSpec:
+    """The feature spec the ``[model]`` section describes; an inconsistent one is a user error.
+
+    Args:
+        settings: the command's settings.
+
+    Returns:
+        ``settings.model.feature_spec()``.
+    """
+    try:
+        return settings.model.feature_spec()
+    except ValueError as error:
+        raise UserError(f"bad config value in [model]: {error}") from error
 
 
 def apply_threads(settings: Settings) -> None:

@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.checks import require_free_checkpoint_path
-from pipeline.cli.common import ConfigOption, apply_threads, command_settings, err
+from pipeline.cli.common import (
+    ConfigOption,
+    apply_threads,
+    command_settings,
+    configured_spec,
+    err,
+)
 
 
 def init_model(
@@ -35,7 +41,7 @@ def init_model(
     path = out or settings.model.checkpoint
     require_free_checkpoint_path(path, overwrite)
     apply_threads(settings)
-    spec = settings.model.feature_spec()
+    spec = configured_spec(settings)
     result = train_ranker(
         spec,
         build_world(settings),
@@ -75,9 +81,7 @@ def plan(
     settings = command_settings(ctx, config)
     checkpoint = settings.model.checkpoint
     spec = (
-        load_spec(checkpoint)
-        if (checkpoint / "meta.json").exists()
-        else settings.model.feature_spec()
+        load_spec(checkpoint) if (checkpoint / "meta.json").exists() else configured_spec(settings)
     )
     sharding_plan = plan_sharding(
         spec,
