@@ -6,7 +6,7 @@ STREAMRANK := $(VENV)/bin/streamrank
 STACK_DIR ?= .stack
 DEMO_EVENTS ?= 5000
 
-.PHONY: install stack-up stack-down demo test test-unit lint typecheck check bench clean
+.PHONY: install stack-up stack-down demo test test-fast test-unit lint typecheck check bench clean
 
 install:
 	@scripts/install.sh
@@ -21,8 +21,13 @@ demo: install stack-up
 	@DEMO_EVENTS=$(DEMO_EVENTS) STACK_DIR=$(STACK_DIR) scripts/demo.sh
 
 # The tests start their own Kafka and Redis (session fixtures calling scripts/stack_up.sh).
+# test: the whole suite (what CI runs, .ci/run); test-fast: without the slow tests (the end to
+# end and multi-rank integration tests, the long model tests); test-unit: no servers at all.
 test: install
 	@$(PY) -m pytest -q tests
+
+test-fast: install
+	@$(PY) -m pytest -q tests -m "not slow"
 
 test-unit: install
 	@$(PY) -m pytest -q tests -m "not integration"

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import enum
 import os
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -47,8 +50,24 @@ from model.distributed.config import (
 from model.quant_dtype import QuantDtype
 from model.spec import SPEC_SETTING_KEYS, FeatureSpec
 
+ENV_PREFIX = "STREAMRANK_"
+ENV_NESTED_DELIMITER = "__"
 CONFIG_ENV_VAR = "STREAMRANK_CONFIG"
 DEFAULT_CONFIG_FILE = Path("streamrank.toml")
+
+
+class ConfigError(Exception):
+    """A configuration the user has to fix: an unknown setting, a missing config file."""
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """The config file named by ``--config`` or ``$STREAMRANK_CONFIG`` does not exist."""
+
+
+class _Section(BaseModel):
+    """A settings section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class Framing(enum.StrEnum):
@@ -60,7 +79,7 @@ class Framing(enum.StrEnum):
     """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro body."""
 
 
-class KafkaSettings(BaseModel):
+class KafkaSettings(_Section):
     """Connection and client settings shared by the consumer and the producer.
 
     Snake-case fields map onto librdkafka's dotted keys (``security_protocol`` ->
@@ -134,7 +153,7 @@ class KafkaSettings(BaseModel):
         return self._common()
 
 
-class TopicsSettings(BaseModel):
+class TopicsSettings(_Section):
     """Topic names, and how to create them when missing."""
 
     input: str = "user-events"
@@ -145,7 +164,7 @@ class TopicsSettings(BaseModel):
     replication_factor: int = 1
 
 
-class CodecSettings(BaseModel):
+class CodecSettings(_Section):
     """Wire format of events and recommendations, and the limits that reject bad input."""
 
     framing: Framing = Framing.RAW
@@ -158,7 +177,7 @@ class CodecSettings(BaseModel):
     max_num_results: int = 1000
 
 
-class RedisSettings(BaseModel):
+class RedisSettings(_Section):
     """Feature store location, timeouts and the in-process cache in front of it."""
 
     url: str = "redis://127.0.0.1:6379/0"
@@ -171,7 +190,7 @@ class RedisSettings(BaseModel):
     """After an outage, how long to serve defaults before trying Redis again."""
 
 
-class BatchingSettings(BaseModel):
+class BatchingSettings(_Section):
     """Dynamic micro-batching: a batch closes at ``max_batch_rows`` or ``max_delay_ms``."""
 
     max_batch_rows: int = 4096
@@ -289,7 +308,7 @@ class ModelSettings(BaseModel):
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
 
 
-class SyntheticSettings(BaseModel):
+class SyntheticSettings(_Section):
     """The synthetic world behind ``seed-features``, ``produce`` and ``init-model``.
 
     All three must use the same values (they share this section) so that the events, the Redis
@@ -304,7 +323,7 @@ class SyntheticSettings(BaseModel):
     max_candidates: int = 100
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(_Section):
     """Prometheus endpoint."""
 
     enabled: bool = True
@@ -316,9 +335,9 @@ class Settings(BaseSettings):
     """All of streamrank's configuration. See the module docstring for sources."""
 
     model_config = SettingsConfigDict(
-        env_prefix="STREAMRANK_",
-        env_nested_delimiter="__",
-        extra="ignore",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
         toml_file=None,
     )
 
@@ -341,10 +360,62 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_path = _config_file()
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        env = _KnownNamesEnvSettingsSource(settings_cls)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env]
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+
+def unknown_env_settings(environ: Mapping[str, str]) -> list[str]:
+    """``STREAMRANK_*`` variables that have the shape of a setting but name none.
+
+    A variable is read as a setting when it uses the nested delimiter
+    (``STREAMRANK_TOPICS__INPUT``) or names a whole section (``STREAMRANK_KAFKA``); other
+    ``STREAMRANK_*`` variables (``STREAMRANK_CONFIG``, ``STREAMRANK_STACK_DIR`` of the scripts)
+    are not settings and are left alone. Names are case-insensitive, as pydantic-settings reads
+    them.
+
+    Args:
+        environ: the environment to check, e.g. ``os.environ``.
+
+    Returns:
+        The offending variable names, sorted.
+
+    Example::
+
+        unknown_env_settings({"STREAMRANK_TOPIC__INPUT": "x"})  # ["STREAMRANK_TOPIC__INPUT"]
+    """
+    sections = Settings.model_fields
+    unknown = []
+    for name in environ:
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        section, nested, rest = name[len(ENV_PREFIX) :].lower().partition(ENV_NESTED_DELIMITER)
+        if not nested and section not in sections:
+            continue  # not a setting: a variable of the scripts or of the CLI
+        if section not in sections:
+            unknown.append(name)
+            continue
+        model = sections[section].annotation
+        key = rest.partition(ENV_NESTED_DELIMITER)[0]
+        if nested and isinstance(model, type) and key not in model.model_fields:
+            unknown.append(name)
+    return sorted(unknown)
+
+
+class _KnownNamesEnvSettingsSource(EnvSettingsSource):
+    """The environment source, refusing ``STREAMRANK_*`` variables that name no setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        unknown = unknown_env_settings(os.environ)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key in the environment: {', '.join(unknown)} "
+                f"(settings are {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY>, sections: "
+                f"{', '.join(Settings.model_fields)})"
+            )
+        return super().__call__()
 
 
 _explicit_config_file: Path | None = None
@@ -368,12 +439,25 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
     Returns:
         The validated :class:`Settings`.
+
+    Raises:
+        ConfigFileNotFoundError: ``config_file`` (or ``$STREAMRANK_CONFIG``) does not exist.
+        ConfigError: a ``STREAMRANK_*`` environment variable names no setting, or the file is
+            not valid TOML.
+        pydantic.ValidationError: an unknown key in the file, or a bad value anywhere.
+
+    Example::
+
+        settings = load_settings(Path("streamrank.toml"))
     """
     global _explicit_config_file
-    if config_file is not None and not config_file.exists():
-        raise FileNotFoundError(f"config file not found: {config_file}")
+    chosen = config_file or _config_file()
+    if chosen is not None and not chosen.is_file():
+        raise ConfigFileNotFoundError(f"config file not found: {chosen}")
     _explicit_config_file = config_file
     try:
         return Settings(**overrides)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {chosen} is not valid TOML: {error}") from error
     finally:
         _explicit_config_file = None

@@ -30,7 +30,7 @@ from pipeline.loop import ScoringPipeline
 from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.stages.score import Scorer
 from pipeline.summary import RunSummary
-from pipeline.synthetic_io import build_world, seed_world_features
+from pipeline.tools.synthetic_io import build_world, seed_world_features
 
 WORLD = SyntheticSettings(
     num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40

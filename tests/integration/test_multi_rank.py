@@ -22,7 +22,8 @@ from tests.integration.conftest import (
     wait_for_outputs,
 )
 
-pytestmark = pytest.mark.slow
+# torchrun starts, kills and restarts ranks: the slowest tests of the suite.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _children(pid: int) -> list[int]:

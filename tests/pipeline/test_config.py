@@ -12,11 +12,14 @@ from pydantic import SecretStr
 from pipeline.config import (
     CONFIG_ENV_VAR,
     BatchingSettings,
+    ConfigError,
+    ConfigFileNotFoundError,
     Framing,
     KafkaSettings,
     Settings,
     TopicsSettings,
     load_settings,
+    unknown_env_settings,
 )
 
 SECRET = "hunter2-very-secret"
@@ -375,3 +378,34 @@ def test_model_feature_spec_from_settings(tmp_path: Path) -> None:
         load_settings(
             _toml(tmp_path, "[model]\nnum_embeddings = { nope = 3 }\n")
         ).model.feature_spec()
+
+
+def test_unknown_key_in_toml_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(pydantic.ValidationError, match="bogus"):
+        load_settings(_toml(tmp_path, "[redis]\nbogus = 1\n"))
+
+
+def test_unknown_setting_in_env_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMRANK_REDIS__URLS", "redis://x:6379/0")
+    with pytest.raises(ConfigError, match="STREAMRANK_REDIS__URLS"):
+        load_settings()
+
+
+def test_streamrank_variables_that_are_not_settings_are_left_alone() -> None:
+    environ = {
+        "STREAMRANK_CONFIG": "f.toml",
+        "STREAMRANK_STACK_DIR": ".stack",
+        "STREAMRANK_KAFKA_START_TIMEOUT": "90",
+        "STREAMRANK_KAFKA": "{}",
+        "STREAMRANK_KAFKA__CONSUMER_EXTRA__X": "1",
+        "STREAMRANK_TOPICS__INPUT": "events",
+        "streamrank_model__device": "cpu",
+    }
+    assert unknown_env_settings(environ) == []
+    assert unknown_env_settings({"STREAMRANK_TOPIC__INPUT": "x", "STREAMRANK_METRICS__PORTS": "1"})
+
+
+def test_missing_config_file_from_env_var_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONFIG_ENV_VAR, "gone.toml")
+    with pytest.raises(ConfigFileNotFoundError, match=r"gone\.toml"):
+        load_settings()

@@ -1,29 +1,19 @@
-"""The command line, run as a user runs it (no servers needed for these commands)."""
+"""``streamrank plan``, run as a user runs it (no servers, no checkpoint needed)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+from tests.pipeline.cli.conftest import CliRunner
 
 
-def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(tmp_path: Path) -> None:
+def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
     no_checkpoint = {"STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none")}
-    one = _cli("plan", "--nproc", "1", "--json", env=no_checkpoint)
-    two = _cli("plan", "--nproc", "2", "--json", env=no_checkpoint)
+    one = run_cli("plan", "--nproc", "1", "--json", env=no_checkpoint)
+    two = run_cli("plan", "--nproc", "2", "--json", env=no_checkpoint)
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
     one_rank = json.loads(one.stdout.strip().splitlines()[-1])
@@ -35,8 +25,8 @@ def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(tmp_p
     assert {t["sharding_type"] for t in two_ranks["tables"]} == {"table_wise"}
 
 
-def test_plan_text_names_every_table_and_rank(tmp_path: Path) -> None:
-    result = _cli(
+def test_plan_text_names_every_table_and_rank(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli(
         "plan",
         "--nproc",
         "3",
@@ -52,8 +42,8 @@ def test_plan_text_names_every_table_and_rank(tmp_path: Path) -> None:
     assert "column_wise" in result.stdout
 
 
-def test_bad_sharding_config_is_a_clear_error(tmp_path: Path) -> None:
-    result = _cli(
+def test_bad_sharding_config_is_a_clear_error(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli(
         "plan",
         "--nproc",
         "2",

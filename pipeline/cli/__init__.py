@@ -1,0 +1,108 @@
+"""``streamrank`` command line: run the pipeline, and the tools around it.
+
+The commands live by area in :mod:`~pipeline.cli.run`, :mod:`~pipeline.cli.data`,
+:mod:`~pipeline.cli.model` and :mod:`~pipeline.cli.bench`; this module holds the app, the
+global options and the one place where user errors become one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.metadata
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.logging import RichHandler
+
+from pipeline.cli import bench, data, model, run
+from pipeline.cli.common import CliState, err
+from pipeline.cli.errors import as_user_error, one_line
+
+
+class StreamrankApp(typer.Typer):
+    """The typer app; a user error ends the program with one line on stderr and exit code 2.
+
+    Anything else keeps its traceback: it is a bug or an outage, not a usage mistake.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as error:
+            user_error = as_user_error(error)
+            if user_error is None:
+                raise
+            sys.stderr.write(f"streamrank: error: {one_line(str(user_error))}\n")
+            sys.stderr.flush()
+            sys.exit(user_error.exit_code)
+
+
+class LogLevel(enum.StrEnum):
+    """Levels of the ``pipeline``, ``model`` and ``streamrank`` loggers."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+GlobalConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML config file (also accepted after the command).",
+        show_default=False,
+    ),
+]
+
+app = StreamrankApp(
+    help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        sys.stdout.write(f"streamrank {importlib.metadata.version('streamrank')}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    config: GlobalConfigOption = None,
+    log_level: Annotated[
+        LogLevel, typer.Option(help="Level of streamrank's own logs.", case_sensitive=False)
+    ] = LogLevel.INFO,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    # Our loggers at the chosen level; third-party ones (fbgemm prints a line per library it
+    # loads) only from WARNING. Rich tracebacks are for genuine failures: user errors never
+    # reach the log (StreamrankApp prints them as one line).
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=True)],
+    )
+    for name in ("pipeline", "model", "streamrank"):
+        logging.getLogger(name).setLevel(log_level.value)
+    ctx.obj = CliState(config_file=config)
+
+
+app.command()(run.run)
+app.command()(data.produce)
+app.command()(data.consume)
+app.command("seed-features")(data.seed_features)
+app.command("init-model")(model.init_model)
+app.command()(model.plan)
+app.add_typer(bench.bench_app, name="bench")

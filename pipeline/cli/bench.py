@@ -1,0 +1,135 @@
+"""``streamrank bench model|pipeline|quantize|compile|ranks``: the numbers of BENCHMARKS.md.
+
+Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
+model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
+``streamrank run`` and needs a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
+from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, command_settings, emit
+from pipeline.cli.common import err as console
+from pipeline.config import Settings
+
+bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
+
+BatchRowsOption = Annotated[
+    int | None, typer.Option(help="Rows per forward (default batching.max_batch_rows).")
+]
+
+
+def _report(line: str) -> None:
+    console.print(line)
+
+
+def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
+    """Settings of a benchmark on the stack, after checking Kafka and Redis answer."""
+    settings = command_settings(ctx, config)
+    require_kafka(settings.kafka)
+    require_redis(settings.redis)
+    return settings
+
+
+@bench_app.command("model")
+def bench_model_command(
+    ctx: typer.Context,
+    batch_rows: BatchRowsOption = None,
+    seconds: Annotated[float, typer.Option(help="Measure for this long.")] = 5.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Bare forward rows/s of the configured model at the configured batch size."""
+    from pipeline.tools.bench.common import load_or_build_scorer
+    from pipeline.tools.bench.model import bench_model
+    from pipeline.tools.synthetic_io import build_world
+
+    settings = command_settings(ctx, config)
+    apply_threads(settings)
+    scorer = load_or_build_scorer(settings)
+    rows = batch_rows or settings.batching.max_batch_rows
+    result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
+    result["model_version"] = scorer.model_version
+    emit(result, as_json)
+
+
+@bench_app.command("pipeline")
+def bench_pipeline_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events per batched end-to-end run.")] = 5000,
+    per_event_events: Annotated[
+        int, typer.Option(help="Events per one-event-per-batch run (0 skips it).")
+    ] = 500,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    model_seconds: Annotated[float, typer.Option(help="Bare forward timing per round.")] = 3.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
+    from pipeline.tools.bench.pipeline import bench_pipeline
+
+    settings = _stack_settings(ctx, config)
+    apply_threads(settings)
+    result = bench_pipeline(
+        settings,
+        events=events,
+        per_event_events=per_event_events,
+        rounds=rounds,
+        model_seconds=model_seconds,
+        report=_report,
+    )
+    emit(result.as_dict(), as_json)
+
+
+@bench_app.command("quantize")
+def bench_quantize_command(
+    ctx: typer.Context,
+    batch_rows: Annotated[int, typer.Option(help="Rows per forward.")] = 1024,
+    seconds: Annotated[float, typer.Option(help="Timing per model and dtype.")] = 3.0,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
+    from pipeline.tools.bench.serving import bench_quantization
+
+    settings = command_settings(ctx, config)
+    apply_threads(settings)
+    emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
+
+
+@bench_app.command("compile")
+def bench_compile_command(
+    ctx: typer.Context,
+    batch_rows: BatchRowsOption = None,
+    seconds: Annotated[float, typer.Option(help="Timing per round and variant.")] = 3.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Forward rows/s with and without torch.compile (interleaved)."""
+    from pipeline.tools.bench.serving import bench_compile
+
+    settings = command_settings(ctx, config)
+    apply_threads(settings)
+    rows = batch_rows or settings.batching.max_batch_rows
+    emit(bench_compile(settings, rows, seconds, rounds), as_json)
+
+
+@bench_app.command("ranks")
+def bench_ranks_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events per run.")] = 5000,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds of 1 and 2 ranks.")] = 2,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """End-to-end rows/s with 1 vs 2 ranks, and embedding bytes per rank."""
+    from pipeline.tools.bench.ranks import bench_ranks
+
+    settings = _stack_settings(ctx, config)
+    require_checkpoint(settings.model.checkpoint)
+    emit(bench_ranks(settings, events, rounds, report=_report), as_json)

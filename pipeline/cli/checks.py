@@ -1,0 +1,113 @@
+"""Checks a command runs before its work: they raise :class:`UserError` with what to do.
+
+Each probe has a short timeout, so a wrong address fails in seconds, not after the first batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from pipeline.cli.errors import UserError
+from pipeline.config import KafkaSettings, RedisSettings
+
+KAFKA_PROBE_TIMEOUT_S = 5.0
+REDIS_PROBE_TIMEOUT_S = 2.0
+
+
+def _silent_logger() -> logging.Logger:
+    """A logger that drops librdkafka's connection-refused lines (the check reports them)."""
+    logger = logging.getLogger("streamrank.probe")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
+def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`UserError` unless a broker of ``kafka.bootstrap_servers`` answers.
+
+    Args:
+        kafka: the cluster to ask for its metadata.
+        timeout_s: how long to wait for an answer.
+
+    Example::
+
+        require_kafka(settings.kafka)
+    """
+    conf: dict[str, Any] = {**kafka.admin_config(), "logger": _silent_logger()}
+    admin = AdminClient(conf)
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as error:
+        raise UserError(
+            f"Kafka broker unreachable at {kafka.bootstrap_servers} "
+            f"(kafka.bootstrap_servers): {error.args[0].str()} after {timeout_s:g}s"
+        ) from error
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`UserError` unless the Redis at ``settings.url`` answers a PING.
+
+    Args:
+        settings: the feature store's URL.
+        timeout_s: connect and read timeout of the PING.
+
+    Example::
+
+        require_redis(settings.redis)
+    """
+    client = redis.Redis.from_url(
+        settings.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+    )
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        raise UserError(
+            f"Redis unreachable at {_without_password(settings.url)} (redis.url): {error}"
+        ) from error
+    finally:
+        client.close()
+
+
+def require_checkpoint(path: Path) -> None:
+    """Raise :class:`UserError` unless ``path`` holds a model checkpoint.
+
+    Args:
+        path: ``model.checkpoint``.
+    """
+    from model.checkpoint import META_FILE  # imports torch: only when a command needs a model
+
+    if not (path / META_FILE).is_file():
+        raise UserError(
+            f"no model at {path} (model.checkpoint): run `streamrank init-model` first, "
+            "or point model.checkpoint at a checkpoint"
+        )
+
+
+def require_free_checkpoint_path(path: Path, overwrite: bool) -> None:
+    """Raise :class:`UserError` when ``path`` exists and ``overwrite`` is off.
+
+    Args:
+        path: where a new checkpoint is to be saved.
+        overwrite: whether replacing an existing checkpoint is wanted.
+    """
+    if path.exists() and not overwrite:
+        raise UserError(
+            f"checkpoint path already exists: {path}; pass --overwrite to replace it "
+            "(or --out DIR to save elsewhere)"
+        )

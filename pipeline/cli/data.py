@@ -1,0 +1,106 @@
+"""Data on the stack: ``produce`` events, ``consume`` recommendations, ``seed-features``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.cli.checks import require_kafka, require_redis
+from pipeline.cli.common import ConfigOption, command_settings, err
+from pipeline.cli.errors import UserError
+
+
+def produce(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option("--events", "-n", help="Valid events to send.")] = 1000,
+    rate: Annotated[float | None, typer.Option(help="Events per second (default: max).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
+    malformed: Annotated[
+        int, typer.Option(help="Also send this many malformed messages (they go to the DLQ).")
+    ] = 0,
+    config: ConfigOption = None,
+) -> None:
+    """Produce synthetic UserEvents (the synthetic world of the config) to the input topic."""
+    from pipeline.tools.synthetic_io import build_world, produce_events
+
+    settings = command_settings(ctx, config)
+    require_kafka(settings.kafka)
+    world = build_world(settings)
+    with Progress(
+        TextColumn("producing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    ) as progress:
+        task = progress.add_task("produce", total=events)
+        sent = produce_events(
+            settings,
+            world,
+            events,
+            rate=rate,
+            seed=seed,
+            malformed=malformed,
+            progress=lambda n: progress.advance(task, n),
+        )
+    err.print(
+        f"produced {len(sent.records)} events and {sent.malformed} malformed messages "
+        f"to {settings.topics.input}"
+    )
+
+
+def consume(
+    ctx: typer.Context,
+    max_records: Annotated[int | None, typer.Option("--max", help="Stop after N.")] = None,
+    timeout: Annotated[float, typer.Option(help="Stop after S seconds without a record.")] = 10.0,
+    config: ConfigOption = None,
+) -> None:
+    """Print Recommendations from the output topic as JSON lines."""
+    from pipeline.tools.recommendation_reader import read_recommendations
+
+    settings = command_settings(ctx, config)
+    require_kafka(settings.kafka)
+    for record in read_recommendations(settings, max_records=max_records, timeout_s=timeout):
+        sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def _require_input_file(path: Path | None, option: str) -> None:
+    if path is not None and not path.is_file():
+        raise UserError(f"{option}: file not found: {path}")
+
+
+def seed_features(
+    ctx: typer.Context,
+    users: Annotated[Path | None, typer.Option(help="Users CSV/Parquet.")] = None,
+    items: Annotated[Path | None, typer.Option(help="Items CSV/Parquet.")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Write user and item features to Redis: synthetic, or from CSV/Parquet files."""
+    from pipeline.feature_store import FeatureStoreWriter
+    from pipeline.tools.synthetic_io import (
+        build_world,
+        redis_client,
+        seed_file_features,
+        seed_world_features,
+    )
+
+    _require_input_file(users, "--users")
+    _require_input_file(items, "--items")
+    settings = command_settings(ctx, config)
+    require_redis(settings.redis)
+    writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
+    if users is None and items is None:
+        n_users, n_items = seed_world_features(build_world(settings), writer)
+        source = "synthetic world"
+    else:
+        n_users, n_items = seed_file_features(
+            writer, settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
+        )
+        source = "files"
+    err.print(f"seeded {n_users} users and {n_items} items from {source} into {settings.redis.url}")

@@ -1,0 +1,74 @@
+"""User errors: one line on stderr and exit code 2, never a traceback.
+
+Checks raise :class:`UserError`; :func:`as_user_error` also turns the configuration's own
+exceptions into one; the app (``pipeline.cli``) catches them in one place and prints one line.
+"""
+
+from __future__ import annotations
+
+import pydantic
+from pydantic_settings import SettingsError
+
+from pipeline.config import ConfigError
+
+USER_ERROR_EXIT_CODE = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix, told in one line: what is wrong and what to do.
+
+    Args:
+        message: the line to show (newlines are folded into spaces).
+
+    Example::
+
+        raise UserError("no model at artifacts/model: run `streamrank init-model` first")
+    """
+
+    exit_code = USER_ERROR_EXIT_CODE
+
+
+def describe_validation_error(error: pydantic.ValidationError) -> str:
+    """One line naming every bad or unknown key of a settings validation error.
+
+    Args:
+        error: raised while validating :class:`pipeline.config.Settings`.
+
+    Returns:
+        e.g. ``unknown config key kafka.bogus; bad config value for batching.max_batch_rows:
+        Value error, must be >= 1``.
+    """
+    problems = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"])
+        if problem["type"] == "extra_forbidden":
+            problems.append(f"unknown config key {key}")
+        else:
+            problems.append(f"bad config value for {key}: {problem['msg']}")
+    return "; ".join(problems)
+
+
+def as_user_error(error: BaseException) -> UserError | None:
+    """The :class:`UserError` that ``error`` stands for, or ``None`` for a genuine failure.
+
+    Args:
+        error: anything raised by a command.
+
+    Returns:
+        ``error`` itself when it is a :class:`UserError`; one made from a configuration error
+        (unknown key, missing file, bad value); else ``None`` (it keeps its traceback).
+    """
+    if isinstance(error, UserError):
+        return error
+    if isinstance(error, pydantic.ValidationError):
+        return UserError(describe_validation_error(error))
+    if isinstance(error, ConfigError):
+        return UserError(str(error))
+    if isinstance(error, SettingsError):
+        return UserError(f"bad config value: {error}")
+    return None
+
+
+def one_line(message: str) -> str:
+    """``message`` with every run of whitespace (newlines too) folded into one space."""
+    return " ".join(message.split())

@@ -1,0 +1,130 @@
+"""What the benchmarks share: sample batches, the model under test, fresh topics, a timer.
+
+The benchmarks alternate their variants in one process (rounds) so that ratios are not skewed
+by a noisy machine drifting between separate runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import numpy as np
+import torch
+
+from model.features import FeatureColumns, ModelInput
+from model.ranker import build_ranker
+from model.spec import FeatureSpec
+from model.synthetic import SyntheticWorld, feature_columns
+from pipeline.config import Settings, TopicsSettings
+from pipeline.feature_store import FeatureStoreWriter
+from pipeline.stages.score import Scorer
+from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
+
+log = logging.getLogger(__name__)
+
+
+def batch_of_rows(
+    world: SyntheticWorld, spec: FeatureSpec, rows: int, seed: int = 0
+) -> FeatureColumns:
+    """Feature columns of whole events holding at most ``rows`` rows (at least one event).
+
+    Args:
+        world: the synthetic world to sample events from.
+        spec: the model's feature spec.
+        rows: the most (event x candidate) rows to keep.
+        seed: sampling seed.
+
+    Returns:
+        Columns of the first events whose rows fit in ``rows``.
+
+    Example::
+
+        cols = batch_of_rows(build_world(settings), scorer.spec, 1024)
+    """
+    rng = np.random.default_rng(seed)
+    mean = (world.config.min_candidates + world.config.max_candidates) / 2
+    events = world.sample_events(max(1, int(2 * rows / mean) + 1), rng)
+    cols = feature_columns(events, world, spec)
+    keep = max(1, int(np.searchsorted(np.cumsum(cols.candidate_counts), rows, side="right")))
+    return cols.slice_events(0, keep)
+
+
+def load_or_build_scorer(settings: Settings) -> Scorer:
+    """The configured checkpoint's model, or a fresh (untrained) one from the configured spec.
+
+    Args:
+        settings: ``settings.model`` names the checkpoint, device, quantization and compile.
+
+    Returns:
+        A :class:`Scorer`; its ``model_version`` is ``"untrained"`` without a checkpoint.
+    """
+    if (settings.model.checkpoint / "meta.json").exists():
+        model = settings.model
+        return Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
+    spec = settings.model.feature_spec()
+    log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
+    return Scorer(build_ranker(spec, seed=0), spec, "untrained", torch.device("cpu"))
+
+
+def plain_scorer(settings: Settings) -> Scorer:
+    """The configured model as fp32 and eager (the baseline of the quantize/compile benches)."""
+    plain = settings.model.model_copy(update={"quantize": "fp32", "compile": False})
+    return load_or_build_scorer(settings.model_copy(update={"model": plain}))
+
+
+def fresh_topics(settings: Settings, partitions: int | None = None) -> tuple[TopicsSettings, str]:
+    """Topics (and a tag for the consumer group) no earlier run has used.
+
+    Args:
+        settings: partitions and replication factor default to ``settings.topics``.
+        partitions: partitions of the new topics, when not the configured number.
+
+    Returns:
+        ``(topics, tag)``; ``tag`` is the random part of the topic names.
+    """
+    tag = uuid.uuid4().hex[:8]
+    topics = TopicsSettings(
+        input=f"bench-events-{tag}",
+        output=f"bench-recs-{tag}",
+        dlq=f"bench-dlq-{tag}",
+        partitions=partitions or settings.topics.partitions,
+        replication_factor=settings.topics.replication_factor,
+    )
+    return topics, tag
+
+
+def seeded_world(settings: Settings) -> SyntheticWorld:
+    """The configured synthetic world, its features written to the configured Redis first."""
+    world = build_world(settings)
+    writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
+    seed_world_features(world, writer)
+    return world
+
+
+def time_forward_rows(scorer: Scorer, inputs: list[ModelInput], seconds: float) -> float:
+    """Rows per second scoring ``inputs`` in turn for about ``seconds`` (after one warm pass).
+
+    Times exactly what the pipeline's forward stage runs: :meth:`Scorer.forward`.
+
+    Args:
+        scorer: the model under test.
+        inputs: prepared batches, scored in turn.
+        seconds: how long to measure.
+
+    Returns:
+        Rows scored per second.
+    """
+    for inp in inputs:
+        scorer.forward(inp)
+    rows = calls = 0
+    start = time.perf_counter()
+    while True:
+        inp = inputs[calls % len(inputs)]
+        scorer.forward(inp)
+        rows += inp.num_rows
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return rows / elapsed

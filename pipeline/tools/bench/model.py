@@ -1,0 +1,73 @@
+"""``streamrank bench model``: bare forward rows/s of the configured model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from model.features import build_model_input
+from model.synthetic import SyntheticWorld
+from pipeline.stages.score import Scorer
+from pipeline.tools.bench.common import batch_of_rows, time_forward_rows
+
+
+@dataclass
+class ModelBench:
+    """Bare forward throughput.
+
+    Attributes:
+        batch_rows: rows of the first batch (all hold whole events, at most the batch size).
+        rows_per_s: over ``distinct_batches`` different batches scored in turn, as a stream
+            presents them (different ids each time: the embedding rows are not cache-hot).
+        same_batch_rows_per_s: one batch scored again and again (cache-hot best case).
+        distinct_batches: how many different batches ``rows_per_s`` cycles through.
+    """
+
+    batch_rows: int
+    rows_per_s: float
+    same_batch_rows_per_s: float
+    distinct_batches: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The numbers, rounded, for JSON output."""
+        return {
+            "batch_rows": self.batch_rows,
+            "rows_per_s": round(self.rows_per_s, 1),
+            "same_batch_rows_per_s": round(self.same_batch_rows_per_s, 1),
+            "distinct_batches": self.distinct_batches,
+        }
+
+
+def bench_model(
+    scorer: Scorer,
+    world: SyntheticWorld,
+    batch_rows: int,
+    seconds: float,
+    distinct_batches: int = 16,
+) -> ModelBench:
+    """Bare forward throughput at (about) ``batch_rows`` rows per batch.
+
+    Times :meth:`Scorer.forward` alone on ``distinct_batches`` prepared batches in turn
+    (``seconds``), then on the first one repeated (``seconds``).
+
+    Args:
+        scorer: the model under test.
+        world: where the batches' events come from.
+        batch_rows: rows per batch (whole events, at most this many).
+        seconds: measuring time of each of the two timings.
+        distinct_batches: batches prepared for the first timing.
+
+    Returns:
+        The :class:`ModelBench` numbers.
+
+    Example::
+
+        bench_model(scorer, build_world(settings), 4096, 5.0).as_dict()
+    """
+    inputs = [
+        build_model_input(batch_of_rows(world, scorer.spec, batch_rows, seed=i), scorer.spec)
+        for i in range(distinct_batches)
+    ]
+    distinct = time_forward_rows(scorer, inputs, seconds)
+    same = time_forward_rows(scorer, inputs[:1], seconds)
+    return ModelBench(inputs[0].num_rows, distinct, same, distinct_batches)

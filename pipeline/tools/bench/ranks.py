@@ -1,0 +1,129 @@
+"""``streamrank bench ranks``: end-to-end rows/s with 1 vs N ranks, embedding bytes per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from model.synthetic import SyntheticWorld
+from pipeline.config import Settings
+from pipeline.tools.bench.common import fresh_topics, seeded_world
+from pipeline.tools.synthetic_io import produce_events
+
+
+def _run_ranks_once(
+    settings: Settings, world: SyntheticWorld, events: int, nproc: int
+) -> dict[str, Any]:
+    """Produce ``events`` to fresh topics, then ``streamrank run --nproc N`` until idle."""
+    topics, tag = fresh_topics(settings, max(settings.topics.partitions, nproc))
+    run_settings = settings.model_copy(update={"topics": topics})
+    produce_events(run_settings, world, events)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        env = {
+            **os.environ,
+            "STREAMRANK_TOPICS__INPUT": topics.input,
+            "STREAMRANK_TOPICS__OUTPUT": topics.output,
+            "STREAMRANK_TOPICS__DLQ": topics.dlq,
+            "STREAMRANK_TOPICS__PARTITIONS": str(topics.partitions),
+            "STREAMRANK_KAFKA__GROUP_ID": f"bench-{tag}",
+            "STREAMRANK_METRICS__ENABLED": "false",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            "--nproc",
+            str(nproc),
+            "--exit-when-idle",
+            "3",
+            "--summary-json",
+            str(summary),
+        ]
+        subprocess.run(
+            cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        files = [summary] + [summary.with_suffix(f".rank{r}.json") for r in range(1, nproc)]
+        parts = [json.loads(f.read_text()) for f in files]
+    rows = sum(p["rows_scored"] for p in parts)
+    out = sum(p["events_out"] for p in parts)
+    if out < events:
+        raise RuntimeError(f"{nproc}-rank run scored {out} of {events} events")
+    busy = max(p["busy_seconds"] for p in parts)
+    return {
+        "rows_per_s": rows / busy if busy else 0.0,
+        "rank_rows": [p["rows_scored"] for p in parts],
+    }
+
+
+def _bytes_per_rank(settings: Settings, nprocs: tuple[int, ...]) -> dict[int, Any]:
+    """Per world size, the planned embedding bytes of each rank (CPU plan)."""
+    from model.checkpoint import load_spec
+    from model.distributed import describe_plan, plan_sharding
+
+    spec = load_spec(settings.model.checkpoint)
+    memory = {}
+    for n in nprocs:
+        plan = plan_sharding(
+            spec,
+            n,
+            "cpu",
+            settings.model.sharding.to_config(),
+            batch_rows=settings.batching.max_batch_rows,
+        )
+        memory[n] = describe_plan(plan, spec, n).as_dict()["ranks"]
+    return memory
+
+
+def bench_ranks(
+    settings: Settings,
+    events: int,
+    rounds: int,
+    nprocs: tuple[int, ...] = (1, 2),
+    report: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """End-to-end rows/s with 1 vs N ranks (interleaved rounds) and per-rank embedding bytes.
+
+    Args:
+        settings: the stack and the model (``model.checkpoint`` must hold a checkpoint).
+        events: events per run.
+        rounds: interleaved rounds over ``nprocs``.
+        nprocs: world sizes to compare; the first is the base of the ratios.
+        report: called with one line of progress per run.
+
+    Returns:
+        Rows/s per world size and round, ratios over the first, bytes per rank.
+
+    Example::
+
+        bench_ranks(settings, 5000, 2)["ratio_over_1_rank"]["2"]
+    """
+    world = seeded_world(settings)
+    memory = _bytes_per_rank(settings, nprocs)
+    rates: dict[int, list[float]] = {n: [] for n in nprocs}
+    for r in range(rounds):
+        for n in nprocs:
+            result = _run_ranks_once(settings, world, events, n)
+            rates[n].append(result["rows_per_s"])
+            report(
+                f"round {r + 1}: {n} rank(s) {result['rows_per_s']:,.0f} rows/s "
+                f"(rows per rank {result['rank_rows']})"
+            )
+    base = nprocs[0]
+    return {
+        "events": events,
+        "batch_rows": settings.batching.max_batch_rows,
+        "rows_per_s": {str(n): [round(v, 1) for v in rates[n]] for n in nprocs},
+        "ratio_over_1_rank": {
+            str(n): [round(a / b, 3) for a, b in zip(rates[n], rates[base], strict=True)]
+            for n in nprocs
+        },
+        "embedding_bytes_per_rank": {str(n): memory[n] for n in nprocs},
+    }

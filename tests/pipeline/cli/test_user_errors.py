@@ -1,0 +1,107 @@
+"""Every user error: one line on stderr, exit code 2, no traceback (through the real CLI)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.cli.conftest import CliRunner
+
+
+def _closed_loopback_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound once by us, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _assert_one_line_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    stderr = result.stderr
+    assert result.returncode == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr[-2000:]
+    assert lines[0].startswith("streamrank: error: ")
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture
+def toml(tmp_path: Path) -> Path:
+    path = tmp_path / "conf.toml"
+    path.write_text('[topics]\ninput = "events"\n')
+    return path
+
+
+@pytest.mark.parametrize("before_command", [True, False])
+def test_missing_config_file(run_cli: CliRunner, before_command: bool) -> None:
+    args = (
+        ["--config", "nope.toml", "consume"] if before_command else ["consume", "-c", "nope.toml"]
+    )
+    _assert_one_line_user_error(run_cli(*args), "config file not found", "nope.toml")
+
+
+def test_missing_config_file_from_env_var(run_cli: CliRunner) -> None:
+    result = run_cli("consume", env={"STREAMRANK_CONFIG": "gone.toml"})
+    _assert_one_line_user_error(result, "config file not found", "gone.toml")
+
+
+def test_unknown_key_in_config_file(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text('[kafka]\nbootstrap_server = "b:9092"\n')
+    result = run_cli("consume", "--config", str(toml))
+    _assert_one_line_user_error(result, "unknown config key kafka.bootstrap_server")
+
+
+def test_unknown_section_in_config_file(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text("[batchin]\nmax_batch_rows = 8\n")
+    result = run_cli("consume", "--config", str(toml))
+    _assert_one_line_user_error(result, "unknown config key batchin")
+
+
+def test_unknown_setting_in_environment(run_cli: CliRunner) -> None:
+    result = run_cli("consume", env={"STREAMRANK_TOPIC__INPUT": "events"})
+    _assert_one_line_user_error(result, "STREAMRANK_TOPIC__INPUT")
+
+
+def test_bad_config_value_names_the_field(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text("[batching]\nmax_batch_rows = 0\n")
+    result = run_cli("consume", "--config", str(toml))
+    _assert_one_line_user_error(result, "batching.max_batch_rows", "must be >= 1")
+
+
+def test_config_file_that_is_not_toml(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text("[kafka\n")
+    _assert_one_line_user_error(run_cli("consume", "-c", str(toml)), "not valid TOML")
+
+
+def test_run_without_a_model(run_cli: CliRunner, tmp_path: Path) -> None:
+    missing = tmp_path / "no-model"
+    result = run_cli("run", env={"STREAMRANK_MODEL__CHECKPOINT": str(missing)})
+    _assert_one_line_user_error(result, str(missing), "streamrank init-model")
+
+
+def test_init_model_over_an_existing_checkpoint(run_cli: CliRunner, tmp_path: Path) -> None:
+    existing = tmp_path / "model"
+    existing.mkdir()
+    result = run_cli("init-model", "--out", str(existing))
+    _assert_one_line_user_error(result, "already exists", str(existing), "--overwrite")
+
+
+def test_unreachable_kafka_broker(run_cli: CliRunner) -> None:
+    broker = f"127.0.0.1:{_closed_loopback_port()}"
+    result = run_cli("produce", "-n", "1", env={"STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": broker})
+    _assert_one_line_user_error(result, "Kafka broker unreachable", broker)
+
+
+def test_unreachable_redis_hides_the_password(run_cli: CliRunner) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{_closed_loopback_port()}/0"
+    result = run_cli("seed-features", env={"STREAMRANK_REDIS__URL": url})
+    _assert_one_line_user_error(result, "Redis unreachable", "127.0.0.1")
+    assert "hunter2" not in result.stderr
+
+
+def test_missing_input_file(run_cli: CliRunner) -> None:
+    _assert_one_line_user_error(run_cli("seed-features", "--users", "u.csv"), "--users", "u.csv")

@@ -1,0 +1,46 @@
+"""Benchmark helpers that need no stack: sample batches, the model under test, reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from model.synthetic import SyntheticWorld, WorldConfig
+from pipeline.config import ModelSettings, Settings
+from pipeline.tools.bench.common import batch_of_rows, fresh_topics, load_or_build_scorer
+from pipeline.tools.bench.pipeline import PipelineBench
+
+
+def test_batch_of_rows_holds_whole_events_within_the_row_budget() -> None:
+    world = SyntheticWorld(WorldConfig(num_users=50, num_items=200, num_categories=5))
+    spec = ModelSettings().feature_spec()
+    cols = batch_of_rows(world, spec, rows=300)
+    assert 0 < cols.num_rows <= 300
+    assert int(cols.candidate_counts.sum()) == cols.num_rows
+
+
+def test_without_a_checkpoint_an_untrained_model_is_benchmarked(tmp_path: Path) -> None:
+    settings = Settings(model=ModelSettings(checkpoint=tmp_path / "none"))
+    assert load_or_build_scorer(settings).model_version == "untrained"
+
+
+def test_fresh_topics_are_new_each_time() -> None:
+    settings = Settings()
+    (first, tag), (second, _) = fresh_topics(settings), fresh_topics(settings, partitions=7)
+    assert first.input != second.input
+    assert tag in first.input
+    assert second.partitions == 7
+
+
+def test_pipeline_bench_ratios_and_medians() -> None:
+    bench = PipelineBench(
+        batch_rows=64,
+        bare_rows_per_s=[100.0, 200.0],
+        bare_same_batch_rows_per_s=[400.0, 400.0],
+        e2e_rows_per_s=[50.0, 150.0],
+    )
+    report = bench.as_dict()
+    assert report["rounds"] == 2
+    assert report["e2e_over_bare"] == [0.5, 0.75]
+    assert report["e2e_over_bare_median"] == 0.625
+    assert report["e2e_over_bare_same_batch"] == [0.125, 0.375]
+    assert report["per_event_over_bare"] == []
