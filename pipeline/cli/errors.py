@@ -44,7 +44,8 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
         if problem["type"] == "extra_forbidden":
             problems.append(f"unknown config key {key}")
         else:
-            problems.append(f"bad config value for {key}: {problem['msg']}")
+            got = f" (got {problem['input']!r})" if not isinstance(problem["input"], dict) else ""
+            problems.append(f"bad config value for {key}{got}: {problem['msg']}")
     return "; ".join(problems)
 
 
