@@ -49,6 +49,7 @@ def _sample_names(metrics: Metrics) -> set[str]:
 def test_exported_names_follow_the_conventions() -> None:
     metrics = Metrics()
     metrics.consumer_lag.labels(topic="t", partition="0").set(3)
+    metrics.record_cache("user", hits=1, misses=0)
     metrics.record_step(0.01)
     metrics.record_collective(STEP_AGREE, 0.001)
     metrics.set_up(True)
