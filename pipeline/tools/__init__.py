@@ -1,0 +1,1 @@
+"""Tools around the pipeline (benchmarks, synthetic traffic, readers, reports)."""
