@@ -22,6 +22,7 @@ demo: install stack-up
 
 # The tests start their own Kafka and Redis (session fixtures calling scripts/stack_up.sh).
 test: install
+	@scripts/install_tools.sh
 	@$(PY) -m pytest -q tests
 
 test-unit: install
