@@ -153,18 +153,12 @@ class Metrics:
         self.batch_rows = Histogram(
             "streamrank_batch_rows", "Rows per scored batch.", buckets=_ROW_BUCKETS, registry=r
         )
-        self.stage_seconds = Histogram(
-            "streamrank_stage_duration_seconds",
-            "Time per batch in each stage.",
-            ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.stage_seconds = self._seconds(
+            "streamrank_stage_duration_seconds", "Time per batch in each stage.", "stage"
         )
-        self.end_to_end_seconds = Histogram(
+        self.end_to_end_seconds = self._seconds(
             "streamrank_end_to_end_latency_seconds",
             "From event_time to the recommendation produced.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         self.cache_requests = Counter(
             "streamrank_feature_cache_requests",
@@ -192,19 +186,16 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
-        self.step_seconds = Histogram(
+        self.step_seconds = self._seconds(
             "streamrank_rank_step_duration_seconds",
             "One scoring step of this rank: from the step decision to the next agreement.",
-            ["rank"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "rank",
         )
-        self.collective_seconds = Histogram(
+        self.collective_seconds = self._seconds(
             "streamrank_collective_duration_seconds",
             "Wall time of one collective call of this rank (waiting for the others included).",
-            ["rank", "op"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "rank",
+            "op",
         )
         self.rank_up = Gauge(
             "streamrank_rank_up",
@@ -223,6 +214,12 @@ class Metrics:
             self.stage_seconds.labels(stage=name)
         self._hits = 0
         self._lookups = 0
+
+    def _seconds(self, name: str, documentation: str, *labels: str) -> Histogram:
+        """A latency histogram (``_LATENCY_BUCKETS``) in this registry."""
+        return Histogram(
+            name, documentation, labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
