@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -42,6 +43,8 @@ class Plot:
     title: str
     ylabel: str
     lines: tuple[tuple[str, str], ...]
+    skip_zero: bool = False
+    """Leave out series that stay at zero (e.g. DLQ reasons that never happened)."""
 
 
 PLOTS = (
@@ -60,11 +63,11 @@ PLOTS = (
         "seconds",
         tuple(
             (
-                f"p{q}",
-                f"histogram_quantile(0.{q}, sum by (le) "
+                f"p{percent}",
+                f"histogram_quantile({percent / 100}, sum by (le) "
                 "(rate(streamrank_end_to_end_latency_seconds_bucket[{w}])))",
             )
-            for q in ("5", "99")
+            for percent in (50, 99)
         ),
     ),
     Plot(
@@ -72,6 +75,7 @@ PLOTS = (
         "Dead-lettered messages by reason",
         "per second",
         (("{reason}", "sum by (reason) (rate(streamrank_dead_letter_messages_total[{w}]))"),),
+        skip_zero=True,
     ),
     Plot(
         "batch_rows",
@@ -148,6 +152,8 @@ def _render(
         for labels, times, values in query_range(
             prometheus_url, expr.replace("{w}", window), start, end, step_s
         ):
+            if plot.skip_zero and not np.nan_to_num(values).any():
+                continue
             stamps = (np.asarray(times) * 1000).astype("datetime64[ms]")
             axes.plot(stamps, values, label=legend.format_map(_Labels(labels)))
             drawn += 1
@@ -159,7 +165,9 @@ def _render(
     axes.set_ylabel(plot.ylabel)
     axes.set_xlabel("time (UTC)")
     axes.grid(True, alpha=0.3)
-    figure.autofmt_xdate()
+    locator = AutoDateLocator()
+    axes.xaxis.set_major_locator(locator)
+    axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
     return figure
 
 
