@@ -18,6 +18,7 @@ from tests.docker.promql import (
     REPO_ROOT,
     SCRAPE_CONFIG,
     alert_queries,
+    checked_parts,
     dashboard_queries,
     metric_names,
 )
@@ -137,3 +138,15 @@ def test_gpu_only_panels_query_only_gpu_metrics() -> None:
     assert gpu, "the dashboard has GPU panels"
     for query in gpu:
         assert all(n.startswith("streamrank_gpu_") for n in metric_names(query.expr)), query
+
+
+def test_alert_check_rule_splits_threshold_comparisons_and_absent() -> None:
+    assert checked_parts("sum(rate(a_total[5m])) / sum(rate(b_total[5m])) > 0.01") == [
+        "sum(rate(a_total[5m])) / sum(rate(b_total[5m]))"
+    ]
+    assert checked_parts('max by (h) (w) > count by (h) (up{job="x"} == 1)') == [
+        "max by (h) (w)",
+        'count by (h) (up{job="x"} == 1)',
+    ]
+    assert checked_parts('absent(up{job="x"} == 1)') == ['up{job="x"}']
+    assert checked_parts('rate(x{le!="1"}[1m]) >= bool 2') == ['rate(x{le!="1"}[1m])']
