@@ -24,6 +24,7 @@ demo: install stack-up
 # test: the whole suite (what CI runs, .ci/run); test-fast: without the slow tests (the end to
 # end and multi-rank integration tests, the long model tests); test-unit: no servers at all.
 test: install
+	@scripts/install_tools.sh
 	@$(PY) -m pytest -q tests
 
 test-fast: install

@@ -107,7 +107,9 @@ def run_rank(
         port = settings.metrics.port + rank if settings.metrics.port else 0
         metrics.serve(settings.metrics.host, port)
     scorer = Scorer(dmp, spec, loaded.model_version, device)
-    pipeline = ScoringPipeline(settings, scorer, metrics, stepper=CollectiveStepper(control))
+    pipeline = ScoringPipeline(
+        settings, scorer, metrics, stepper=CollectiveStepper(control, metrics=metrics)
+    )
     pipeline.stop_on_signals()
     try:
         return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)

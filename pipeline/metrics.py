@@ -1,39 +1,64 @@
-"""Prometheus metrics of the pipeline, served on ``metrics.host:metrics.port``.
+"""Prometheus metrics of the pipeline, served on ``metrics.host:metrics.port`` (rank r of a
+multi-rank job on ``port + r``).
 
-==================================================  ==========  =================================
-metric                                              type        labels / meaning
-==================================================  ==========  =================================
-``streamrank_events_in_total``                      counter     messages consumed
-``streamrank_events_out_total``                     counter     recommendations produced
-``streamrank_dead_letter_total``                    counter     ``reason``
-``streamrank_batch_rows``                           histogram   rows (event x candidate) per batch
-``streamrank_stage_seconds``                        histogram   ``stage``: decode, enrich,
-                                                                features, forward, produce
-``streamrank_end_to_end_seconds``                   histogram   event_time -> produced
-``streamrank_feature_cache_requests_total``         counter     ``kind`` (user/item), ``result``
-                                                                (hit/miss)
-``streamrank_feature_cache_hit_ratio``              gauge       hits / requests since start
-``streamrank_feature_fallback_total``               counter     ``feature``: events served
-                                                                defaults
-``streamrank_embedding_bytes``                      gauge       embedding bytes held by this rank
-``streamrank_consumer_lag``                         gauge       ``topic``, ``partition``
-==================================================  ==========  =================================
+Names follow the Prometheus conventions: base units in the name (``_seconds``, ``_bytes``,
+``_ratio``, ``_messages``), ``_total`` on counters. Label values that are known in advance
+(DLQ reasons, fallback features, stages) are created at zero, so rates and alerts have a series
+before the first event of each kind.
+
+=================================================  =========  ====================================
+metric                                             type       labels / meaning
+=================================================  =========  ====================================
+``streamrank_consumed_messages_total``             counter    messages consumed (valid or not)
+``streamrank_produced_recommendations_total``      counter    recommendations produced
+``streamrank_dead_letter_messages_total``          counter    ``reason``: messages sent to the DLQ
+``streamrank_batch_rows``                          histogram  rows (event x candidate) per batch
+``streamrank_stage_duration_seconds``              histogram  ``stage``: decode, enrich,
+                                                              features, forward, produce
+``streamrank_end_to_end_latency_seconds``          histogram  event_time -> produced
+``streamrank_feature_cache_requests_total``        counter    ``kind`` (user/item), ``result``
+                                                              (hit/miss)
+``streamrank_feature_cache_hit_ratio``             gauge      hits / requests since start
+``streamrank_feature_fallback_events_total``       counter    ``feature``: events served defaults
+``streamrank_embedding_bytes``                     gauge      embedding bytes held by this rank
+``streamrank_consumer_lag_messages``               gauge      ``topic``, ``partition``
+``streamrank_rank_step_duration_seconds``          histogram  ``rank``: one scoring step
+``streamrank_collective_duration_seconds``         histogram  ``rank``, ``op``: a collective call
+``streamrank_rank_up``                             gauge      ``rank``: 1 while the rank serves
+``streamrank_world_size``                          gauge      ranks in this job
+``streamrank_gpu_memory_bytes``                    gauge      ``rank``, ``kind`` (allocated,
+                                                              reserved, total); GPU ranks only
+``streamrank_gpu_utilization_ratio``               gauge      ``rank``; GPU ranks with NVML only
+=================================================  =========  ====================================
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pipeline.stages.decode import RejectReason
 
 log = logging.getLogger(__name__)
 
 STAGES = ("decode", "enrich", "features", "forward", "produce")
+FALLBACK_FEATURES = ("user_features", "item_features")
+"""Values of :class:`pipeline.stages.enrich.FallbackFeature` (which imports this module)."""
+STEP_AGREE = "step_agree"
+"""``op`` label of :class:`~pipeline.stepping.CollectiveStepper`'s per-iteration all_reduce."""
+
 _LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
     0.001,
     0.0025,
     0.005,
@@ -53,40 +78,87 @@ _LATENCY_BUCKETS = (
 _ROW_BUCKETS = tuple(float(2**k) for k in range(0, 17))
 
 
+class GpuCollector(Collector):
+    """Reads the memory and utilisation of this rank's GPU from ``torch.cuda`` at scrape time.
+
+    Yields nothing unless this process has initialised CUDA (CPU runs export no GPU series).
+    The device is ``cuda:{LOCAL_RANK}``, the one :mod:`pipeline.distributed` binds each rank to.
+
+    Args:
+        rank: the ``rank`` label.
+    """
+
+    def __init__(self, rank: str) -> None:
+        self._rank = rank
+
+    def collect(self) -> Iterable[Metric]:
+        import torch
+
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return []
+        device = int(os.environ.get("LOCAL_RANK", "0"))
+        memory = GaugeMetricFamily(
+            "streamrank_gpu_memory_bytes",
+            "GPU memory of this rank's device: allocated by tensors, reserved by the caching "
+            "allocator, total on the device.",
+            labels=["rank", "kind"],
+        )
+        memory.add_metric([self._rank, "allocated"], torch.cuda.memory_allocated(device))
+        memory.add_metric([self._rank, "reserved"], torch.cuda.memory_reserved(device))
+        total = torch.cuda.get_device_properties(device).total_memory
+        memory.add_metric([self._rank, "total"], total)
+        out: list[Metric] = [memory]
+        try:
+            busy = torch.cuda.utilization(device)  # needs NVML (pynvml / nvidia-ml-py)
+        except Exception:  # no NVML: memory only
+            return out
+        util = GaugeMetricFamily(
+            "streamrank_gpu_utilization_ratio",
+            "Fraction of the last sample period the GPU was busy (NVML).",
+            labels=["rank"],
+        )
+        util.add_metric([self._rank], busy / 100.0)
+        out.append(util)
+        return out
+
+
 class Metrics:
     """All metrics, in a registry of their own (so tests and ranks do not collide).
+
+    The rank and world size come from torchrun's ``RANK``/``WORLD_SIZE`` (0 and 1 alone).
 
     Example::
 
         metrics = Metrics()
         with metrics.stage("enrich"):
             ...
+        with metrics.step():
+            ...  # one scoring step of this rank
         metrics.serve("127.0.0.1", 9464)
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.rank = os.environ.get("RANK", "0")
         r = self.registry
-        self.events_in = Counter("streamrank_events_in", "Messages consumed.", registry=r)
-        self.events_out = Counter("streamrank_events_out", "Recommendations produced.", registry=r)
+        self.events_in = Counter(
+            "streamrank_consumed_messages", "Messages consumed (valid or not).", registry=r
+        )
+        self.events_out = Counter(
+            "streamrank_produced_recommendations", "Recommendations produced.", registry=r
+        )
         self.dead_lettered = Counter(
-            "streamrank_dead_letter", "Messages sent to the DLQ.", ["reason"], registry=r
+            "streamrank_dead_letter_messages", "Messages sent to the DLQ.", ["reason"], registry=r
         )
         self.batch_rows = Histogram(
             "streamrank_batch_rows", "Rows per scored batch.", buckets=_ROW_BUCKETS, registry=r
         )
-        self.stage_seconds = Histogram(
-            "streamrank_stage_seconds",
-            "Time per batch in each stage.",
-            ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.stage_seconds = self._seconds(
+            "streamrank_stage_duration_seconds", "Time per batch in each stage.", "stage"
         )
-        self.end_to_end_seconds = Histogram(
-            "streamrank_end_to_end_seconds",
+        self.end_to_end_seconds = self._seconds(
+            "streamrank_end_to_end_latency_seconds",
             "From event_time to the recommendation produced.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         self.cache_requests = Counter(
             "streamrank_feature_cache_requests",
@@ -98,8 +170,8 @@ class Metrics:
             "streamrank_feature_cache_hit_ratio", "Feature-cache hits / lookups.", registry=r
         )
         self.fallbacks = Counter(
-            "streamrank_feature_fallback",
-            "Events scored with default features.",
+            "streamrank_feature_fallback_events",
+            "Events scored with default features (Redis down or key missing).",
             ["feature"],
             registry=r,
         )
@@ -109,24 +181,78 @@ class Metrics:
             registry=r,
         )
         self.consumer_lag = Gauge(
-            "streamrank_consumer_lag",
-            "Messages behind the partition end.",
+            "streamrank_consumer_lag_messages",
+            "Messages behind the partition end (librdkafka statistics).",
             ["topic", "partition"],
             registry=r,
         )
+        self.step_seconds = self._seconds(
+            "streamrank_rank_step_duration_seconds",
+            "One scoring step of this rank: from the step decision to the next agreement.",
+            "rank",
+        )
+        self.collective_seconds = self._seconds(
+            "streamrank_collective_duration_seconds",
+            "Wall time of one collective call of this rank (waiting for the others included).",
+            "rank",
+            "op",
+        )
+        self.rank_up = Gauge(
+            "streamrank_rank_up",
+            "1 while this rank serves, 0 once it stopped.",
+            ["rank"],
+            registry=r,
+        )
+        self.world_size = Gauge("streamrank_world_size", "Ranks in this job.", registry=r)
+        self.world_size.set(int(os.environ.get("WORLD_SIZE", "1")))
+        r.register(GpuCollector(self.rank))
+        for reason in RejectReason:
+            self.dead_lettered.labels(reason=reason.value)
+        for feature in FALLBACK_FEATURES:
+            self.fallbacks.labels(feature=feature)
+        for name in STAGES:
+            self.stage_seconds.labels(stage=name)
         self._hits = 0
         self._lookups = 0
 
+    def _seconds(self, name: str, documentation: str, *labels: str) -> Histogram:
+        """A latency histogram (``_LATENCY_BUCKETS``) in this registry."""
+        return Histogram(
+            name, documentation, labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Time a block as one observation of ``streamrank_stage_seconds{stage=name}``."""
+        """Time a block as one observation of ``streamrank_stage_duration_seconds{stage=name}``."""
         start = time.perf_counter()
         try:
             yield
         finally:
             self.stage_seconds.labels(stage=name).observe(time.perf_counter() - start)
 
+    def record_step(self, seconds: float) -> None:
+        """One scoring step of this rank took ``seconds``."""
+        self.step_seconds.labels(rank=self.rank).observe(seconds)
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Time a block as one scoring step of this rank (see :meth:`record_step`)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record_step(time.perf_counter() - start)
+
+    def record_collective(self, op: str, seconds: float) -> None:
+        """One collective call ``op`` (e.g. :data:`STEP_AGREE`) took ``seconds`` on this rank."""
+        self.collective_seconds.labels(rank=self.rank, op=op).observe(seconds)
+
+    def set_up(self, up: bool) -> None:
+        """Mark this rank as serving (``serve`` does) or stopped (call at shutdown)."""
+        self.rank_up.labels(rank=self.rank).set(1 if up else 0)
+
     def record_cache(self, kind: str, hits: int, misses: int) -> None:
+        """Count ``hits`` and ``misses`` of the ``kind`` (user/item) feature cache."""
         self.cache_requests.labels(kind=kind, result="hit").inc(hits)
         self.cache_requests.labels(kind=kind, result="miss").inc(misses)
         self._hits += hits
@@ -146,7 +272,17 @@ class Metrics:
                 if partition != "-1" and lag >= 0:
                     self.consumer_lag.labels(topic=topic, partition=partition).set(lag)
 
-    def serve(self, host: str, port: int) -> None:
-        """Start the HTTP endpoint (a daemon thread). Port 0 picks a free port."""
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint (a daemon thread) and mark the rank up.
+
+        Args:
+            host: address to bind.
+            port: TCP port; 0 picks a free one.
+
+        Returns:
+            The port it listens on.
+        """
         server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self.set_up(True)
         log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+        return int(server.server_port)

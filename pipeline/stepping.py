@@ -10,11 +10,14 @@ A rank with no input still joins, so nobody waits forever; the batch deadline
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
+from pipeline.metrics import STEP_AGREE, Metrics
 
 
 @dataclass(frozen=True)
@@ -62,19 +65,36 @@ class CollectiveStepper:
             ``None``. With NCCL for the model, pass a separate gloo group so control traffic
             never syncs the GPU.
         poll_timeout_s: short, so ranks meet often under light load.
+        metrics: when given, records the ``all_reduce``'s latency
+            (:meth:`~pipeline.metrics.Metrics.record_collective`) and, as this rank's step time
+            (:meth:`~pipeline.metrics.Metrics.record_step`), the time from a ``run`` decision
+            to the next agreement, i.e. the rank's work for that step.
     """
 
     def __init__(
-        self, group: dist.ProcessGroup | None = None, poll_timeout_s: float = 0.01
+        self,
+        group: dist.ProcessGroup | None = None,
+        poll_timeout_s: float = 0.01,
+        metrics: Metrics | None = None,
     ) -> None:
         self._group = group
         self.poll_timeout_s = poll_timeout_s
+        self._metrics = metrics
+        self._step_started: float | None = None
 
     def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+        start = time.perf_counter()
+        if self._metrics is not None and self._step_started is not None:
+            self._metrics.record_step(start - self._step_started)
         state = torch.tensor(
             [int(ready), rows, int(stop_requested), int(not idle)], dtype=torch.int64
         )
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
         any_ready, max_rows, any_stop, any_busy = (int(v) for v in state.tolist())
         stop = bool(any_stop) or not any_busy
-        return StepDecision(run=bool(any_ready) and max_rows > 0, rows=max_rows, stop=stop)
+        decision = StepDecision(run=bool(any_ready) and max_rows > 0, rows=max_rows, stop=stop)
+        if self._metrics is not None:
+            end = time.perf_counter()
+            self._metrics.record_collective(STEP_AGREE, end - start)
+            self._step_started = end if decision.run else None
+        return decision

@@ -45,7 +45,6 @@ REDIS_START_TIMEOUT=15
 KAFKA_HEAP_OPTS="${STREAMRANK_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
 JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 LOG4J_CONFIG="$SCRIPT_DIR/kafka/log4j2.properties"
-CACHE_ROOT="${STREAMRANK_CACHE_DIR:-$HOME/.cache/streamrank}"
 
 log() { echo "stack_up: $*"; }
 die() { echo "stack_up: ERROR: $*" >&2; exit 1; }
@@ -162,32 +161,9 @@ LIBS_DIR="$("$SCRIPT_DIR/kafka_fetch.sh")"
 KAFKA_CP="$LIBS_DIR/*"
 KAFKA_VERSION="$(basename "$(dirname "$LIBS_DIR")")"
 
-# Redis from Debian. Serialised with a lock so parallel stack_ups do not race
-# on dpkg. A temporary /usr/sbin/policy-rc.d (only when none exists) keeps the
-# package from starting a system-wide redis on :6379 that we do not need.
-if ! command -v redis-server >/dev/null 2>&1; then
-    mkdir -p "$CACHE_ROOT"
-    (
-        flock 7
-        command -v redis-server >/dev/null 2>&1 && exit 0
-        SUDO=()
-        if [[ "$(id -u)" -ne 0 ]]; then
-            command -v sudo >/dev/null 2>&1 || die "redis-server missing and not root: install it (apt-get install redis-server)"
-            SUDO=(sudo)
-        fi
-        command -v apt-get >/dev/null 2>&1 || die "redis-server missing and no apt-get to install it"
-        log "installing redis-server with apt-get ..."
-        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-            printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null
-            "${SUDO[@]}" chmod +x /usr/sbin/policy-rc.d
-            trap '"${SUDO[@]}" rm -f /usr/sbin/policy-rc.d' EXIT
-        fi
-        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-    ) 7>"$CACHE_ROOT/.apt.lock"
-    command -v redis-server >/dev/null 2>&1 || die "redis-server still missing after apt-get install"
-fi
+# Redis from Debian (scripts/apt_install.sh: serialised, without starting a system-wide
+# redis on :6379 that we do not need).
+"$SCRIPT_DIR/apt_install.sh" redis-server=redis-server || die "could not install redis-server"
 
 # ------------------------------------------------------------- fresh start --
 

@@ -1,0 +1,152 @@
+"""docker/ parses with the real tools (docker-compose, promtool), and its PromQL names the
+pipeline's real metrics. No Docker engine needed; scripts/install_tools.sh brings the tools."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.metrics import Metrics
+from tests.docker.promql import (
+    ALERTS,
+    DOCKER_DIR,
+    REPO_ROOT,
+    SCRAPE_CONFIG,
+    alert_queries,
+    checked_parts,
+    dashboard_queries,
+    metric_names,
+)
+
+COMPOSE = DOCKER_DIR / "compose.yaml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tools() -> None:
+    subprocess.run([str(REPO_ROOT / "scripts" / "install_tools.sh")], check=True, timeout=900)
+
+
+def _compose(*args: str) -> str:
+    """``docker-compose -f docker/compose.yaml ARGS`` from the repository root, as a user runs
+    it (no STREAMRANK_*/compose variables of this shell leaking in)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMRANK", "COMPOSE"))}
+    done = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _env_file() -> dict[str, str]:
+    lines = (DOCKER_DIR / ".env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.fixture(scope="module")
+def compose_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(_compose("config"))
+    return config
+
+
+def test_compose_config_resolves_every_service(compose_config: dict[str, Any]) -> None:
+    services = compose_config["services"]
+    default = {name for name, service in services.items() if not service.get("profiles")}
+    assert default == {"kafka", "redis", "init", "scorer", "producer", "prometheus", "grafana"}
+    assert services["scorer-gpu"]["profiles"] == ["gpu"]
+
+
+def test_streamrank_services_share_one_set_of_settings_from_the_env_file(
+    compose_config: dict[str, Any],
+) -> None:
+    env = _env_file()
+    services = compose_config["services"]
+    shared = services["scorer"]["environment"]
+    for name in ("init", "producer"):
+        assert services[name]["environment"] == shared
+    assert shared["STREAMRANK_KAFKA__BOOTSTRAP_SERVERS"] == f"kafka:{env['KAFKA_PORT']}"
+    assert shared["STREAMRANK_REDIS__URL"] == f"redis://redis:{env['REDIS_PORT']}/0"
+    assert shared["STREAMRANK_TOPICS__INPUT"] == env["TOPIC_INPUT"]
+    assert shared["STREAMRANK_TOPICS__PARTITIONS"] == env["TOPIC_PARTITIONS"]
+    assert shared["STREAMRANK_METRICS__PORT"] == "9464"  # what prometheus.yml scrapes
+    assert "9464" in SCRAPE_CONFIG.read_text()
+    kafka = services["kafka"]["environment"]
+    assert kafka["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://kafka:{env['KAFKA_PORT']}"
+
+
+def test_scorer_scales_in_one_group(compose_config: dict[str, Any]) -> None:
+    scorer = compose_config["services"]["scorer"]
+    assert "container_name" not in scorer and "ports" not in scorer
+    assert scorer["environment"]["STREAMRANK_KAFKA__GROUP_ID"] == _env_file()["CONSUMER_GROUP"]
+    assert scorer["command"] == ["run", "--nproc", _env_file()["STREAMRANK_NPROC"]]
+    assert scorer["depends_on"]["init"]["condition"] == "service_completed_successfully"
+
+
+def test_gpu_profile_reserves_nvidia_devices_and_builds_cuda() -> None:
+    config = yaml.safe_load(_compose("--profile", "gpu", "config"))
+    gpu = config["services"]["scorer-gpu"]
+    assert gpu["build"]["args"]["ACCEL"] == "cuda"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+
+
+def test_promtool_checks_config_and_rules() -> None:
+    for args in (["check", "config", str(SCRAPE_CONFIG)], ["check", "rules", str(ALERTS)]):
+        done = subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_alerts_fire_on_synthetic_series() -> None:
+    test_file = Path(__file__).with_name("alerts_test.yml")
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _exported_names() -> set[str]:
+    names = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name + ("_total" if family.type == "counter" else ""))
+    return names | {"streamrank_gpu_memory_bytes", "streamrank_gpu_utilization_ratio"}
+
+
+def test_every_query_names_metrics_the_pipeline_exports() -> None:
+    exported = _exported_names()
+    queries = dashboard_queries() + alert_queries()
+    assert len(queries) > 15
+    used = set()
+    for query in queries:
+        names = metric_names(query.expr)
+        assert names <= exported, f"{query.source}: unknown {names - exported}"
+        used |= names
+    # Every metric is on the dashboard or in an alert (the hit ratio gauge is the rate panel's).
+    assert exported - used <= {"streamrank_feature_cache_hit_ratio"}
+
+
+def test_gpu_only_panels_query_only_gpu_metrics() -> None:
+    gpu = [q for q in dashboard_queries() if q.gpu_only]
+    assert gpu, "the dashboard has GPU panels"
+    for query in gpu:
+        assert all(n.startswith("streamrank_gpu_") for n in metric_names(query.expr)), query
+
+
+def test_alert_check_rule_splits_threshold_comparisons_and_absent() -> None:
+    assert checked_parts("sum(rate(a_total[5m])) / sum(rate(b_total[5m])) > 0.01") == [
+        "sum(rate(a_total[5m])) / sum(rate(b_total[5m]))"
+    ]
+    assert checked_parts('max by (h) (w) > count by (h) (up{job="x"} == 1)') == [
+        "max by (h) (w)",
+        'count by (h) (up{job="x"} == 1)',
+    ]
+    assert checked_parts('absent(up{job="x"} == 1)') == ['up{job="x"}']
+    assert checked_parts('rate(x{le!="1"}[1m]) >= bool 2') == ['rate(x{le!="1"}[1m])']
