@@ -98,7 +98,7 @@ class ScoringPipeline:
             settings.redis, spec.user_dense_dim, spec.item_dense_dim, self.metrics
         )
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
-        self.stepper: Stepper = stepper or LocalStepper()
+        self.stepper: Stepper = stepper or LocalStepper(self.metrics)
         self._collective = not isinstance(self.stepper, LocalStepper)
         overlap = batching.overlap_forward
         self._overlap = scorer.device.type == "cuda" if overlap is None else overlap
@@ -145,6 +145,7 @@ class ScoringPipeline:
         finally:
             self.summary.seconds = time.monotonic() - started
             self.summary.first_input_at = st.source.first_input_at
+            self.metrics.set_up(False)
             st.source.close()
             st.executor.shutdown()
         return self.summary

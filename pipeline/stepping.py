@@ -44,13 +44,49 @@ class Stepper(Protocol):
         ...
 
 
+class StepClock:
+    """This rank's step time: from a ``run`` decision to the next decision (the step's work).
+
+    Args:
+        metrics: where to record it (:meth:`~pipeline.metrics.Metrics.record_step`); ``None``
+            records nothing.
+    """
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self._metrics = metrics
+        self._started: float | None = None
+
+    def deciding(self) -> float:
+        """Call before deciding: closes the step in progress. Returns the time now."""
+        now = time.perf_counter()
+        if self._metrics is not None and self._started is not None:
+            self._metrics.record_step(now - self._started)
+        return now
+
+    def decided(self, decision: StepDecision) -> float:
+        """Call after deciding: a ``run`` opens a step. Returns the time now."""
+        now = time.perf_counter()
+        self._started = now if decision.run else None
+        return now
+
+
 class LocalStepper:
-    """Single process: score when ready; stop when asked or idle."""
+    """Single process: score when ready; stop when asked or idle.
+
+    Args:
+        metrics: when given, records this process's step time (:class:`StepClock`).
+    """
 
     poll_timeout_s = 0.1
 
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._clock = StepClock(metrics)
+
     def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
-        return StepDecision(run=ready, rows=rows, stop=stop_requested or idle)
+        self._clock.deciding()
+        decision = StepDecision(run=ready, rows=rows, stop=stop_requested or idle)
+        self._clock.decided(decision)
+        return decision
 
 
 class CollectiveStepper:
@@ -80,12 +116,10 @@ class CollectiveStepper:
         self._group = group
         self.poll_timeout_s = poll_timeout_s
         self._metrics = metrics
-        self._step_started: float | None = None
+        self._clock = StepClock(metrics)
 
     def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
-        start = time.perf_counter()
-        if self._metrics is not None and self._step_started is not None:
-            self._metrics.record_step(start - self._step_started)
+        start = self._clock.deciding()
         state = torch.tensor(
             [int(ready), rows, int(stop_requested), int(not idle)], dtype=torch.int64
         )
@@ -93,8 +127,7 @@ class CollectiveStepper:
         any_ready, max_rows, any_stop, any_busy = (int(v) for v in state.tolist())
         stop = bool(any_stop) or not any_busy
         decision = StepDecision(run=bool(any_ready) and max_rows > 0, rows=max_rows, stop=stop)
+        end = self._clock.decided(decision)
         if self._metrics is not None:
-            end = time.perf_counter()
             self._metrics.record_collective(STEP_AGREE, end - start)
-            self._step_started = end if decision.run else None
         return decision

@@ -1,8 +1,9 @@
 """``streamrank`` command line: run the pipeline, and the tools around it.
 
 The commands live by area in :mod:`~pipeline.cli.run`, :mod:`~pipeline.cli.data`,
-:mod:`~pipeline.cli.model` and :mod:`~pipeline.cli.bench`; this module holds the app, the
-global options and the one place where user errors become one line on stderr and exit code 2.
+:mod:`~pipeline.cli.model`, :mod:`~pipeline.cli.report` and :mod:`~pipeline.cli.bench`; this
+module holds the app, the global options and the one place where user errors become one line on
+stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.logging import RichHandler
 
-from pipeline.cli import bench, data, model, run
+from pipeline.cli import bench, data, model, report, run
 from pipeline.cli.common import CliState, err
 from pipeline.cli.errors import as_user_error, one_line
 
@@ -105,4 +106,5 @@ app.command()(data.consume)
 app.command("seed-features")(data.seed_features)
 app.command("init-model")(model.init_model)
 app.command()(model.plan)
+app.command()(report.report)
 app.add_typer(bench.bench_app, name="bench")

@@ -16,6 +16,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -31,7 +32,6 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pipeline.config import Settings
-from pipeline.tools.report import write_report
 from tests.docker.promql import (
     ALERTS,
     REPO_ROOT,
@@ -222,9 +222,29 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_live_pipeline(
     if not torch.cuda.is_available():  # CPU ranks export no GPU series
         assert gpu_panels and all(not _series(url, q.expr) for q in gpu_panels)
 
-    # The report tool draws the run from what Prometheus stored.
-    paths = write_report(tmp_path / "report", url, start=started_at, end=time.time(), step_s=1)
-    assert [p.name for p in paths] == ["throughput.png", "latency.png", "dlq.png", "batch_rows.png"]
+    # `streamrank report` draws the run from what Prometheus stored.
+    since = f"{int(time.time() - started_at) + 5}s"
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "report",
+            "--out",
+            str(tmp_path / "report"),
+            "--prometheus",
+            url,
+            "--since",
+            since,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    names = ["throughput.png", "latency.png", "dlq.png", "batch_rows.png"]
+    paths = [tmp_path / "report" / name for name in names]
     for path in paths:
         assert path.read_bytes().startswith(PNG_MAGIC), path
         assert _colored_pixels(path) > 200, f"{path}: no plotted line (a 'no data' plot?)"

@@ -72,6 +72,10 @@ def test_every_event_scored_once_rejects_dead_lettered_and_all_offsets_committed
     assert summary.batches == enricher.calls > 1  # several batches, one enrichment each
     assert consumer.committed == {(IN, 0): 40}
     assert consumer.closed
+    steps = pipeline.metrics.registry.get_sample_value(
+        "streamrank_rank_step_duration_seconds_count", {"rank": "0"}
+    )
+    assert steps is not None and steps >= summary.batches - 1
 
 
 def test_an_event_that_does_not_fit_opens_the_next_batch() -> None:

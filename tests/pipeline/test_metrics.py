@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.stages.decode import RejectReason
 from pipeline.stages.enrich import FallbackFeature
-from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.stepping import CollectiveStepper
 
 EXPORTED = {

@@ -105,3 +105,14 @@ def test_unreachable_redis_hides_the_password(run_cli: CliRunner) -> None:
 
 def test_missing_input_file(run_cli: CliRunner) -> None:
     _assert_one_line_user_error(run_cli("seed-features", "--users", "u.csv"), "--users", "u.csv")
+
+
+def test_report_with_unreachable_prometheus(run_cli: CliRunner, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_loopback_port()}"
+    result = run_cli("report", "--out", str(tmp_path / "r"), "--prometheus", url)
+    _assert_one_line_user_error(result, "cannot reach Prometheus", url)
+
+
+def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli("report", "--out", str(tmp_path / "r"), "--since", "soon")
+    _assert_one_line_user_error(result, "--since", "soon")
