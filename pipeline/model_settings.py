@@ -1,0 +1,117 @@
+"""The ``[model]`` section of the configuration: the model to serve, its placement and the
+feature spec of new models.
+
+The spec keys (``model.spec.SPEC_SETTING_KEYS``) take their defaults from ``FeatureSpec()``,
+and :meth:`ModelSettings.feature_spec` builds the spec from them (``FeatureSpec.from_settings``):
+the spec is defined once, in :mod:`model.spec`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from model.distributed.config import (
+    Balance,
+    ComputeKernel,
+    ShardingConfig,
+    ShardingKind,
+    TableShardingConfig,
+)
+from model.quant_dtype import QuantDtype
+from model.spec import SPEC_SETTING_KEYS, FeatureSpec
+
+
+class TableShardingSettings(BaseModel):
+    """``[model.sharding.tables.<feature or table name>]``: the sharding of one table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sharding_type: ShardingKind = ShardingKind.TABLE_WISE
+    compute_kernel: ComputeKernel | None = None
+    """``None``: ``dense`` for data-parallel, else ``fused``."""
+    ranks: list[int] | None = None
+    """Explicit ranks (table-wise: one; column-wise: one per column shard)."""
+
+    def to_config(self) -> TableShardingConfig:
+        """The :class:`model.distributed.config.TableShardingConfig` of this table."""
+        ranks = tuple(self.ranks) if self.ranks is not None else None
+        return TableShardingConfig(self.sharding_type, self.compute_kernel, ranks)
+
+
+class ShardingSettings(BaseModel):
+    """``[model.sharding]``: multi-rank table placement (see ``model.distributed``).
+
+    Example::
+
+        [model.sharding]
+        default = "table_wise"
+        balance = "bytes"
+        [model.sharding.tables.recent_items]
+        sharding_type = "column_wise"
+        ranks = [0, 1]
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    default: ShardingKind = ShardingKind.TABLE_WISE
+    """Sharding of tables without an entry in ``tables`` (automatic kernel)."""
+    balance: Balance = Balance.BYTES
+    """Who places table-wise tables without explicit ranks."""
+    tables: dict[str, TableShardingSettings] = Field(default_factory=dict)
+    """Per-table overrides keyed by feature name (``item_id``) or table name (``t_item_id``)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> ShardingSettings:
+        self.to_config()  # raises ValueError on combinations the config rejects
+        return self
+
+    def to_config(self) -> ShardingConfig:
+        """The :class:`model.distributed.config.ShardingConfig` these settings describe."""
+        return ShardingConfig(
+            default=TableShardingConfig(self.default),
+            per_table={name: table.to_config() for name, table in self.tables.items()},
+            balance=self.balance,
+        )
+
+
+_SPEC_DEFAULTS = FeatureSpec()
+
+
+class ModelSettings(BaseModel):
+    """The model: its feature spec (used by ``init-model``), checkpoint and placement.
+
+    The served model's spec is the one stored in its checkpoint; the spec fields here
+    (``model.spec.SPEC_SETTING_KEYS``, defaults from ``FeatureSpec()``) only shape new models
+    (``init-model``, ``bench model`` without a checkpoint).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: Path = Path("artifacts/model")
+    device: str = "auto"
+    """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+    quantize: QuantDtype = QuantDtype.FP32
+    """Embedding-table storage for serving in one process: ``fp32``, ``fp16`` or ``int8``
+    (TorchRec quantized EmbeddingBagCollection)."""
+    compile: bool = False
+    """``torch.compile`` the served model (first batches are slow while it compiles)."""
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+    """Multi-rank table placement (``[model.sharding]``)."""
+    embedding_dim: int = _SPEC_DEFAULTS.embedding_dim
+    num_embeddings: dict[str, int] = Field(
+        default_factory=lambda: {t.feature.value: t.num_embeddings for t in _SPEC_DEFAULTS.tables}
+    )
+    """Rows per table, by sparse feature name (missing names keep their defaults)."""
+    user_dense_dim: int = _SPEC_DEFAULTS.user_dense_dim
+    item_dense_dim: int = _SPEC_DEFAULTS.item_dense_dim
+    recent_items_cap: int = _SPEC_DEFAULTS.recent_items_cap
+    dense_arch: list[int] = Field(default_factory=lambda: list(_SPEC_DEFAULTS.dense_arch))
+    over_arch: list[int] = Field(default_factory=lambda: list(_SPEC_DEFAULTS.over_arch))
+
+    def feature_spec(self) -> FeatureSpec:
+        """The :class:`model.spec.FeatureSpec` these settings describe."""
+        return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
