@@ -16,17 +16,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from model.model_input import ModelInput, sparse_features
 from model.segments import offsets, segment_ids, take_segments
 from model.spec import FeatureSpec, SparseFeature
 
-__all__ = [
-    "FeatureColumns",
-    "ModelInput",
-    "build_model_input",
-    "pad_model_input",
-]
+__all__ = ["FeatureColumns", "build_model_input"]
 
 Int64Array = npt.NDArray[np.int64]
 Float32Array = npt.NDArray[np.float32]
@@ -211,46 +206,6 @@ class FeatureColumns:
         return cls(**merged)
 
 
-@dataclass
-class ModelInput:
-    """The ranker's input for ``R`` rows.
-
-    Args:
-        dense: float32[R, spec.dense_dim], the user's dense vector then the item's.
-        sparse: KJT with keys ``spec.feature_names`` in order and stride ``R``; values are hashed
-            table rows (int64), lengths are int64.
-
-    Example::
-
-        inp = build_model_input(cols, spec).to("cuda")
-        logits = ranker(inp.dense, inp.sparse)
-    """
-
-    dense: torch.Tensor
-    sparse: KeyedJaggedTensor
-
-    @property
-    def num_rows(self) -> int:
-        """``R``, the number of rows."""
-        return int(self.dense.shape[0])
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> ModelInput:
-        """Copy both tensors to ``device``.
-
-        Args:
-            device: target device.
-            non_blocking: passed to ``Tensor.to``/``KeyedJaggedTensor.to``.
-
-        Returns:
-            A new :class:`ModelInput` on ``device``.
-        """
-        dev = torch.device(device)
-        return ModelInput(
-            dense=self.dense.to(dev, non_blocking=non_blocking),
-            sparse=self.sparse.to(dev, non_blocking=non_blocking),
-        )
-
-
 def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     """Hash and lay out a batch's features for the ranker, fully vectorised.
 
@@ -299,57 +254,18 @@ def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     )
     lengths = np.ones(5 * num_rows + num_rows, dtype=np.int64)
     lengths[5 * num_rows :] = row_recent_len
-    sparse = KeyedJaggedTensor(
-        keys=spec.feature_names,
-        values=torch.from_numpy(values),
-        lengths=torch.from_numpy(lengths),
-        stride=num_rows,
+    recent_total = int(row_recent_len.sum())
+    sparse = sparse_features(
+        spec.feature_names,
+        torch.from_numpy(values),
+        torch.from_numpy(lengths),
+        num_rows,
+        length_per_key=[num_rows] * 5 + [recent_total],
     )
     dense_np = np.empty((num_rows, spec.dense_dim), dtype=np.float32)
     dense_np[:, : spec.user_dense_dim] = cols.user_dense[row_event]
     dense_np[:, spec.user_dense_dim :] = cols.item_dense
     return ModelInput(dense=torch.from_numpy(dense_np), sparse=sparse)
-
-
-def pad_model_input(inp: ModelInput, num_rows: int) -> ModelInput:
-    """Append padding rows so the batch has exactly ``num_rows`` rows.
-
-    Padding rows have an all-zero dense vector and an empty (length-0) bag for every key, so
-    they look up no table row (SUM pooling yields zero embeddings) and add no KJT values.
-    Their scores are meaningless: drop the last ``num_rows - inp.num_rows`` outputs.
-
-    Args:
-        inp: the batch (any device).
-        num_rows: target row count, ``>= inp.num_rows``.
-
-    Returns:
-        ``inp`` itself if it already has ``num_rows`` rows, else a padded copy.
-
-    Raises:
-        ValueError: if ``num_rows < inp.num_rows``.
-
-    Example::
-
-        padded = pad_model_input(inp, 1024)
-        scores = ranker.score(padded)[: inp.num_rows]
-    """
-    have = inp.num_rows
-    if num_rows < have:
-        raise ValueError(f"cannot pad a batch of {have} rows down to {num_rows}")
-    if num_rows == have:
-        return inp
-    pad = num_rows - have
-    dense = torch.cat([inp.dense, inp.dense.new_zeros((pad, inp.dense.shape[1]))], dim=0)
-    keys = inp.sparse.keys()
-    lengths = inp.sparse.lengths().view(len(keys), have)
-    lengths = torch.cat([lengths, lengths.new_zeros((len(keys), pad))], dim=1).reshape(-1)
-    sparse = KeyedJaggedTensor(
-        keys=keys,
-        values=inp.sparse.values(),
-        lengths=lengths,
-        stride=num_rows,
-    )
-    return ModelInput(dense=dense, sparse=sparse)
 
 
 def _describe(arr: object) -> str:

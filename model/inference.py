@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.features import ModelInput, pad_model_input
+from model.model_input import ModelInput, pad_model_input
 
 __all__ = ["score_probabilities"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torchrec.inference.modules import DEFAULT_QUANT_MAPPING, quantize_inference_model
 
-from model.features import ModelInput
 from model.memory import embedding_bytes
+from model.model_input import ModelInput
 from model.quant_dtype import QuantDtype
 from model.ranker import Ranker
 

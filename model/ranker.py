@@ -14,8 +14,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from model.features import ModelInput
 from model.inference import score_probabilities
+from model.model_input import ModelInput
 from model.spec import FeatureSpec
 
 __all__ = ["Ranker", "build_ranker", "embedding_bag_configs"]

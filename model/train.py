@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.features import FeatureColumns, ModelInput, build_model_input
+from model.features import FeatureColumns, build_model_input
 from model.inference import score_probabilities
 from model.metrics import log_loss, roc_auc
+from model.model_input import ModelInput
 from model.ranker import Ranker, build_ranker
 from model.segments import offsets
 from model.spec import FeatureSpec

@@ -19,14 +19,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch import nn
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.checkpoint import load_checkpoint
 from model.compile import maybe_compile
 from model.device import rank_device
-from model.features import FeatureColumns, ModelInput, build_model_input
+from model.features import FeatureColumns, build_model_input
 from model.inference import score_probabilities
 from model.memory import embedding_bytes
+from model.model_input import ModelInput, padding_input
 from model.quantize import QuantDtype, quantize_ranker
 from model.ranker import Ranker
 from model.spec import FeatureSpec
@@ -60,19 +60,6 @@ class ScoredBatch:
     counts: npt.NDArray[np.int64]
     item_ids: npt.NDArray[np.int64]
     scores: npt.NDArray[np.float64]
-
-
-def padding_input(spec: FeatureSpec, rows: int, device: torch.device) -> ModelInput:
-    """A batch of ``rows`` padding rows (zero dense, empty bags): what a rank with no events of
-    its own feeds to a collective forward."""
-    keys = spec.feature_names
-    sparse = KeyedJaggedTensor(
-        keys=keys,
-        values=torch.empty(0, dtype=torch.int64, device=device),
-        lengths=torch.zeros(len(keys) * rows, dtype=torch.int64, device=device),
-        stride=rows,
-    )
-    return ModelInput(dense=torch.zeros((rows, spec.dense_dim), device=device), sparse=sparse)
 
 
 class Scorer:

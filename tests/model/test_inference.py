@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from model.features import FeatureColumns, build_model_input, pad_model_input
+from model.features import FeatureColumns, build_model_input
 from model.inference import score_probabilities
+from model.model_input import pad_model_input
 from model.ranker import build_ranker
 from model.spec import FeatureSpec
 

@@ -11,8 +11,9 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from model.compile import maybe_compile
-from model.features import FeatureColumns, ModelInput, build_model_input, pad_model_input
+from model.features import FeatureColumns, build_model_input
 from model.memory import embedding_bytes
+from model.model_input import ModelInput, pad_model_input
 from model.quantize import (
     QuantDtype,
     compare_quantized,

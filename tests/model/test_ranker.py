@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import PoolingType
 
-from model.features import FeatureColumns, build_model_input, pad_model_input
+from model.features import FeatureColumns, build_model_input
+from model.model_input import pad_model_input
 from model.ranker import Ranker, build_ranker, embedding_bag_configs
 from model.spec import FeatureSpec
 

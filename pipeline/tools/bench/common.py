@@ -13,7 +13,8 @@ import uuid
 import numpy as np
 import torch
 
-from model.features import FeatureColumns, ModelInput
+from model.features import FeatureColumns
+from model.model_input import ModelInput
 from model.ranker import build_ranker
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from model.compile import maybe_compile
-from model.features import ModelInput, build_model_input
+from model.features import build_model_input
+from model.model_input import ModelInput
 from model.quantize import compare_quantized, quantize_ranker
 from model.ranker import Ranker
 from pipeline.config import Settings
