@@ -12,12 +12,21 @@ from typing import TypeVar
 
 from torch import nn
 
-__all__ = ["maybe_compile"]
+from model.options import CompileMode
+
+__all__ = ["CompileMode", "maybe_compile"]
+
 
 M = TypeVar("M", bound=nn.Module)
 
 
-def maybe_compile(module: M, enabled: bool, *, dynamic: bool | None = None) -> M:
+def maybe_compile(
+    module: M,
+    enabled: bool,
+    *,
+    mode: CompileMode | str = CompileMode.DEFAULT,
+    dynamic: bool | None = None,
+) -> M:
     """Compile ``module`` in place with ``torch.compile`` when ``enabled``.
 
     Uses ``nn.Module.compile()``, so the module keeps its type and methods that call
@@ -27,6 +36,7 @@ def maybe_compile(module: M, enabled: bool, *, dynamic: bool | None = None) -> M
     Args:
         module: the model (e.g. a :class:`~model.ranker.Ranker` or a quantized one).
         enabled: compile or return ``module`` untouched.
+        mode: a :class:`CompileMode`.
         dynamic: passed to ``torch.compile`` (``None``: dynamic shapes after the first
             recompile, which suits varying KJT value counts).
 
@@ -39,5 +49,5 @@ def maybe_compile(module: M, enabled: bool, *, dynamic: bool | None = None) -> M
         probs = ranker.score(inp)  # first call compiles
     """
     if enabled:
-        module.compile(dynamic=dynamic)
+        module.compile(mode=CompileMode(mode).value, dynamic=dynamic)
     return module

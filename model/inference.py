@@ -6,12 +6,16 @@ import torch
 from torch import nn
 
 from model.model_input import ModelInput, pad_model_input
+from model.precision import Precision, precision_scope
 
 __all__ = ["score_probabilities"]
 
 
 def score_probabilities(
-    module: nn.Module, inp: ModelInput, pad_to: int | None = None
+    module: nn.Module,
+    inp: ModelInput,
+    pad_to: int | None = None,
+    precision: Precision | str = Precision.FP32,
 ) -> torch.Tensor:
     """Click probabilities of ``inp``'s rows: one forward, ``sigmoid`` of the logits.
 
@@ -29,6 +33,7 @@ def score_probabilities(
         pad_to: pad the batch with empty rows to this many rows before the forward (ranks of a
             sharded model agree on one row count); the padding's scores are dropped. ``None``
             or a value ``<= inp.num_rows`` runs the batch as is.
+        precision: see :mod:`model.precision`; the probabilities are float32 either way.
 
     Returns:
         float32[inp.num_rows] probabilities in ``[0, 1]``.
@@ -41,6 +46,6 @@ def score_probabilities(
     rows = inp.num_rows
     if pad_to is not None and pad_to > rows:
         inp = pad_model_input(inp, pad_to)
-    with torch.no_grad():
+    with torch.no_grad(), precision_scope(precision, inp.dense.device):
         logits: torch.Tensor = module(inp.dense, inp.sparse)
-        return torch.sigmoid(logits.reshape(-1)[:rows])
+    return torch.sigmoid(logits.reshape(-1)[:rows].float())

@@ -20,7 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.spec import FeatureSpec
 
-__all__ = ["ModelInput", "pad_model_input", "padding_input", "sparse_features"]
+__all__ = ["ModelInput", "pad_model_input", "padding_input", "sparse_features", "warm_up_input"]
 
 
 def sparse_features(
@@ -188,3 +188,22 @@ def padding_input(spec: FeatureSpec, rows: int, device: torch.device | str) -> M
         [0] * len(keys),
     )
     return ModelInput(dense=torch.zeros((rows, spec.dense_dim), device=device), sparse=sparse)
+
+
+def warm_up_input(spec: FeatureSpec, rows: int) -> ModelInput:
+    """``rows`` rows shaped like real traffic (one id per single-valued key, ``cap`` recent items
+    each; all ids 0): compiles and autotunes the kernels a real batch of that size will use.
+
+    Args:
+        spec: the model's feature spec.
+        rows: how many rows.
+
+    Returns:
+        The input, on the CPU.
+    """
+    keys = spec.feature_names
+    per_row = [1] * (len(keys) - 1) + [spec.recent_items_cap]
+    lengths = torch.tensor(per_row, dtype=torch.int64).repeat_interleave(rows)
+    total = [rows * n for n in per_row]
+    sparse = sparse_features(keys, torch.zeros(sum(total), dtype=torch.int64), lengths, rows, total)
+    return ModelInput(dense=torch.zeros((rows, spec.dense_dim)), sparse=sparse)

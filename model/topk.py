@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -62,7 +63,8 @@ def top_k_per_event(
             values above ``C_e`` give all ``C_e``).
 
     Returns:
-        A :class:`TopK` of numpy arrays (scores copied to the CPU).
+        A :class:`TopK` of numpy arrays: the selection runs on the scores' device and only
+        the kept scores and positions come back to the host.
 
     Raises:
         ValueError: on inconsistent shapes.
@@ -89,10 +91,8 @@ def top_k_per_event(
     num_events = counts.shape[0]
     take = np.minimum(np.maximum(wanted, 0), counts)
     k_max = int(take.max()) if num_events else 0
-    scores_cpu = scores.detach().to("cpu")
-    if scores_cpu.dtype not in (torch.float32, torch.float64):
-        scores_cpu = scores_cpu.float()
-    np_dtype = torch.empty((), dtype=scores_cpu.dtype).numpy().dtype
+    dtype = scores.dtype if scores.dtype in (torch.float32, torch.float64) else torch.float32
+    np_dtype = torch.empty((), dtype=dtype).numpy().dtype
     if k_max == 0:
         return TopK(
             counts=take,
@@ -100,17 +100,37 @@ def top_k_per_event(
             scores=np.zeros(0, dtype=np_dtype),
         )
 
-    max_count = int(counts.max())
-    event_starts = starts(counts)
+    # On the scores' device: scatter into [E, max C] padded with -inf, stable sort per event,
+    # keep the first k_max columns. Only those come back to the host, in one synchronisation.
+    device = scores.device
+    row_starts = starts(counts)
     row_event = segment_ids(counts)
-    position = positions(counts)
-
-    padded = torch.full((num_events, max_count), float("-inf"), dtype=scores_cpu.dtype)
-    padded[torch.from_numpy(row_event), torch.from_numpy(position)] = scores_cpu
+    where = _upload(np.stack([row_event, positions(counts)]), device)
+    padded = torch.full((num_events, int(counts.max())), float("-inf"), dtype=dtype, device=device)
+    padded[where[0], where[1]] = scores.detach().to(dtype)
     sorted_t, sorted_pos_t = torch.sort(padded, dim=1, descending=True, stable=True)
-    sorted_scores = sorted_t[:, :k_max].numpy()
-    sorted_pos = sorted_pos_t[:, :k_max].numpy()
+    sorted_scores, sorted_pos = _download(sorted_t[:, :k_max], sorted_pos_t[:, :k_max])
 
     keep = np.arange(k_max, dtype=np.int64)[None, :] < take[:, None]
-    row_index = (sorted_pos + event_starts[:, None])[keep]
+    row_index = (sorted_pos + row_starts[:, None])[keep]
     return TopK(counts=take, row_index=row_index.astype(np.int64), scores=sorted_scores[keep])
+
+
+def _upload(array: npt.NDArray[np.int64], device: torch.device) -> torch.Tensor:
+    """A host index array on ``device`` (asynchronously, through pinned memory, on a GPU)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _download(*tensors: torch.Tensor) -> list[npt.NDArray[Any]]:
+    """``tensors`` as numpy arrays; on a GPU, pinned asynchronous copies and ONE synchronisation
+    (the batch's only one: reading its results)."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.cpu().numpy() for t in tensors]
+    hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for host, tensor in zip(hosts, tensors, strict=True):
+        host.copy_(tensor, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return [host.numpy() for host in hosts]

@@ -271,8 +271,8 @@ class ScoringPipeline:
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
             features = build_feature_columns(events, enrichment, self.scorer.spec)
-            inp = self.scorer.model_input(features)
-        st.executor.submit(PreparedBatch(events, enrichment, checkpoint, inp), pad_rows)
+            staged = self.scorer.stage(features)
+        st.executor.submit(PreparedBatch(events, enrichment, checkpoint, staged), pad_rows)
 
     def _publish(self, batch: PreparedBatch, scored: ScoredBatch) -> None:
         """Produce a scored batch's Recommendations, then seal its checkpoint."""

@@ -19,6 +19,7 @@ from model.distributed.config import (
     ShardingKind,
     TableShardingConfig,
 )
+from model.options import CompileMode, Precision
 from model.quant_dtype import QuantDtype
 from model.spec import SPEC_SETTING_KEYS, FeatureSpec
 
@@ -98,7 +99,12 @@ class ModelSettings(BaseModel):
     """Embedding-table storage for serving in one process: ``fp32``, ``fp16`` or ``int8``
     (TorchRec quantized EmbeddingBagCollection)."""
     compile: bool = False
-    """``torch.compile`` the served model (first batches are slow while it compiles)."""
+    """``torch.compile`` the served model. It compiles (warm-up forwards at the batch size)
+    before the consumer joins the group, so no partition waits on a compile."""
+    compile_mode: CompileMode = CompileMode.DEFAULT
+    """``torch.compile`` mode, with ``compile = true``."""
+    precision: Precision = Precision.FP32
+    """Forward precision: ``fp32``, ``tf32`` (TF32 matmuls on GPUs) or ``bf16`` (autocast)."""
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
     """Multi-rank table placement (``[model.sharding]``)."""
     embedding_dim: int = _SPEC_DEFAULTS.embedding_dim

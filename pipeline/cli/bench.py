@@ -119,6 +119,27 @@ def bench_compile_command(
     emit(bench_compile(settings, rows, seconds, rounds), as_json)
 
 
+@bench_app.command("precision")
+def bench_precision_command(
+    ctx: typer.Context,
+    batch_rows: BatchRowsOption = None,
+    seconds: Annotated[float, typer.Option(help="Timing per round and variant.")] = 3.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    compile_too: Annotated[
+        bool, typer.Option("--compile", help="Also each precision compiled (model.compile_mode).")
+    ] = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Forward rows/s of fp32, tf32 and bf16 (and compiled), max score change vs fp32."""
+    from pipeline.tools.bench.serving import bench_precision
+
+    settings = command_settings(ctx, config)
+    apply_threads(settings)
+    rows = batch_rows or settings.batching.max_batch_rows
+    emit(bench_precision(settings, rows, seconds, rounds, compile_too), as_json)
+
+
 @bench_app.command("ranks")
 def bench_ranks_command(
     ctx: typer.Context,

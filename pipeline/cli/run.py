@@ -108,8 +108,7 @@ def _run_single(
     metrics = Metrics()
     if settings.metrics.enabled:
         metrics.serve(settings.metrics.host, settings.metrics.port)
-    model = settings.model
-    scorer = Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
+    scorer = Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
     metrics.embedding_bytes.set(scorer.embedding_bytes())
     pipeline = ScoringPipeline(settings, scorer, metrics)
     pipeline.stop_on_signals()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +26,18 @@ from model.device import rank_device
 from model.features import FeatureColumns, build_model_input
 from model.inference import score_probabilities
 from model.memory import embedding_bytes
-from model.model_input import ModelInput, padding_input
+from model.model_input import ModelInput, padding_input, warm_up_input
+from model.options import CompileMode, Precision
 from model.quantize import QuantDtype, quantize_ranker
 from model.ranker import Ranker
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
 from pipeline.metrics import Metrics
+from pipeline.model_settings import ModelSettings
 from pipeline.stages.batch import EventColumns
 from pipeline.stages.commit import Checkpoint
 from pipeline.stages.enrich import Enrichment
+from pipeline.stages.transfer import DeviceTransfer, StagedInput
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +83,50 @@ class Scorer:
     """
 
     def __init__(
-        self, ranker: nn.Module, spec: FeatureSpec, model_version: str, device: torch.device
+        self,
+        ranker: nn.Module,
+        spec: FeatureSpec,
+        model_version: str,
+        device: torch.device,
+        precision: Precision | str = Precision.FP32,
     ) -> None:
         self.ranker = ranker.to(device).eval() if isinstance(ranker, Ranker) else ranker.eval()
         self.spec = spec
         self.model_version = model_version
         self.device = device
+        self.precision = Precision(precision)
+        self._transfer = DeviceTransfer(device) if device.type == "cuda" else None
+
+    @classmethod
+    def from_settings(cls, model: ModelSettings, batch_rows: int) -> Scorer:
+        """The served model as ``[model]`` configures it (checkpoint, device, quantization,
+        compile, precision).
+
+        A compiled model, or one on a GPU, is warmed up at ``batch_rows`` and half of it before
+        this returns, i.e. before the pipeline joins the consumer group.
+        """
+        warm = model.compile or pick_device(model.device).type == "cuda"
+        return cls.from_checkpoint(
+            model.checkpoint,
+            model.device,
+            model.quantize,
+            model.compile,
+            precision=model.precision,
+            compile_mode=model.compile_mode,
+            warm_up_rows=(batch_rows, max(1, batch_rows // 2)) if warm else (),
+        )
 
     @classmethod
     def from_checkpoint(
-        cls, path: Path, device: str = "auto", quantize: str = "fp32", compile: bool = False
+        cls,
+        path: Path,
+        device: str = "auto",
+        quantize: str = "fp32",
+        compile: bool = False,
+        *,
+        precision: Precision | str = Precision.FP32,
+        compile_mode: CompileMode | str = CompileMode.DEFAULT,
+        warm_up_rows: Sequence[int] = (),
     ) -> Scorer:
         """Load a single-process checkpoint for serving.
 
@@ -98,6 +135,9 @@ class Scorer:
             device: ``auto``, ``cpu`` or ``cuda:N``.
             quantize: embedding storage, ``fp32``/``fp16``/``int8`` (TorchRec quantization).
             compile: ``torch.compile`` the model.
+            precision: forward precision (:mod:`model.precision`).
+            compile_mode: a :class:`~model.options.CompileMode`.
+            warm_up_rows: batch sizes to run once before returning (see :meth:`warm_up`).
         """
         target = pick_device(device)
         ranker, meta = load_checkpoint(path, device=target)
@@ -111,18 +151,50 @@ class Scorer:
                 embedding_bytes(served) / 2**20,
                 fp32_bytes / 2**20,
             )
-        served = maybe_compile(served, compile)
+        served = maybe_compile(served, compile, mode=compile_mode)
         log.info("loaded model %s from %s onto %s", meta.model_version, path, target)
-        return cls(served, meta.spec, meta.model_version, target)
+        scorer = cls(served, meta.spec, meta.model_version, target, precision)
+        scorer.warm_up(warm_up_rows)
+        return scorer
+
+    def warm_up(self, batch_rows: Sequence[int]) -> float:
+        """Run one forward and top-K per size in ``batch_rows`` (compiles, autotunes, and
+        initialises the device's libraries) so that no consumed partition waits on it.
+
+        Args:
+            batch_rows: row counts; two different ones let ``torch.compile`` settle on
+                dynamic shapes.
+
+        Returns:
+            Seconds it took.
+        """
+        start = time.perf_counter()
+        for rows in batch_rows:
+            inp = warm_up_input(self.spec, rows)
+            probs = self.forward(inp.to(self.device))
+            counts = np.ones(rows, dtype=np.int64)
+            top_k_per_event(probs, counts, counts)
+        seconds = time.perf_counter() - start
+        if batch_rows:
+            log.info("warmed up on %s rows in %.1fs", list(batch_rows), seconds)
+        return seconds
 
     def embedding_bytes(self) -> int:
         """Bytes of embedding tables held by this process (quantized or not)."""
         return embedding_bytes(self.ranker)
 
     def model_input(self, features: FeatureColumns) -> ModelInput:
-        """Feature columns -> dense tensor + KJT on the model's device."""
+        """Feature columns -> dense tensor + KJT on the model's device (synchronously)."""
         inp = build_model_input(features, self.spec)
-        return inp if self.device.type == "cpu" else inp.to(self.device, non_blocking=True)
+        return inp if self.device.type == "cpu" else inp.to(self.device)
+
+    def stage(self, features: FeatureColumns) -> StagedInput:
+        """Feature columns -> model input on its way to the model's device: on a GPU the copy
+        runs asynchronously on a copy stream (:mod:`pipeline.stages.transfer`)."""
+        inp = build_model_input(features, self.spec)
+        if self._transfer is None:
+            return StagedInput(inp if self.device.type == "cpu" else inp.to(self.device))
+        return self._transfer.to_device(inp)
 
     def forward(self, inp: ModelInput, pad_to: int | None = None) -> torch.Tensor:
         """Click probabilities [R] (one forward, no autograd).
@@ -134,7 +206,7 @@ class Scorer:
 
         See :func:`model.inference.score_probabilities`.
         """
-        return score_probabilities(self.ranker, inp, pad_to)
+        return score_probabilities(self.ranker, inp, pad_to, self.precision)
 
     def forward_padding(self, rows: int) -> None:
         """Join a collective forward with padding only (this rank has no events)."""
@@ -158,13 +230,13 @@ class PreparedBatch:
         events: the decoded events as columns.
         enrichment: their Redis features.
         checkpoint: the offsets its records will guard (cut, not sealed yet).
-        model_input: dense tensor + KJT on the model's device.
+        staged: dense tensor + KJT on (or being copied to) the model's device.
     """
 
     events: EventColumns
     enrichment: Enrichment
     checkpoint: Checkpoint
-    model_input: ModelInput
+    staged: StagedInput
 
 
 ScoredCallback = Callable[[PreparedBatch, ScoredBatch], None]
@@ -252,7 +324,7 @@ class ForwardExecutor:
     def _forward(self, batch: PreparedBatch, pad_rows: int | None) -> ScoredBatch:
         start = time.perf_counter()
         scorer = self._scorer
-        scored = scorer.top_k(scorer.forward(batch.model_input, pad_rows), batch.events)
+        scored = scorer.top_k(scorer.forward(batch.staged.ready_input(), pad_rows), batch.events)
         self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
         return scored
 

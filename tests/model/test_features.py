@@ -10,10 +10,9 @@ import torch
 
 from model.features import (
     FeatureColumns,
-    ModelInput,
     build_model_input,
-    pad_model_input,
 )
+from model.model_input import ModelInput, pad_model_input
 from model.segments import segment_ids
 from model.spec import FeatureSpec, SparseFeature, string_to_id
 

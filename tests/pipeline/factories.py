@@ -19,6 +19,7 @@ from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.stages.enrich import Enrichment
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import PreparedBatch, Scorer
+from pipeline.stages.transfer import StagedInput
 from tests.pipeline.fakes import FakeMessage
 
 TINY_SPEC = FeatureSpec(
@@ -108,5 +109,5 @@ def prepared_batch(
     enrichment = DefaultsEnricher(scorer.spec).enrich(events.user_ids, events.candidate_ids)
     features = build_feature_columns(events, enrichment, scorer.spec)
     return PreparedBatch(
-        events, enrichment, checkpoint or Checkpoint(), scorer.model_input(features)
+        events, enrichment, checkpoint or Checkpoint(), StagedInput(scorer.model_input(features))
     )

@@ -62,16 +62,19 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
         A :class:`Scorer`; its ``model_version`` is ``"untrained"`` without a checkpoint.
     """
     if (settings.model.checkpoint / "meta.json").exists():
-        model = settings.model
-        return Scorer.from_checkpoint(model.checkpoint, model.device, model.quantize, model.compile)
+        return Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
-    return Scorer(build_ranker(spec, seed=0), spec, "untrained", torch.device("cpu"))
+    return Scorer(
+        build_ranker(spec, seed=0), spec, "untrained", torch.device("cpu"), settings.model.precision
+    )
 
 
 def plain_scorer(settings: Settings) -> Scorer:
     """The configured model as fp32 and eager (the baseline of the quantize/compile benches)."""
-    plain = settings.model.model_copy(update={"quantize": "fp32", "compile": False})
+    plain = settings.model.model_copy(
+        update={"quantize": "fp32", "compile": False, "precision": "fp32"}
+    )
     return load_or_build_scorer(settings.model_copy(update={"model": plain}))
 
 
@@ -119,6 +122,7 @@ def time_forward_rows(scorer: Scorer, inputs: list[ModelInput], seconds: float) 
     """
     for inp in inputs:
         scorer.forward(inp)
+    synchronize(scorer.device)
     rows = calls = 0
     start = time.perf_counter()
     while True:
@@ -126,6 +130,12 @@ def time_forward_rows(scorer: Scorer, inputs: list[ModelInput], seconds: float) 
         scorer.forward(inp)
         rows += inp.num_rows
         calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return rows / elapsed
+        if time.perf_counter() - start >= seconds:
+            synchronize(scorer.device)  # a GPU may still be running what was queued
+            return rows / (time.perf_counter() - start)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

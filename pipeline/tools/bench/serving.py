@@ -1,4 +1,4 @@
-"""``streamrank bench quantize`` and ``bench compile``: serving options vs fp32 eager."""
+"""``streamrank bench quantize``, ``compile`` and ``precision``: serving options vs fp32 eager."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from model.compile import maybe_compile
 from model.features import build_model_input
 from model.model_input import ModelInput
+from model.options import Precision
 from model.quantize import compare_quantized, quantize_ranker
 from model.ranker import Ranker
 from pipeline.config import Settings
@@ -110,3 +111,61 @@ def bench_compile(
         "compiled_over_eager_median": round(float(np.median(ratios)), 3),
         "max_abs_score_diff": max_diff,
     }
+
+
+def bench_precision(
+    settings: Settings,
+    batch_rows: int,
+    seconds: float,
+    rounds: int,
+    compile_too: bool = False,
+) -> dict[str, Any]:
+    """Forward rows/s of every ``model.precision`` (and, with ``compile_too``, each compiled
+    with ``model.compile_mode``), interleaved, with the largest score change against fp32.
+
+    Args:
+        settings: the model (its fp32 eager form is the reference).
+        batch_rows: rows of the timed batch.
+        seconds: timing per round and variant.
+        rounds: interleaved rounds.
+        compile_too: also time each precision compiled (compile times reported apart).
+
+    Returns:
+        Per variant (``fp32``, ``bf16+compile``...): rows/s per round and median, max score
+        change vs fp32 eager, and compile seconds for compiled ones.
+
+    Example::
+
+        bench_precision(settings, 4096, 3.0, 3)["variants"]["bf16"]["max_abs_score_diff"]
+    """
+    reference, inp = _baseline(settings, batch_rows)
+    expected = reference.forward(inp)
+    variants: dict[str, Scorer] = {}
+    compile_s: dict[str, float] = {}
+    for precision in Precision:
+        for compiled in (False, True) if compile_too else (False,):
+            module = reference.ranker
+            if compiled:
+                module = maybe_compile(
+                    copy.deepcopy(module), True, mode=settings.model.compile_mode
+                )
+            name = f"{precision.value}+compile" if compiled else precision.value
+            variants[name] = Scorer(module, reference.spec, "bench", reference.device, precision)
+            start = time.perf_counter()
+            variants[name].forward(inp)  # compiles a compiled one
+            compile_s[name] = time.perf_counter() - start
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, scorer in variants.items():
+            rates[name].append(time_forward_rows(scorer, [inp], seconds))
+    out: dict[str, dict[str, Any]] = {}
+    for name, scorer in variants.items():
+        diff = float((scorer.forward(inp) - expected).abs().max())
+        out[name] = {
+            "rows_per_s": [round(r, 1) for r in rates[name]],
+            "rows_per_s_median": round(float(np.median(rates[name])), 1),
+            "max_abs_score_diff": diff,
+        }
+        if name.endswith("+compile"):
+            out[name]["compile_s"] = round(compile_s[name], 1)
+    return {"batch_rows": inp.num_rows, "device": str(reference.device), "variants": out}

@@ -82,7 +82,9 @@ def test_a_failed_forward_raises_in_finish() -> None:
     scorer = tiny_scorer()
     executor, published = _executor(scorer, overlap=True)
     batch = prepared_batch([user_event(3)], scorer)
-    batch.model_input.dense = batch.model_input.dense[:, :1]  # wrong width: the forward fails
+    batch.staged.model_input.dense = batch.staged.model_input.dense[
+        :, :1
+    ]  # wrong width: the forward fails
     executor.submit(batch)
     with pytest.raises(RuntimeError):
         executor.finish()

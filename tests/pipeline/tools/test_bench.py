@@ -44,3 +44,24 @@ def test_pipeline_bench_ratios_and_medians() -> None:
     assert report["e2e_over_bare_median"] == 0.625
     assert report["e2e_over_bare_same_batch"] == [0.125, 0.375]
     assert report["per_event_over_bare"] == []
+
+
+def test_precision_bench_reports_every_precision_against_fp32(tmp_path: Path) -> None:
+    from pipeline.tools.bench.serving import bench_precision
+
+    settings = Settings(
+        model=ModelSettings(
+            checkpoint=tmp_path / "none",
+            embedding_dim=8,
+            num_embeddings={"user_id": 1000, "item_id": 1000, "recent_items": 1000},
+            dense_arch=[16, 8],
+            over_arch=[16, 1],
+        )
+    )
+    report = bench_precision(settings, batch_rows=256, seconds=0.05, rounds=2)
+    variants = report["variants"]
+    assert set(variants) == {"fp32", "tf32", "bf16"}
+    assert variants["fp32"]["max_abs_score_diff"] == 0.0
+    assert variants["tf32"]["max_abs_score_diff"] == 0.0  # no TF32 units on a CPU
+    assert 0 < variants["bf16"]["max_abs_score_diff"] < 2e-2
+    assert all(len(v["rows_per_s"]) == 2 and v["rows_per_s_median"] > 0 for v in variants.values())
