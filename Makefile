@@ -6,7 +6,7 @@ STREAMRANK := $(VENV)/bin/streamrank
 STACK_DIR ?= .stack
 DEMO_EVENTS ?= 5000
 
-.PHONY: install stack-up stack-down demo test test-fast test-unit lint typecheck check bench clean
+.PHONY: install stack-up stack-down demo test test-fast test-unit test-compat lint typecheck check bench clean
 
 install:
 	@scripts/install.sh
@@ -26,6 +26,15 @@ demo: install stack-up
 test: install
 	@scripts/install_tools.sh
 	@$(PY) -m pytest -q tests
+	@$(MAKE) --no-print-directory test-compat
+
+# The model code on the GPU machine's versions (torch 2.11, TorchRec 1.6.1, FBGEMM 1.6.0) in
+# .venv-compat, next to our pins (torch 2.13, TorchRec 1.8.0) in .venv.
+COMPAT_TESTS := tests/model tests/pipeline/stages/test_score.py \
+	tests/pipeline/stages/test_scorer.py tests/pipeline/test_loop.py tests/scripts/test_gpu_check.py
+test-compat:
+	@scripts/install_compat.sh
+	@.venv-compat/bin/python -m pytest -q $(COMPAT_TESTS)
 
 test-fast: install
 	@$(PY) -m pytest -q tests -m "not slow"
@@ -46,4 +55,4 @@ bench: install stack-up
 	@source $(STACK_DIR)/env && $(STREAMRANK) bench model && $(STREAMRANK) bench pipeline
 
 clean: stack-down
-	rm -rf $(VENV) artifacts .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-compat artifacts .pytest_cache .mypy_cache .ruff_cache
