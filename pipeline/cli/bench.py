@@ -23,6 +23,17 @@ BatchRowsOption = Annotated[
 ]
 
 
+RoundSecondsOption = Annotated[float, typer.Option(help="Timing per round and variant.")]
+RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds.")]
+
+
+def _model_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
+    """Settings for a forward-only bench (no stack needed), torch threads applied."""
+    settings = command_settings(ctx, config)
+    apply_threads(settings)
+    return settings
+
+
 def _report(line: str) -> None:
     console.print(line)
 
@@ -48,8 +59,7 @@ def bench_model_command(
     from pipeline.tools.bench.model import bench_model
     from pipeline.tools.synthetic_io import build_world
 
-    settings = command_settings(ctx, config)
-    apply_threads(settings)
+    settings = _model_settings(ctx, config)
     scorer = load_or_build_scorer(settings)
     rows = batch_rows or settings.batching.max_batch_rows
     result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
@@ -64,7 +74,7 @@ def bench_pipeline_command(
     per_event_events: Annotated[
         int, typer.Option(help="Events per one-event-per-batch run (0 skips it).")
     ] = 500,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    rounds: RoundsOption = 3,
     model_seconds: Annotated[float, typer.Option(help="Bare forward timing per round.")] = 3.0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
@@ -96,8 +106,7 @@ def bench_quantize_command(
     """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
     from pipeline.tools.bench.serving import bench_quantization
 
-    settings = command_settings(ctx, config)
-    apply_threads(settings)
+    settings = _model_settings(ctx, config)
     emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
 
 
@@ -105,16 +114,15 @@ def bench_quantize_command(
 def bench_compile_command(
     ctx: typer.Context,
     batch_rows: BatchRowsOption = None,
-    seconds: Annotated[float, typer.Option(help="Timing per round and variant.")] = 3.0,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    seconds: RoundSecondsOption = 3.0,
+    rounds: RoundsOption = 3,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s with and without torch.compile (interleaved)."""
     from pipeline.tools.bench.serving import bench_compile
 
-    settings = command_settings(ctx, config)
-    apply_threads(settings)
+    settings = _model_settings(ctx, config)
     rows = batch_rows or settings.batching.max_batch_rows
     emit(bench_compile(settings, rows, seconds, rounds), as_json)
 
@@ -123,8 +131,8 @@ def bench_compile_command(
 def bench_precision_command(
     ctx: typer.Context,
     batch_rows: BatchRowsOption = None,
-    seconds: Annotated[float, typer.Option(help="Timing per round and variant.")] = 3.0,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    seconds: RoundSecondsOption = 3.0,
+    rounds: RoundsOption = 3,
     compile_too: Annotated[
         bool, typer.Option("--compile", help="Also each precision compiled (model.compile_mode).")
     ] = False,
@@ -134,8 +142,7 @@ def bench_precision_command(
     """Forward rows/s of fp32, tf32 and bf16 (and compiled), max score change vs fp32."""
     from pipeline.tools.bench.serving import bench_precision
 
-    settings = command_settings(ctx, config)
-    apply_threads(settings)
+    settings = _model_settings(ctx, config)
     rows = batch_rows or settings.batching.max_batch_rows
     emit(bench_precision(settings, rows, seconds, rounds, compile_too), as_json)
 
