@@ -1,7 +1,8 @@
 """Multi-rank scoring: one pipeline per rank, the ranker sharded across ranks with TorchRec.
 
-``streamrank run --nproc N`` re-executes itself under ``torchrun`` (N ranks on this host,
-restarted together by torchrun when one dies). Each rank then:
+``streamrank run --nproc N`` re-executes itself under ``torchrun`` (N ranks on this host, or on
+each of ``--nnodes`` hosts, restarted together by torchrun when one dies; with ``--min-nproc``
+started again with fewer ranks when they keep dying: :mod:`pipeline.launch`). Each rank then:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo);
 2. plans the sharding of the embedding tables (``model.distributed``, config
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from model.distributed import (
 from model.memory import embedding_bytes
 from model.quantize import QuantDtype
 from pipeline.config import Settings
+from pipeline.launch import DEGRADATIONS_ENV, arm_test_crash
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.stages.score import Scorer
@@ -45,21 +46,6 @@ log = logging.getLogger(__name__)
 def in_torchrun() -> bool:
     """Whether this process is one rank of a multi-rank job (torchrun sets ``WORLD_SIZE``)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def torchrun_command(nproc: int, cli_args: list[str], max_restarts: int) -> list[str]:
-    """The ``torchrun`` command line that runs ``streamrank <cli_args>`` on ``nproc`` ranks."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        "-m",
-        "pipeline.cli",
-        *cli_args,
-    ]
 
 
 def run_rank(
@@ -103,6 +89,13 @@ def run_rank(
         held / 2**20,
         loaded.model_version,
     )
+    degradations = int(os.environ.get(DEGRADATIONS_ENV, "0"))
+    if degradations and rank == 0:
+        log.warning(
+            "running on %d ranks after %d degradation(s) (streamrank_degradations)",
+            world_size,
+            degradations,
+        )
     if settings.metrics.enabled:
         port = settings.metrics.port + rank if settings.metrics.port else 0
         metrics.serve(settings.metrics.host, port)
@@ -111,6 +104,7 @@ def run_rank(
         settings, scorer, metrics, stepper=CollectiveStepper(control, metrics=metrics)
     )
     pipeline.stop_on_signals()
+    arm_test_crash(rank, world_size)
     try:
         return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
     finally:
