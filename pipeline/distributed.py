@@ -48,10 +48,43 @@ def in_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def step_stats(metrics: Metrics) -> dict[str, float]:
+    """This rank's step and collective times so far, from its Prometheus histograms.
+
+    Args:
+        metrics: the rank's metrics.
+
+    Returns:
+        ``steps``, ``step_seconds`` (sum), ``step_mean_ms``, ``collective_seconds`` (sum over
+        ops, e.g. the per-iteration step agreement) and ``collective_share`` (of step time).
+
+    Example::
+
+        step_stats(metrics)["collective_share"]  # 0.12
+    """
+    steps = step_sum = coll_sum = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "streamrank_rank_step_duration_seconds_count":
+                steps += sample.value
+            elif sample.name == "streamrank_rank_step_duration_seconds_sum":
+                step_sum += sample.value
+            elif sample.name == "streamrank_collective_duration_seconds_sum":
+                coll_sum += sample.value
+    return {
+        "steps": steps,
+        "step_seconds": round(step_sum, 4),
+        "step_mean_ms": round(1000 * step_sum / steps, 3) if steps else 0.0,
+        "collective_seconds": round(coll_sum, 4),
+        "collective_share": round(coll_sum / step_sum, 4) if step_sum else 0.0,
+    }
+
+
 def run_rank(
     settings: Settings, exit_when_idle_s: float | None, max_events: int | None
-) -> RunSummary:
-    """Body of one rank (see the module docstring)."""
+) -> tuple[RunSummary, dict[str, float]]:
+    """Body of one rank (see the module docstring); returns its summary and
+    :func:`step_stats`."""
     if settings.model.quantize is not QuantDtype.FP32 or settings.model.compile:
         raise ValueError(
             "model.quantize and model.compile apply to single-process serving; TorchRec's "
@@ -106,7 +139,8 @@ def run_rank(
     pipeline.stop_on_signals()
     arm_test_crash(rank, world_size)
     try:
-        return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+        summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+        return summary, step_stats(metrics)
     finally:
         dist.destroy_process_group()
 

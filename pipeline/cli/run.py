@@ -74,11 +74,12 @@ def run(
             raise UserError(str(exc)) from exc
         if launch.distributed:
             raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+    rank_steps: dict[str, float] = {}
     if in_torchrun():
-        summary = run_rank(settings, exit_when_idle, max_events)
+        summary, rank_steps = run_rank(settings, exit_when_idle, max_events)
     else:
         summary = _run_single(settings, exit_when_idle, max_events)
-    result = summary.as_dict()
+    result = {**summary.as_dict(), **({"rank_steps": rank_steps} if rank_steps else {})}
     out = summary_path(summary_json)
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
