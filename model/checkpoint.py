@@ -243,6 +243,7 @@ def load_state_dict(
     path: str | os.PathLike[str],
     map_location: torch.device | str = "cpu",
     verify: bool = True,
+    mmap: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's weights (the unsharded ``Ranker.state_dict()``).
 
@@ -250,6 +251,9 @@ def load_state_dict(
         path: the checkpoint directory.
         map_location: where to load the tensors.
         verify: check the weights against ``meta.json``'s ``weights_sha256``.
+        mmap: map the file instead of reading it (``torch.load(mmap=True)``): CPU tensors are
+            views of the page cache, shared by every process that maps the file, so a rank
+            that copies only its shards never holds a private copy of the whole model.
 
     Returns:
         Parameter name -> tensor.
@@ -263,7 +267,7 @@ def load_state_dict(
     if not weights_path.is_file():
         raise FileNotFoundError(f"checkpoint weights not found: {weights_path}")
     try:
-        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        state = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises several types for truncated/garbled files
         raise ValueError(f"corrupt checkpoint weights {weights_path}: {exc}") from exc
     if not isinstance(state, dict) or not all(

@@ -1,7 +1,8 @@
 """Multi-rank scoring: one pipeline per rank, the ranker sharded across ranks with TorchRec.
 
-``streamrank run --nproc N`` re-executes itself under ``torchrun`` (N ranks on this host,
-restarted together by torchrun when one dies). Each rank then:
+``streamrank run --nproc N`` re-executes itself under ``torchrun`` (N ranks on this host, or on
+each of ``--nnodes`` hosts, restarted together by torchrun when one dies; with ``--min-nproc``
+started again with fewer ranks when they keep dying: :mod:`pipeline.launch`). Each rank then:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo);
 2. plans the sharding of the embedding tables (``model.distributed``, config
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from model.distributed import (
 from model.memory import embedding_bytes
 from model.quantize import QuantDtype
 from pipeline.config import Settings
+from pipeline.launch import DEGRADATIONS_ENV, arm_test_crash
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.stages.score import Scorer
@@ -47,25 +48,43 @@ def in_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def torchrun_command(nproc: int, cli_args: list[str], max_restarts: int) -> list[str]:
-    """The ``torchrun`` command line that runs ``streamrank <cli_args>`` on ``nproc`` ranks."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        "-m",
-        "pipeline.cli",
-        *cli_args,
-    ]
+def step_stats(metrics: Metrics) -> dict[str, float]:
+    """This rank's step and collective times so far, from its Prometheus histograms.
+
+    Args:
+        metrics: the rank's metrics.
+
+    Returns:
+        ``steps``, ``step_seconds`` (sum), ``step_mean_ms``, ``collective_seconds`` (sum over
+        ops, e.g. the per-iteration step agreement) and ``collective_share`` (of step time).
+
+    Example::
+
+        step_stats(metrics)["collective_share"]  # 0.12
+    """
+    steps = step_sum = coll_sum = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "streamrank_rank_step_duration_seconds_count":
+                steps += sample.value
+            elif sample.name == "streamrank_rank_step_duration_seconds_sum":
+                step_sum += sample.value
+            elif sample.name == "streamrank_collective_duration_seconds_sum":
+                coll_sum += sample.value
+    return {
+        "steps": steps,
+        "step_seconds": round(step_sum, 4),
+        "step_mean_ms": round(1000 * step_sum / steps, 3) if steps else 0.0,
+        "collective_seconds": round(coll_sum, 4),
+        "collective_share": round(coll_sum / step_sum, 4) if step_sum else 0.0,
+    }
 
 
 def run_rank(
     settings: Settings, exit_when_idle_s: float | None, max_events: int | None
-) -> RunSummary:
-    """Body of one rank (see the module docstring)."""
+) -> tuple[RunSummary, dict[str, float]]:
+    """Body of one rank (see the module docstring); returns its summary and
+    :func:`step_stats`."""
     if settings.model.quantize is not QuantDtype.FP32 or settings.model.compile:
         raise ValueError(
             "model.quantize and model.compile apply to single-process serving; TorchRec's "
@@ -103,6 +122,13 @@ def run_rank(
         held / 2**20,
         loaded.model_version,
     )
+    degradations = int(os.environ.get(DEGRADATIONS_ENV, "0"))
+    if degradations and rank == 0:
+        log.warning(
+            "running on %d ranks after %d degradation(s) (streamrank_degradations)",
+            world_size,
+            degradations,
+        )
     if settings.metrics.enabled:
         port = settings.metrics.port + rank if settings.metrics.port else 0
         metrics.serve(settings.metrics.host, port)
@@ -111,8 +137,10 @@ def run_rank(
         settings, scorer, metrics, stepper=CollectiveStepper(control, metrics=metrics)
     )
     pipeline.stop_on_signals()
+    arm_test_crash(rank, world_size)
     try:
-        return pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+        summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+        return summary, step_stats(metrics)
     finally:
         dist.destroy_process_group()
 

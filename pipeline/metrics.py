@@ -26,6 +26,8 @@ metric                                             type       labels / meaning
 ``streamrank_collective_duration_seconds``         histogram  ``rank``, ``op``: a collective call
 ``streamrank_rank_up``                             gauge      ``rank``: 1 while the rank serves
 ``streamrank_world_size``                          gauge      ranks in this job
+``streamrank_degradations``                        gauge      times ``streamrank run`` restarted
+                                                              the job with fewer ranks
 ``streamrank_gpu_memory_bytes``                    gauge      ``rank``, ``kind`` (allocated,
                                                               reserved, total); GPU ranks only
 ``streamrank_gpu_utilization_ratio``               gauge      ``rank``; GPU ranks with NVML only
@@ -205,6 +207,13 @@ class Metrics:
         )
         self.world_size = Gauge("streamrank_world_size", "Ranks in this job.", registry=r)
         self.world_size.set(int(os.environ.get("WORLD_SIZE", "1")))
+        self.degradations = Gauge(
+            "streamrank_degradations",
+            "Times streamrank run restarted this job with one rank fewer after a rank kept "
+            "failing (set by the launcher in STREAMRANK_DEGRADATIONS).",
+            registry=r,
+        )
+        self.degradations.set(int(os.environ.get("STREAMRANK_DEGRADATIONS", "0")))
         r.register(GpuCollector(self.rank))
         for reason in RejectReason:
             self.dead_lettered.labels(reason=reason.value)

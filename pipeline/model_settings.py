@@ -48,7 +48,7 @@ class ShardingSettings(BaseModel):
 
         [model.sharding]
         default = "table_wise"
-        balance = "bytes"
+        balance = "split"
         [model.sharding.tables.recent_items]
         sharding_type = "column_wise"
         ranks = [0, 1]
@@ -58,8 +58,10 @@ class ShardingSettings(BaseModel):
 
     default: ShardingKind = ShardingKind.TABLE_WISE
     """Sharding of tables without an entry in ``tables`` (automatic kernel)."""
-    balance: Balance = Balance.BYTES
-    """Who places table-wise tables without explicit ranks."""
+    balance: Balance = Balance.SPLIT
+    """Who places table-wise tables without explicit ranks: ``split`` (bytes and lookup work
+    balanced, big tables split over all ranks), ``bytes`` (whole tables, bytes balanced) or
+    ``planner`` (TorchRec's planner)."""
     tables: dict[str, TableShardingSettings] = Field(default_factory=dict)
     """Per-table overrides keyed by feature name (``item_id``) or table name (``t_item_id``)."""
 

@@ -233,7 +233,8 @@ def load_sharded(
     - a DCP checkpoint (:func:`save_sharded`) written by any world size and plan: every rank
       reads the parts of every tensor that its shards cover (DCP reshards);
     - a single-process checkpoint (:func:`model.checkpoint.save_checkpoint`, ``model.pt``):
-      every rank reads the whole file (weights digest verified) and keeps its slices.
+      every rank maps the whole file (weights digest verified) and copies its slices; the
+      mapping is page cache shared by the ranks, not a private copy per rank.
 
     Also works for a plain :class:`Ranker` in a process without a process group.
 
@@ -275,7 +276,8 @@ def load_sharded(
             raise ValueError(f"cannot load sharded checkpoint {path}: {exc}") from exc
     else:
         device = _first_device(dmp)
-        state = load_state_dict(path, map_location=device)
+        # Mapped, not read: each rank copies its shards out of the shared page cache.
+        state = load_state_dict(path, map_location=device, mmap=True)
     try:
         result = dmp.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -35,6 +35,10 @@ class ComputeKernel(enum.StrEnum):
 class Balance(enum.StrEnum):
     """Who places table-wise tables that have no explicit ranks."""
 
+    #: Balance bytes *and* lookup work per rank, splitting tables larger than their fair share
+    #: over every rank (column-wise, or row-wise where the columns do not split evenly):
+    #: :mod:`model.distributed.balance`. The default.
+    SPLIT = "split"
     #: Largest table first onto the rank holding the fewest bytes so far (memory balance).
     BYTES = "bytes"
     #: ``EmbeddingShardingPlanner``'s perf-model placement (it ignores memory balance on CPU:
@@ -178,7 +182,7 @@ class ShardingConfig:
         per_table: overrides keyed by feature name (``"user_id"``) or table name
             (``"t_user_id"``); values as for ``default``.
         balance: who places table-wise tables without explicit ranks (:class:`Balance`);
-            default ``bytes``.
+            default ``split``.
 
     Example::
 
@@ -188,7 +192,7 @@ class ShardingConfig:
 
     default: TableShardingConfig = field(default_factory=_default_table_config)
     per_table: Mapping[str, TableShardingConfig] = field(default_factory=dict)
-    balance: Balance = Balance.BYTES
+    balance: Balance = Balance.SPLIT
 
     def __post_init__(self) -> None:
         if self.balance not in _BALANCES:
@@ -219,7 +223,7 @@ class ShardingConfig:
 
     @classmethod
     def parse(cls, text: str) -> ShardingConfig:
-        """Parse ``DEFAULT[,TABLE=CONFIG...][,balance=bytes|planner]``.
+        """Parse ``DEFAULT[,TABLE=CONFIG...][,balance=split|bytes|planner]``.
 
         Configs are as :meth:`TableShardingConfig.parse`; an entry without ``=`` sets the
         default; an empty string gives the default config.
@@ -239,7 +243,7 @@ class ShardingConfig:
         """
         default = TableShardingConfig()
         per_table: dict[str, TableShardingConfig] = {}
-        balance = Balance.BYTES.value
+        balance = Balance.SPLIT.value
         for raw in text.split(","):
             item = raw.strip()
             if not item:

@@ -13,7 +13,9 @@ planner keeps them in one column shard), and any table with explicit ``ranks`` o
 planner does not offer are planned by hand, which works with gloo for every type here.
 Table-wise tables are placed by hand too unless asked otherwise (``balance="planner"``): the
 planner's perf-model placement ignores memory balance (default spec, 2 ranks: 75% of the bytes
-on rank 0, against 50% when balancing bytes).
+on rank 0, against 50% when balancing bytes). With ``balance="split"`` (the default) they are
+placed last, by :func:`model.distributed.balance.split_placement`, around the load of the
+others: bytes and lookup work balanced, tables larger than their share split over all ranks.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from torchrec.distributed.types import (
 )
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from model.distributed.balance import split_kind, split_placement
 from model.distributed.config import (
     Balance,
     ComputeKernel,
@@ -50,17 +53,16 @@ from model.distributed.config import (
     ShardingKind,
     TableShardingConfig,
 )
+from model.distributed.cost import FP32_BYTES, shard_loads
 from model.distributed.runtime import make_sharder, sharders
 from model.ranker import embedding_bag_configs
 from model.spec import FeatureSpec, TableSpec
 
-__all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding", "shard_bytes"]
+__all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding"]
 
 #: Path of the ranker's ``EmbeddingBagCollection`` inside :class:`~model.ranker.Ranker`; the key
 #: of its entry in a ``ShardingPlan``.
 EBC_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
-#: Bytes per element of an fp32 table.
-FP32_BYTES = 4
 
 # (sharding kind, compute kernel) pairs left to the planner per compute device; anything else
 # is planned by hand. Column-wise is always planned by hand: the planner kept the default
@@ -130,6 +132,11 @@ def plan_sharding(
       least-loaded ranks (as many as divide the embedding dim, up to ``world_size``; ties:
       lowest rank), row-wise spreads rows over all ranks, table-row-wise over the ranks of
       host 0 (all ranks: one host).
+    - with ``config.balance == "split"`` (the default), table-wise tables without explicit
+      ranks last, by :func:`~model.distributed.balance.split_placement` (whole on one rank,
+      or split over all ranks column-wise / row-wise, fused kernel unless configured), so
+      that bytes and lookup work per rank (:mod:`model.distributed.cost`) stay within 1.1x
+      of the ideal where splitting can get there.
 
     Args:
         spec: the feature spec (table sizes, embedding dim).
@@ -170,14 +177,22 @@ def plan_sharding(
         if tc.ranks is not None and max(tc.ranks) >= world_size:
             raise ValueError(f"table {name}: ranks {tc.ranks} outside world_size {world_size}")
     offers = _PLANNER_OFFERS[device_type]
+    auto = [
+        n
+        for n, tc in table_cfg.items()
+        if cfg.balance is Balance.SPLIT
+        and tc.sharding_type is ShardingKind.TABLE_WISE
+        and tc.ranks is None
+    ]
     planned = [
         n
         for n, tc in table_cfg.items()
         if tc.ranks is None
+        and n not in auto
         and (tc.sharding_type, tc.kernel) in offers
         and not (cfg.balance is Balance.BYTES and tc.sharding_type is ShardingKind.TABLE_WISE)
     ]
-    by_hand = [n for n in table_cfg if n not in planned]
+    by_hand = [n for n in table_cfg if n not in planned and n not in auto]
 
     result = EmbeddingModuleShardingPlan()
     if planned:
@@ -185,30 +200,40 @@ def plan_sharding(
             _run_planner(spec, planned, table_cfg, world_size, local_size, device_type, batch_rows)
         )
     load = [0] * world_size
-    for ps in result.values():
-        for rank, nbytes in shard_bytes(ps):
-            load[rank] += nbytes
-
+    work = [0.0] * world_size
     meta_ebc = EmbeddingBagCollection(
-        tables=[c for c in embedding_bag_configs(spec) if c.name in by_hand], device="meta"
+        tables=[c for c in embedding_bag_configs(spec) if c.name not in planned], device="meta"
     )
     sharder = make_sharder()
     params = sharder.shardable_parameters(meta_ebc)
+
+    def account(name: str, ps: ParameterSharding) -> None:
+        result[name] = ps
+        for shard in shard_loads(ps, spec, by_name[name], world_size):
+            load[shard.rank] += shard.bytes
+            work[shard.rank] += shard.work
+
+    def place(name: str, gen: ParameterShardingGenerator) -> None:
+        module_sharder = cast(ModuleSharder[nn.Module], sharder)
+        account(name, gen(params[name], local_size, world_size, device_type, module_sharder))
+
+    for name, ps in list(result.items()):
+        account(name, ps)
     # Biggest tables first, so the greedy balancer places them while ranks are still empty.
     for name in sorted(by_hand, key=lambda n: -by_name[n].num_embeddings):
-        tc = table_cfg[name]
-        gen = _hand_generator(tc, by_name[name], spec.embedding_dim, world_size, load)
-        ps = gen(
-            params[name],
-            local_size,
-            world_size,
-            device_type,
-            cast(ModuleSharder[nn.Module], sharder),
-        )
-        result[name] = ps
-        for rank, nbytes in shard_bytes(ps):
-            load[rank] += nbytes
-
+        tc, table = table_cfg[name], by_name[name]
+        place(name, _hand_generator(tc, table, spec.embedding_dim, world_size, load))
+    if auto:  # last: the loads of the others are the base the split placement balances around
+        placed = split_placement(spec, [by_name[n] for n in auto], world_size, load, work)
+        kind = split_kind(spec.embedding_dim, world_size)
+        for name in auto:
+            kernel = table_cfg[name].kernel.value
+            if name in placed.whole:
+                place(name, table_wise(rank=placed.whole[name], compute_kernel=kernel))
+            elif kind is ShardingKind.COLUMN_WISE:
+                place(name, column_wise(ranks=list(range(world_size)), compute_kernel=kernel))
+            else:
+                place(name, row_wise(compute_kernel=kernel))
     ordered = EmbeddingModuleShardingPlan()
     for t in spec.tables:
         ordered[t.name] = result[t.name]
@@ -300,25 +325,3 @@ def _with_kernel(gen: ParameterShardingGenerator, kernel: str) -> ParameterShard
         return ps
 
     return wrapped
-
-
-def shard_bytes(ps: ParameterSharding) -> list[tuple[int, int]]:
-    """(rank, fp32 bytes) of every shard of one table's ``ParameterSharding``.
-
-    Args:
-        ps: one table's entry of a plan.
-
-    Returns:
-        One pair per shard; empty for a data-parallel table (a full copy on every rank).
-    """
-    if ps.sharding_spec is None:  # data parallel: a full copy on every rank
-        return []
-    out = []
-    for shard in ps.sharding_spec.shards:
-        placement = shard.placement
-        rank = placement.rank() if placement is not None else 0
-        numel = 1
-        for size in shard.shard_sizes:
-            numel *= int(size)
-        out.append((int(rank), numel * FP32_BYTES))
-    return out

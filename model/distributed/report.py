@@ -1,4 +1,8 @@
-"""Reporting a plan: which rank holds which part of which table, and how many bytes each holds.
+"""Reporting a plan: which rank holds which part of which table, its bytes and lookup work.
+
+Work is bytes read from embeddings per scored row (:mod:`model.distributed.cost`); a batch of
+``B`` rows costs a rank ``B x`` that. The balance of a plan is the busiest rank's bytes (work)
+over the ideal, the mean over ranks.
 
 :func:`describe_plan` reads a ``ShardingPlan``'s shard metadata (no process group) into a
 :class:`PlanReport`, which renders as text (``streamrank plan``) or a JSON-ready dict.
@@ -11,7 +15,8 @@ from typing import Any
 
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 
-from model.distributed.planner import EBC_MODULE_PATH, FP32_BYTES, shard_bytes
+from model.distributed.cost import FP32_BYTES, shard_loads
+from model.distributed.planner import EBC_MODULE_PATH
 from model.spec import FeatureSpec
 
 __all__ = ["PlanReport", "RankBytes", "TablePlacement", "describe_plan"]
@@ -30,6 +35,7 @@ class TablePlacement:
         num_embeddings: rows.
         embedding_dim: columns.
         bytes_per_rank: fp32 bytes held per rank (ranks holding nothing are absent).
+        work_per_rank: bytes read per scored row, per rank (as ``bytes_per_rank``).
     """
 
     name: str
@@ -40,6 +46,7 @@ class TablePlacement:
     num_embeddings: int
     embedding_dim: int
     bytes_per_rank: dict[int, int]
+    work_per_rank: dict[int, float]
 
     @property
     def total_bytes(self) -> int:
@@ -57,15 +64,17 @@ class TablePlacement:
             "num_embeddings": self.num_embeddings,
             "embedding_dim": self.embedding_dim,
             "bytes_per_rank": {str(r): b for r, b in sorted(self.bytes_per_rank.items())},
+            "work_per_rank": {str(r): w for r, w in sorted(self.work_per_rank.items())},
         }
 
 
 @dataclass(frozen=True)
 class RankBytes:
-    """fp32 embedding bytes held by one rank."""
+    """What one rank holds: fp32 embedding bytes, and bytes read per scored row (work)."""
 
     rank: int
     bytes: int
+    work: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,38 @@ class PlanReport:
         """Bytes held by the most loaded rank."""
         return max((r.bytes for r in self.ranks), default=0)
 
+    @property
+    def bytes_ratio(self) -> float:
+        """The busiest rank's bytes over the ideal (all ranks' bytes / ranks); 1.0 is even."""
+        total = sum(r.bytes for r in self.ranks)
+        return self.max_rank_bytes * len(self.ranks) / total if total else 1.0
+
+    @property
+    def work_ratio(self) -> float:
+        """The busiest rank's work over the ideal (all ranks' work / ranks); 1.0 is even."""
+        total = sum(r.work for r in self.ranks)
+        busiest = max((r.work for r in self.ranks), default=0.0)
+        return busiest * len(self.ranks) / total if total else 1.0
+
     def as_dict(self) -> dict[str, Any]:
-        """``{"world_size": N, "tables": [...], "ranks": [{"rank": r, "bytes": b}, ...]}``."""
+        """``{"world_size": N, "tables": [...], "ranks": [{"rank", "bytes", "work"}, ...],
+        "balance": {"bytes_ratio", "work_ratio", ...}}`` (work: bytes read per scored row)."""
+        total_bytes = sum(r.bytes for r in self.ranks)
+        total_work = sum(r.work for r in self.ranks)
+        n = max(len(self.ranks), 1)
         return {
             "world_size": self.world_size,
             "tables": [t.as_dict() for t in self.tables],
-            "ranks": [{"rank": r.rank, "bytes": r.bytes} for r in self.ranks],
+            "ranks": [{"rank": r.rank, "bytes": r.bytes, "work": r.work} for r in self.ranks],
+            "work_unit": "bytes read from embeddings per scored row",
+            "balance": {
+                "ideal_bytes": total_bytes / n,
+                "max_bytes": self.max_rank_bytes,
+                "bytes_ratio": round(self.bytes_ratio, 4),
+                "ideal_work": total_work / n,
+                "max_work": max((r.work for r in self.ranks), default=0.0),
+                "work_ratio": round(self.work_ratio, 4),
+            },
         }
 
     def render(self) -> str:
@@ -136,8 +171,12 @@ class PlanReport:
             share = r.bytes / total if total else 0.0
             lines.append(
                 f"rank {r.rank}: {_human_bytes(r.bytes)} ({r.bytes} bytes, "
-                f"{share:.1%} of {_human_bytes(total)} unsharded)"
+                f"{share:.1%} of {_human_bytes(total)} unsharded), "
+                f"reads {r.work:.0f} B per scored row"
             )
+        lines.append(
+            f"busiest rank / ideal: bytes {self.bytes_ratio:.3f}, work {self.work_ratio:.3f}"
+        )
         return "\n".join(lines)
 
 
@@ -176,24 +215,22 @@ def describe_plan(plan: ShardingPlan, spec: FeatureSpec, world_size: int) -> Pla
     if not isinstance(module_plan, EmbeddingModuleShardingPlan):
         raise ValueError(f"plan has no entry for {EBC_MODULE_PATH}")
     rank_totals = [0] * world_size
+    rank_work = [0.0] * world_size
     tables = []
     for t in spec.tables:
         if t.name not in module_plan:
             raise ValueError(f"plan has no entry for table {t.name}")
         ps = module_plan[t.name]
-        full = t.num_embeddings * spec.embedding_dim * FP32_BYTES
         per_rank: dict[int, int] = {}
-        if ps.sharding_spec is None:
-            ranks = tuple(range(world_size))
-            per_rank = dict.fromkeys(ranks, full)
-        else:
-            for rank, nbytes in shard_bytes(ps):
-                per_rank[rank] = per_rank.get(rank, 0) + nbytes
-            ranks = tuple(sorted(per_rank))
-        for rank, nbytes in per_rank.items():
-            if not 0 <= rank < world_size:
-                raise ValueError(f"table {t.name} has a shard on rank {rank} >= {world_size}")
-            rank_totals[rank] += nbytes
+        work: dict[int, float] = {}
+        for shard in shard_loads(ps, spec, t, world_size):
+            if not 0 <= shard.rank < world_size:
+                raise ValueError(f"table {t.name} has a shard on rank {shard.rank} >= {world_size}")
+            per_rank[shard.rank] = per_rank.get(shard.rank, 0) + shard.bytes
+            work[shard.rank] = work.get(shard.rank, 0.0) + shard.work
+            rank_totals[shard.rank] += shard.bytes
+            rank_work[shard.rank] += shard.work
+        ranks = tuple(sorted(per_rank))
         tables.append(
             TablePlacement(
                 name=t.name,
@@ -204,10 +241,13 @@ def describe_plan(plan: ShardingPlan, spec: FeatureSpec, world_size: int) -> Pla
                 num_embeddings=t.num_embeddings,
                 embedding_dim=spec.embedding_dim,
                 bytes_per_rank=per_rank,
+                work_per_rank=work,
             )
         )
     return PlanReport(
         world_size=world_size,
         tables=tuple(tables),
-        ranks=tuple(RankBytes(r, b) for r, b in enumerate(rank_totals)),
+        ranks=tuple(
+            RankBytes(r, b, w) for r, (b, w) in enumerate(zip(rank_totals, rank_work, strict=True))
+        ),
     )

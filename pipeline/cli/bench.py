@@ -14,6 +14,7 @@ import typer
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
 from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, command_settings, emit
 from pipeline.cli.common import err as console
+from pipeline.cli.errors import UserError
 from pipeline.config import Settings
 
 bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
@@ -151,13 +152,22 @@ def bench_precision_command(
 def bench_ranks_command(
     ctx: typer.Context,
     events: Annotated[int, typer.Option(help="Events per run.")] = 5000,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds of 1 and 2 ranks.")] = 2,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds over the world sizes.")] = 2,
+    nproc: Annotated[
+        str, typer.Option(help="World sizes to compare, comma-separated; the first is the base.")
+    ] = "1,2",
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """End-to-end rows/s with 1 vs 2 ranks, and embedding bytes per rank."""
+    """End-to-end rows/s with 1 vs N ranks, embedding bytes and step times per rank."""
     from pipeline.tools.bench.ranks import bench_ranks
 
+    try:
+        nprocs = tuple(int(n) for n in nproc.split(","))
+    except ValueError as exc:
+        raise UserError(f"--nproc takes world sizes like 1,2,4; got {nproc!r}") from exc
+    if not nprocs or min(nprocs) < 1:
+        raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = _stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
-    emit(bench_ranks(settings, events, rounds, report=_report), as_json)
+    emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,6 +13,7 @@ import typer
 
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
 from pipeline.cli.common import ConfigOption, apply_threads, command_settings, err
+from pipeline.cli.errors import UserError
 from pipeline.config import Settings
 
 if TYPE_CHECKING:
@@ -41,25 +41,45 @@ def run(
     max_restarts: Annotated[
         int, typer.Option(help="With --nproc > 1: times torchrun restarts the ranks.")
     ] = 3,
+    min_nproc: Annotated[
+        int | None,
+        typer.Option(
+            help="When the ranks keep failing (more than --max-restarts), start again with one "
+            "rank fewer, down to this many (one node only). Default: --nproc (never degrade)."
+        ),
+    ] = None,
+    nnodes: Annotated[
+        int, typer.Option(help="Hosts in the job; run this command on each (torchrun --nnodes).")
+    ] = 1,
+    node_rank: Annotated[int, typer.Option(help="With --nnodes > 1: this host's index.")] = 0,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option(help="With --nnodes > 1: HOST:PORT of node 0, where the nodes meet."),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Consume UserEvents, score them, produce Recommendations (until stopped)."""
-    from pipeline.distributed import in_torchrun, run_rank, summary_path, torchrun_command
+    from pipeline.distributed import in_torchrun, run_rank, summary_path
+    from pipeline.launch import Launch, supervise
 
     settings = command_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     apply_threads(settings)
-    if nproc > 1 and not in_torchrun():
-        command = torchrun_command(nproc, drop_option(sys.argv[1:], "--nproc"), max_restarts)
-        log.info("starting %d ranks: %s", nproc, " ".join(command))
-        raise typer.Exit(subprocess.call(command))
+    if "LOCAL_RANK" not in os.environ:  # the launcher, not a rank torchrun started
+        try:
+            launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+        if launch.distributed:
+            raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+    rank_steps: dict[str, float] = {}
     if in_torchrun():
-        summary = run_rank(settings, exit_when_idle, max_events)
+        summary, rank_steps = run_rank(settings, exit_when_idle, max_events)
     else:
         summary = _run_single(settings, exit_when_idle, max_events)
-    result = summary.as_dict()
+    result = {**summary.as_dict(), **({"rank_steps": rank_steps} if rank_steps else {})}
     out = summary_path(summary_json)
     if out is not None:
         out.write_text(json.dumps(result, indent=2))

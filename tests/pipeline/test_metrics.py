@@ -30,6 +30,7 @@ EXPORTED = {
     "streamrank_collective_duration_seconds",
     "streamrank_rank_up",
     "streamrank_world_size",
+    "streamrank_degradations",
 }
 
 
@@ -71,10 +72,14 @@ def test_rank_and_world_size_come_from_torchrun_environment(
 ) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("STREAMRANK_DEGRADATIONS", "2")
     metrics = Metrics()
     metrics.record_step(0.02)
     get = metrics.registry.get_sample_value
     assert get("streamrank_world_size") == 4
+    assert get("streamrank_degradations") == 2
+    monkeypatch.delenv("STREAMRANK_DEGRADATIONS")
+    assert Metrics().registry.get_sample_value("streamrank_degradations") == 0
     assert get("streamrank_rank_step_duration_seconds_count", {"rank": "3"}) == 1
     assert get("streamrank_rank_step_duration_seconds_sum", {"rank": "3"}) == pytest.approx(0.02)
     metrics.set_up(False)

@@ -1,4 +1,7 @@
-"""``streamrank bench ranks``: end-to-end rows/s with 1 vs N ranks, embedding bytes per rank."""
+"""``streamrank bench ranks``: end-to-end rows/s with 1, 2, 4... ranks, embedding bytes per rank,
+and each rank's step time with the share of it spent in the step agreement's collective (from
+the ranks' ``streamrank_rank_step_duration_seconds`` / ``streamrank_collective_duration_seconds``
+histograms, which each rank writes into its run summary as ``rank_steps``)."""
 
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ def _run_ranks_once(
     return {
         "rows_per_s": rows / busy if busy else 0.0,
         "rank_rows": [p["rows_scored"] for p in parts],
+        "rank_steps": [p.get("rank_steps", {}) for p in parts],
     }
 
 
@@ -95,11 +99,14 @@ def bench_ranks(
         settings: the stack and the model (``model.checkpoint`` must hold a checkpoint).
         events: events per run.
         rounds: interleaved rounds over ``nprocs``.
-        nprocs: world sizes to compare; the first is the base of the ratios.
+        nprocs: world sizes to compare; the first is the base of the ratios (a 1-rank run
+            is a single process: no rank step times).
         report: called with one line of progress per run.
 
     Returns:
-        Rows/s per world size and round, ratios over the first, bytes per rank.
+        Rows/s per world size and round, ratios over the first, bytes (and lookup work) per
+        rank, and per round the ranks' step stats
+        (:func:`pipeline.distributed.step_stats`).
 
     Example::
 
@@ -108,13 +115,18 @@ def bench_ranks(
     world = seeded_world(settings)
     memory = _bytes_per_rank(settings, nprocs)
     rates: dict[int, list[float]] = {n: [] for n in nprocs}
+    steps: dict[int, list[list[dict[str, float]]]] = {n: [] for n in nprocs}
     for r in range(rounds):
         for n in nprocs:
             result = _run_ranks_once(settings, world, events, n)
             rates[n].append(result["rows_per_s"])
+            steps[n].append(result["rank_steps"])
+            shares = [s.get("collective_share") for s in result["rank_steps"]]
+            means = [s.get("step_mean_ms") for s in result["rank_steps"]]
             report(
                 f"round {r + 1}: {n} rank(s) {result['rows_per_s']:,.0f} rows/s "
-                f"(rows per rank {result['rank_rows']})"
+                f"(rows per rank {result['rank_rows']}; step ms per rank {means}, "
+                f"collective share {shares})"
             )
     base = nprocs[0]
     return {
@@ -126,4 +138,5 @@ def bench_ranks(
             for n in nprocs
         },
         "embedding_bytes_per_rank": {str(n): memory[n] for n in nprocs},
+        "rank_steps": {str(n): steps[n] for n in nprocs},
     }

@@ -15,7 +15,7 @@ def test_config_parse_round_trip_and_lookup() -> None:
     )
     assert cfg.for_table(spec.tables[1]).sharding_type is ShardingKind.ROW_WISE
     assert cfg.for_table(spec.tables[2]).kernel == "dense"
-    assert cfg.balance is Balance.BYTES
+    assert cfg.balance is Balance.SPLIT
     assert ShardingConfig.parse("balance=planner").balance is Balance.PLANNER
     assert str(cfg.for_table(spec.tables[0])) == "table_wise:dense@1"
     # Strings are accepted at run time too (e.g. from a CLI or settings file).

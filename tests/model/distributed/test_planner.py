@@ -20,8 +20,9 @@ from tests.model.distributed.ranks import MIXED_3_RANKS
 
 def test_default_spec_two_ranks_table_wise_bytes() -> None:
     spec = FeatureSpec()
-    one = describe_plan(plan_sharding(spec, 1), spec, 1)
-    two = describe_plan(plan_sharding(spec, 2), spec, 2)
+    whole = ShardingConfig(balance=Balance.BYTES)
+    one = describe_plan(plan_sharding(spec, 1, config=whole), spec, 1)
+    two = describe_plan(plan_sharding(spec, 2, config=whole), spec, 2)
     full = sum(t.num_embeddings for t in spec.tables) * spec.embedding_dim * 4
     assert one.ranks[0].bytes == full == one.unsharded_bytes == two.unsharded_bytes
     assert sum(r.bytes for r in two.ranks) == full

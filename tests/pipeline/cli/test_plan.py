@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.pipeline.cli.conftest import CliRunner
 
 
-def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(
+def test_plan_json_reports_bytes_and_work_per_rank_and_splits_the_big_tables(
     run_cli: CliRunner, tmp_path: Path
 ) -> None:
     no_checkpoint = {"STREAMRANK_MODEL__CHECKPOINT": str(tmp_path / "none")}
@@ -21,8 +21,13 @@ def test_plan_json_reports_bytes_per_rank_and_table_wise_halves_the_tables(
     total = one_rank["ranks"][0]["bytes"]
     assert [r["rank"] for r in two_ranks["ranks"]] == [0, 1]
     assert sum(r["bytes"] for r in two_ranks["ranks"]) == total
-    assert max(r["bytes"] for r in two_ranks["ranks"]) <= 0.6 * total
-    assert {t["sharding_type"] for t in two_ranks["tables"]} == {"table_wise"}
+    assert max(r["bytes"] for r in two_ranks["ranks"]) <= 0.55 * total
+    assert sum(r["work"] for r in two_ranks["ranks"]) == one_rank["ranks"][0]["work"] > 0
+    balance = two_ranks["balance"]
+    assert balance["bytes_ratio"] <= 1.1 and balance["work_ratio"] <= 1.1, balance
+    by_feature = {t["feature"]: t["sharding_type"] for t in two_ranks["tables"]}
+    assert by_feature["user_id"] == by_feature["recent_items"] == "column_wise", by_feature
+    assert by_feature["device"] == "table_wise", by_feature
 
 
 def test_plan_text_names_every_table_and_rank(run_cli: CliRunner, tmp_path: Path) -> None:

@@ -1,0 +1,62 @@
+"""One job out of two launchers (``streamrank run --nnodes 2 --node-rank R --rdzv-endpoint``),
+here both on this host, 2 ranks each: a 4-rank plan, every event scored exactly once."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import Settings
+from tests.integration.conftest import SentEvents, collect
+from tests.model.distributed.ranks import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_two_nodes_of_two_ranks_score_every_event_exactly_once(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 400)
+    endpoint = f"127.0.0.1:{free_port()}"
+    logs = [tmp_path / f"node{n}.log" for n in range(2)]
+    nodes = [
+        cli(
+            pipeline_settings,
+            "run",
+            "--nproc",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--rdzv-endpoint",
+            endpoint,
+            "--max-restarts",
+            "0",
+            "--exit-when-idle",
+            "4",
+            "--summary-json",
+            str(tmp_path / f"node{node}.json"),
+            stdout=logs[node].open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for node in range(2)
+    ]
+    for node, proc in enumerate(nodes):
+        assert proc.wait(480) == 0, logs[node].read_text()[-4000:]
+
+    recs = collect(pipeline_settings, expected=400)
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == sent.ids
+    assert max(counts.values()) == 1  # exactly once in a clean run
+    assert "sharding plan for 4 rank(s)" in logs[0].read_text()  # rank 0 lives on node 0
+    # Global ranks 0..3: node 0 holds 0-1 (summary.json, .rank1), node 1 holds 2-3.
+    assert (tmp_path / "node0.json").exists() and (tmp_path / "node0.rank1.json").exists()
+    assert (tmp_path / "node1.rank2.json").exists() and (tmp_path / "node1.rank3.json").exists()

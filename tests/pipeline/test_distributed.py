@@ -1,0 +1,30 @@
+"""Tests for pipeline.distributed.step_stats: a rank's step and collective times."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.distributed import step_stats
+from pipeline.metrics import STEP_AGREE, Metrics
+
+
+def test_step_stats_sum_steps_and_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    metrics = Metrics()
+    assert step_stats(metrics) == {
+        "steps": 0.0,
+        "step_seconds": 0.0,
+        "step_mean_ms": 0.0,
+        "collective_seconds": 0.0,
+        "collective_share": 0.0,
+    }
+    for seconds in (0.010, 0.030):
+        metrics.record_step(seconds)
+    metrics.record_collective(STEP_AGREE, 0.004)
+    metrics.record_collective(STEP_AGREE, 0.006)
+    stats = step_stats(metrics)
+    assert stats["steps"] == 2
+    assert stats["step_seconds"] == pytest.approx(0.04)
+    assert stats["step_mean_ms"] == pytest.approx(20.0)
+    assert stats["collective_seconds"] == pytest.approx(0.01)
+    assert stats["collective_share"] == pytest.approx(0.25)
