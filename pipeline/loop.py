@@ -28,18 +28,21 @@ from dataclasses import dataclass
 from types import FrameType
 
 from pipeline.config import Settings
+from pipeline.faults import FaultInjector
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
 from pipeline.stages.batch import MicroBatcher, Record, to_columns
-from pipeline.stages.commit import Checkpointer
+from pipeline.stages.commit import Checkpoint, Checkpointer
 from pipeline.stages.decode import (
     RECOMMENDATION_SCHEMA_FILE,
     RecordCodec,
     RejectedMessage,
+    RejectReason,
     UserEventDecoder,
 )
 from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.features import build_feature_columns
+from pipeline.stages.isolate import SOURCE_MESSAGE, bisect, is_isolatable
 from pipeline.stages.publish import DeadLetterSink, RecommendationSink
 from pipeline.stages.rebalance import Partition, RebalanceHandler
 from pipeline.stages.score import ForwardExecutor, PreparedBatch, ScoredBatch, Scorer
@@ -106,6 +109,7 @@ class ScoringPipeline:
         self._stages: _Stages | None = None
         self._stop = threading.Event()
         self.summary = RunSummary()
+        self._faults = FaultInjector.from_env()  # TEST HOOK: None in production
 
     @property
     def assignment(self) -> set[Partition]:
@@ -161,7 +165,13 @@ class ScoringPipeline:
         )
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         executor = ForwardExecutor(
-            self.scorer, metrics, self._publish, self._overlap, self._collective
+            self.scorer,
+            metrics,
+            self._publish,
+            self._overlap,
+            self._collective,
+            on_failed=self._isolate_failed,
+            faults=self._faults,
         )
         rebalance = RebalanceHandler(
             source, self.batcher, checkpointer, executor, self._score_open_batch, self._collective
@@ -234,6 +244,7 @@ class ScoringPipeline:
                 st.dead_letters.publish(message, rejection, checkpointer.open)
                 self.summary.dead_lettered += 1
                 continue
+            record[SOURCE_MESSAGE] = message  # dead-lettered as is if it turns out poison
             if not batcher.fits(record):
                 batcher.hold((topic, partition, offset), record)
                 break
@@ -264,15 +275,92 @@ class ScoringPipeline:
             if self._collective and pad_rows:
                 st.executor.submit_padding(pad_rows)
             return
-        metrics = self.metrics
         checkpoint = st.checkpointer.cut()  # what is consumed from now on is the next batch's
+        try:
+            prepared = self._prepare(records, checkpoint)
+        except Exception as exc:
+            if not is_isolatable(exc):
+                raise
+            self._isolate_prepare(st, records, checkpoint, exc, pad_rows)
+            return
+        st.executor.submit(prepared, pad_rows)
+
+    def _prepare(self, records: list[Record], checkpoint: Checkpoint) -> PreparedBatch:
+        """Enrich and featurise ``records`` (the steps before the forward)."""
+        metrics = self.metrics
         with metrics.stage("enrich"):
             events = to_columns(records)
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
+            if self._faults is not None:
+                self._faults.check("features", events.event_ids)
             features = build_feature_columns(events, enrichment, self.scorer.spec)
             inp = self.scorer.model_input(features)
-        st.executor.submit(PreparedBatch(events, enrichment, checkpoint, inp), pad_rows)
+        return PreparedBatch(events, enrichment, checkpoint, inp, records)
+
+    def _isolate_prepare(
+        self,
+        st: _Stages,
+        records: list[Record],
+        checkpoint: Checkpoint,
+        error: Exception,
+        pad_rows: int | None,
+    ) -> None:
+        """A batch failed before its forward: dead-letter the events that fail alone.
+
+        A single process scores the rest now. Ranks of a sharded model bisect only the local
+        steps before the forward (no collective is involved), then join the agreed forward
+        with the good events (or with padding when none is left): every rank still runs
+        exactly one forward for the step.
+        """
+        log.warning("batch of %d events failed (%s): isolating", len(records), error)
+        st.executor.finish()  # the previous batch is published first
+        if not self._collective:
+            self._isolate(st, records, checkpoint, error)
+            return
+        found = bisect(records, lambda group: self._prepare(group, checkpoint), error)
+        self._dead_letter_failed(st, found.failed, checkpoint)
+        good = found.good_records
+        if good:
+            st.executor.submit(self._prepare(good, checkpoint), pad_rows)
+        else:
+            st.checkpointer.seal(checkpoint)
+            if pad_rows:
+                st.executor.submit_padding(pad_rows)
+
+    def _isolate_failed(self, batch: PreparedBatch, error: Exception) -> None:
+        """The forward, top-K or publish of ``batch`` failed (single process): isolate."""
+        assert self._stages is not None and batch.records is not None
+        log.warning("batch of %d events failed (%s): isolating", len(batch.records), error)
+        self._isolate(self._stages, batch.records, batch.checkpoint, error)
+
+    def _isolate(
+        self, st: _Stages, records: list[Record], checkpoint: Checkpoint, error: Exception
+    ) -> None:
+        """Bisect the whole chain synchronously (enrich to publish) on the loop's thread."""
+
+        def process(group: list[Record]) -> None:
+            batch = self._prepare(group, checkpoint)
+            if self._faults is not None:
+                self._faults.check("forward", batch.events.event_ids)
+            probs = self.scorer.forward(batch.model_input)
+            scored = self.scorer.top_k(probs, batch.events)
+            latency_s = st.sink.publish(batch, scored, self.scorer.model_version)
+            self.summary.record_batch(batch.events.num_events, batch.events.num_rows, latency_s)
+
+        found = bisect(records, process, error)
+        self._dead_letter_failed(st, found.failed, checkpoint)
+        st.checkpointer.seal(checkpoint)
+
+    def _dead_letter_failed(
+        self, st: _Stages, failed: list[tuple[Record, Exception]], checkpoint: Checkpoint
+    ) -> None:
+        for record, exc in failed:
+            rejection = RejectedMessage(
+                RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
+            )
+            st.dead_letters.publish(record[SOURCE_MESSAGE], rejection, checkpoint)
+            self.summary.dead_lettered += 1
 
     def _publish(self, batch: PreparedBatch, scored: ScoredBatch) -> None:
         """Produce a scored batch's Recommendations, then seal its checkpoint."""

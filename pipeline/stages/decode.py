@@ -49,6 +49,9 @@ class RejectReason(enum.StrEnum):
     TOO_MANY_CANDIDATES = "too_many_candidates"
     ID_OUT_OF_RANGE = "id_out_of_range"
     INVALID_FIELD = "invalid_field"
+    PROCESSING_ERROR = "processing_error"
+    """Decoded and valid, but a step after decode (enrich, features, forward, top-K, encode)
+    fails for this event alone (:mod:`pipeline.stages.isolate`)."""
 
 
 class RejectedMessage(Exception):
