@@ -161,7 +161,10 @@ class ScoringPipeline:
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
         checkpointer = Checkpointer(
-            clients.consumer, clients.producer, settings.batching.max_in_flight_batches
+            clients.consumer,
+            clients.producer,
+            settings.batching.max_in_flight_batches,
+            commit_results=clients.commit_results,
         )
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         executor = ForwardExecutor(

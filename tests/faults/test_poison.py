@@ -56,3 +56,7 @@ def test_an_event_failing_after_decode_is_dead_lettered_and_its_batch_scored(
     )
     assert summary.events_out == 299 and summary.dead_lettered == 1
     assert summary.batches < 300  # the batch was bisected, not scored event by event
+    stages = bp.pipeline._stages
+    assert stages is not None  # every offset committed, as confirmed by the broker (on_commit)
+    assert sum(stages.checkpointer.committed.values()) == 300
+    assert stages.checkpointer.commit_failures == 0
