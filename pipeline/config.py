@@ -206,6 +206,22 @@ class BatchingSettings(_Section):
         return value
 
 
+class ShutdownSettings(_Section):
+    """How SIGTERM/SIGINT end a run."""
+
+    timeout_s: float = 10.0
+    """From the signal to the exit: the open batch is scored, every record acknowledged and the
+    offsets committed within this time; what is not acknowledged by then stays uncommitted
+    (replayed by the next run, never lost)."""
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+
 class SyntheticSettings(_Section):
     """The synthetic world behind ``seed-features``, ``produce`` and ``init-model``.
 
@@ -246,6 +262,7 @@ class Settings(BaseSettings):
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     synthetic: SyntheticSettings = Field(default_factory=SyntheticSettings)
 
     @classmethod

@@ -108,6 +108,7 @@ class ScoringPipeline:
         self._clients = clients
         self._stages: _Stages | None = None
         self._stop = threading.Event()
+        self._stop_by: float | None = None
         self.summary = RunSummary()
         self._faults = FaultInjector.from_env()  # TEST HOOK: None in production
 
@@ -117,7 +118,12 @@ class ScoringPipeline:
         return self._stages.source.assignment if self._stages else set()
 
     def stop(self) -> None:
-        """Ask the loop to finish the open batch, commit, and return (thread/signal safe)."""
+        """Ask the loop to finish the open batch, commit, and return (thread/signal safe).
+
+        Every wait from now on ends within ``shutdown.timeout_s``.
+        """
+        if not self._stop.is_set():
+            self._stop_by = time.monotonic() + self.settings.shutdown.timeout_s
         self._stop.set()
 
     def stop_on_signals(self) -> None:
@@ -142,7 +148,7 @@ class ScoringPipeline:
         started = time.monotonic()
         try:
             self._loop(st, exit_when_idle_s, max_events)
-            st.checkpointer.flush_and_commit()
+            st.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
         except BaseException:
             st.rebalance.failed = True  # closing must not score or commit more
             raise
@@ -213,6 +219,8 @@ class ScoringPipeline:
             stop_requested = self._stop.is_set() or (
                 max_events is not None and self.summary.events_in >= max_events
             )
+            if self._stop_by is not None:
+                st.checkpointer.deadline = self._stop_by
             step = self.stepper.agree(batcher.ready(), batcher.rows, stop_requested, idle)
             if step.run or step.stop:
                 self._score(st, batcher.close(), pad_rows=step.rows)

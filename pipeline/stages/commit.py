@@ -124,6 +124,8 @@ class Checkpointer:
         self.committed: dict[tuple[str, int], int] = {}
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
         self.commit_failures = 0
+        self.deadline: float | None = None
+        """``time.monotonic()`` by which every wait must end (set on shutdown)."""
 
     def consumed(self, topic: str, partition: int, offset: int) -> None:
         """Record that the message at ``offset`` was consumed (call in poll order)."""
@@ -163,6 +165,8 @@ class Checkpointer:
         checkpoint.sealed = True
         self._producer.poll(0)
         while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
             self._producer.poll(0.05)
             self.commit_ready()
 
@@ -190,12 +194,24 @@ class Checkpointer:
         return count
 
     def flush_and_commit(self, timeout_s: float = 30.0) -> None:
-        """Seal, wait for every acknowledgement, and commit synchronously."""
+        """Seal, wait for every acknowledgement, and commit synchronously.
+
+        The wait ends at ``timeout_s`` or at :attr:`deadline`, whichever comes first; what is
+        acknowledged by then is still committed.
+
+        Raises:
+            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted).
+        """
         self.seal()
+        self._flush_and_commit(timeout_s)
+
+    def _flush_and_commit(self, timeout_s: float) -> None:
+        if self.deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, self.deadline - time.monotonic()))
         remaining = self._producer.flush(timeout_s)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
         self.commit_ready(asynchronous=False)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s:.1f}s")
 
     def commit_delivered(self, timeout_s: float = 30.0) -> None:
         """Wait for every acknowledgement and commit the sealed checkpoints synchronously.
@@ -203,10 +219,7 @@ class Checkpointer:
         Unlike :meth:`flush_and_commit`, the open checkpoint stays open (its batch is not
         produced yet).
         """
-        remaining = self._producer.flush(timeout_s)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
-        self.commit_ready(asynchronous=False)
+        self._flush_and_commit(timeout_s)
 
     def forget_open(self, partitions: list[tuple[str, int]]) -> None:
         """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -414,3 +415,19 @@ def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -
     ckpt.forget([(T, 0)])  # a lost partition's retry is dropped
     ckpt.flush_and_commit(timeout_s=0.1)
     assert len(consumer.commits) == 1
+
+
+def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(stuck_on_flush=1)  # the broker never acknowledges
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.deadline = time.monotonic() + 0.2
+    started = time.monotonic()
+    with pytest.raises(DeliveryFailed, match="shutdown deadline"):
+        for offset in range(3):  # the third seal waits for the first checkpoint's ack
+            ckpt.consumed(T, 0, offset)
+            _produce(ckpt, producer)
+            ckpt.seal()
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(DeliveryFailed, match="undelivered"):
+        ckpt.flush_and_commit(30.0)
+    assert producer.flushes[-1] == 0.0  # the deadline, not the 30 s, bounded the flush
