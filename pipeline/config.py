@@ -167,6 +167,14 @@ class CodecSettings(_Section):
     max_id: int = 2**63 - 1
     """Ids (user, item) must lie in ``[0, max_id]``."""
     max_num_results: int = 1000
+    max_recent_items: int = 1000
+    """More ``recent_item_ids`` than this is rejected (up to it they are truncated to the
+    model's cap)."""
+    max_string_length: int = 256
+    """``event_id``, ``context.device`` and ``context.country``: 1 to this many characters."""
+    max_event_time_ahead_s: float = 3600.0
+    """``event_time`` later than now plus this is rejected; one before 2001 too (seconds sent
+    as milliseconds)."""
 
 
 class RedisSettings(_Section):

@@ -13,6 +13,7 @@ with a machine-readable reason, which the caller routes to the dead-letter topic
 
 from __future__ import annotations
 
+import datetime
 import enum
 import io
 import json
@@ -54,6 +55,9 @@ class RejectReason(enum.StrEnum):
     TOO_MANY_CANDIDATES = "too_many_candidates"
     ID_OUT_OF_RANGE = "id_out_of_range"
     INVALID_FIELD = "invalid_field"
+    TOO_MANY_RECENT_ITEMS = "too_many_recent_items"
+    INVALID_STRING = "invalid_string"
+    INVALID_EVENT_TIME = "invalid_event_time"
     PROCESSING_ERROR = "processing_error"
     """Decoded and valid, but a step after decode (enrich, features, forward, top-K, encode)
     fails for this event alone (:mod:`pipeline.stages.isolate`)."""
@@ -258,7 +262,12 @@ class UserEventDecoder:
     - it decodes with the UserEvent schema and nothing is left over;
     - there is at least one candidate and at most ``max_candidates``;
     - ``user_id`` and every item id lie in ``[0, max_id]``;
-    - ``1 <= num_results <= max_num_results``.
+    - ``1 <= num_results <= max_num_results``;
+    - at most ``max_recent_items`` recent items;
+    - ``event_id``, ``context.device`` and ``context.country`` hold 1 to
+      ``max_string_length`` characters;
+    - ``event_time`` lies between 2001 (earlier is a seconds value sent as milliseconds) and
+      ``max_event_time_ahead_s`` from now.
 
     ``recent_item_ids`` longer than ``recent_cap`` is truncated (newest first are kept), never
     rejected; ``None`` becomes ``[]``.
@@ -293,6 +302,11 @@ class UserEventDecoder:
                 f"{len(candidates)} candidates > codec.max_candidates={limits.max_candidates}",
             )
         recent = event["recent_item_ids"]
+        if recent is not None and len(recent) > limits.max_recent_items:
+            raise RejectedMessage(
+                RejectReason.TOO_MANY_RECENT_ITEMS,
+                f"{len(recent)} recent items > codec.max_recent_items={limits.max_recent_items}",
+            )
         if recent is None:
             event["recent_item_ids"] = recent = []
         elif len(recent) > self._recent_cap:
@@ -317,7 +331,37 @@ class UserEventDecoder:
                 RejectReason.INVALID_FIELD,
                 f"num_results {num_results} not in [1, {limits.max_num_results}]",
             )
+        context = event["context"]
+        for name, text in (
+            ("event_id", event["event_id"]),
+            ("context.device", context["device"]),
+            ("context.country", context["country"]),
+        ):
+            if not 0 < len(text) <= limits.max_string_length:
+                raise RejectedMessage(
+                    RejectReason.INVALID_STRING,
+                    f"{name} has {len(text)} characters, not in [1, {limits.max_string_length}]",
+                )
+        event_ms = _epoch_ms(event["event_time"])
+        latest_ms = time.time() * 1000 + limits.max_event_time_ahead_s * 1000
+        if not _EARLIEST_EVENT_MS <= event_ms <= latest_ms:
+            raise RejectedMessage(
+                RejectReason.INVALID_EVENT_TIME,
+                f"event_time {event_ms} ms is before 2001 (seconds, not milliseconds?) or more "
+                f"than {limits.max_event_time_ahead_s:.0f}s ahead",
+            )
         return event
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_EARLIEST_EVENT_MS = 978_307_200_000  # 2001-01-01T00:00:00Z
+
+
+def _epoch_ms(value: int | datetime.datetime) -> int:
+    """fastavro decodes timestamp-millis to an aware datetime (an int when written raw)."""
+    if isinstance(value, int):
+        return value
+    return (value - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
 class RecordCodec:
