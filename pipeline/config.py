@@ -40,6 +40,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.delivery_settings import DeliverySettings
 from pipeline.model_settings import ModelSettings
 
 ENV_PREFIX = "STREAMRANK_"
@@ -271,6 +272,7 @@ class Settings(BaseSettings):
     model: ModelSettings = Field(default_factory=ModelSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     synthetic: SyntheticSettings = Field(default_factory=SyntheticSettings)
 
     @classmethod

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from types import FrameType
 
 from pipeline.config import Settings
+from pipeline.delivery_settings import Guarantee
 from pipeline.faults import FaultInjector
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
 from pipeline.stages.batch import MicroBatcher, Record, to_columns
 from pipeline.stages.commit import Checkpoint, Checkpointer
+from pipeline.stages.commit_transactional import TransactionalCheckpointer, transactional_kafka
 from pipeline.stages.decode import (
     RECOMMENDATION_SCHEMA_FILE,
     RecordCodec,
@@ -162,16 +164,27 @@ class ScoringPipeline:
 
     def _assemble(self) -> _Stages:
         settings, metrics = self.settings, self.metrics
-        clients = self._clients(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
+        exactly_once = settings.delivery.guarantee is Guarantee.EXACTLY_ONCE
+        kafka = transactional_kafka(settings) if exactly_once else settings.kafka
+        clients = self._clients(kafka, settings.topics, metrics.record_librdkafka_stats)
         source = KafkaSource(
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
-        checkpointer = Checkpointer(
-            clients.consumer,
-            clients.producer,
-            settings.batching.max_in_flight_batches,
-            commit_results=clients.commit_results,
-        )
+        checkpointer: Checkpointer
+        if exactly_once:
+            checkpointer = TransactionalCheckpointer(
+                clients.consumer,
+                clients.producer,
+                settings.delivery.commit_interval_ms / 1000,
+                settings.batching.max_in_flight_batches,
+            )
+        else:
+            checkpointer = Checkpointer(
+                clients.consumer,
+                clients.producer,
+                settings.batching.max_in_flight_batches,
+                commit_results=clients.commit_results,
+            )
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         executor = ForwardExecutor(
             self.scorer,

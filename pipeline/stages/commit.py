@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -63,6 +64,8 @@ class Checkpoint:
     pending: int = 0
     sealed: bool = False
     error: str | None = None
+    before_produce: Callable[[], None] | None = None
+    """Called before each record is produced (exactly-once: begins the transaction)."""
 
     def expect_delivery(self) -> DeliveryCallback:
         """Count one more record produced on behalf of these offsets.
@@ -70,6 +73,8 @@ class Checkpoint:
         Returns:
             Its ``on_delivery`` callback: the broker's acknowledgement flows back here.
         """
+        if self.before_produce is not None:
+            self.before_produce()
         self.pending += 1
         return self.on_delivery
 
@@ -114,7 +119,7 @@ class Checkpointer:
         self._consumer = consumer
         self._producer = producer
         self._max_sealed = max_sealed
-        self._open = Checkpoint()
+        self._open = self._new_checkpoint()
         self._sealed: deque[Checkpoint] = deque()
         self._confirmed = commit_results is not None
         if commit_results is not None:
@@ -126,6 +131,9 @@ class Checkpointer:
         self.commit_failures = 0
         self.deadline: float | None = None
         """``time.monotonic()`` by which every wait must end (set on shutdown)."""
+
+    def _new_checkpoint(self) -> Checkpoint:
+        return Checkpoint()
 
     def consumed(self, topic: str, partition: int, offset: int) -> None:
         """Record that the message at ``offset`` was consumed (call in poll order)."""
@@ -148,7 +156,7 @@ class Checkpointer:
         consumed from now on belongs to the next checkpoint. Produce the batch's records with
         ``delivery_callback(checkpoint)``, then :meth:`seal` it.
         """
-        checkpoint, self._open = self._open, Checkpoint()
+        checkpoint, self._open = self._open, self._new_checkpoint()
         self._sealed.append(checkpoint)
         return checkpoint
 
