@@ -32,6 +32,7 @@ from pipeline.delivery_settings import Guarantee
 from pipeline.faults import FaultInjector
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
+from pipeline.stages.backpressure import BackpressuredProducer
 from pipeline.stages.batch import MicroBatcher, Record, to_columns
 from pipeline.stages.commit import Checkpoint, Checkpointer
 from pipeline.stages.commit_transactional import TransactionalCheckpointer, transactional_kafka
@@ -199,11 +200,13 @@ class ScoringPipeline:
             source, self.batcher, checkpointer, executor, self._score_open_batch, self._collective
         )
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
+        checkpointer.backpressure = source.held_back
+        producer = BackpressuredProducer(clients.producer, source, lambda: self._stop_by)
         return _Stages(
             source=source,
             checkpointer=checkpointer,
-            sink=RecommendationSink(clients.producer, settings.topics.output, codec, metrics),
-            dead_letters=DeadLetterSink(clients.producer, settings.topics.dlq, metrics),
+            sink=RecommendationSink(producer, settings.topics.output, codec, metrics),
+            dead_letters=DeadLetterSink(producer, settings.topics.dlq, metrics),
             executor=executor,
             rebalance=rebalance,
         )

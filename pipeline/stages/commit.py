@@ -34,6 +34,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -130,6 +131,8 @@ class Checkpointer:
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
         self.commit_failures = 0
         self.deadline: float | None = None
+        self.backpressure: Callable[[], AbstractContextManager[None]] = nullcontext
+        """Held while :meth:`seal` waits for acknowledgements (the source pauses fetching)."""
         """``time.monotonic()`` by which every wait must end (set on shutdown)."""
 
     def _new_checkpoint(self) -> Checkpoint:
@@ -172,11 +175,14 @@ class Checkpointer:
             checkpoint = self.cut()
         checkpoint.sealed = True
         self._producer.poll(0)
-        while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
-            self._producer.poll(0.05)
-            self.commit_ready()
+        if len(self._sealed) <= self._max_sealed:
+            return
+        with self.backpressure():
+            while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
+                self._producer.poll(0.05)
+                self.commit_ready()
 
     def commit_ready(self, asynchronous: bool = True) -> int:
         """Commit the leading sealed checkpoints that are fully acknowledged.
