@@ -40,8 +40,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from pipeline.delivery_settings import DeliverySettings
+from pipeline.delivery_settings import DeliverySettings, ShutdownSettings
 from pipeline.model_settings import ModelSettings
+from pipeline.secrets import is_secret_name
 
 ENV_PREFIX = "STREAMRANK_"
 ENV_NESTED_DELIMITER = "__"
@@ -93,8 +94,20 @@ class KafkaSettings(_Section):
     max_poll_interval_ms: int = 300_000
     linger_ms: int = 5
     compression_type: str = "lz4"
-    consumer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    producer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    consumer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
+    producer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
+    """Values whose name looks secret (:func:`pipeline.secrets.is_secret_name`) are kept as
+    ``SecretStr``: masked wherever the settings are printed."""
+
+    @field_validator("consumer_extra", "producer_extra", mode="before")
+    @classmethod
+    def _hide_secrets(cls, extra: Any) -> Any:
+        if not isinstance(extra, dict):
+            return extra
+        return {
+            k: SecretStr(v) if isinstance(v, str) and is_secret_name(k) else v
+            for k, v in extra.items()
+        }
 
     def _common(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -125,7 +138,7 @@ class KafkaSettings(_Section):
                 "partition.assignment.strategy": "cooperative-sticky",
             }
         )
-        conf.update(self.consumer_extra)
+        conf.update(_revealed(self.consumer_extra))
         return conf
 
     def producer_config(self) -> dict[str, Any]:
@@ -139,11 +152,16 @@ class KafkaSettings(_Section):
                 "compression.type": self.compression_type,
             }
         )
-        conf.update(self.producer_extra)
+        conf.update(_revealed(self.producer_extra))
         return conf
 
     def admin_config(self) -> dict[str, Any]:
         return self._common()
+
+
+def _revealed(extra: dict[str, Any]) -> dict[str, Any]:
+    """Client settings as librdkafka needs them (secret values in clear)."""
+    return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in extra.items()}
 
 
 class TopicsSettings(_Section):
@@ -212,22 +230,6 @@ class BatchingSettings(_Section):
     def _positive(cls, value: int) -> int:
         if value < 1:
             raise ValueError("must be >= 1")
-        return value
-
-
-class ShutdownSettings(_Section):
-    """How SIGTERM/SIGINT end a run."""
-
-    timeout_s: float = 10.0
-    """From the signal to the exit: the open batch is scored, every record acknowledged and the
-    offsets committed within this time; what is not acknowledged by then stays uncommitted
-    (replayed by the next run, never lost)."""
-
-    @field_validator("timeout_s")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be > 0")
         return value
 
 

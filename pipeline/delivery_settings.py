@@ -1,4 +1,5 @@
-"""The ``[delivery]`` section of the configuration: the delivery guarantee of the output.
+"""The ``[delivery]`` and ``[shutdown]`` sections: the output's delivery guarantee, and how a
+run ends on SIGTERM/SIGINT.
 
 ``at_least_once`` (default): offsets are committed after every record they guard is
 acknowledged (:mod:`pipeline.stages.commit`); a crash can repeat a few recommendations.
@@ -45,6 +46,24 @@ class DeliverySettings(BaseModel):
     members: give each single-process member of a group its own ``kafka.client_id``."""
 
     @field_validator("commit_interval_ms")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+
+class ShutdownSettings(BaseModel):
+    """``[shutdown]``: how SIGTERM/SIGINT end a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = 10.0
+    """From the signal to the exit: the open batch is scored, every record acknowledged and the
+    offsets committed within this time; what is not acknowledged by then stays uncommitted
+    (replayed by the next run, never lost)."""
+
+    @field_validator("timeout_s")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
