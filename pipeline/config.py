@@ -40,7 +40,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.delivery_settings import DeliverySettings, ShutdownSettings
 from pipeline.model_settings import ModelSettings
+from pipeline.secrets import is_secret_name
 
 ENV_PREFIX = "STREAMRANK_"
 ENV_NESTED_DELIMITER = "__"
@@ -92,8 +94,20 @@ class KafkaSettings(_Section):
     max_poll_interval_ms: int = 300_000
     linger_ms: int = 5
     compression_type: str = "lz4"
-    consumer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    producer_extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    consumer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
+    producer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
+    """Values whose name looks secret (:func:`pipeline.secrets.is_secret_name`) are kept as
+    ``SecretStr``: masked wherever the settings are printed."""
+
+    @field_validator("consumer_extra", "producer_extra", mode="before")
+    @classmethod
+    def _hide_secrets(cls, extra: Any) -> Any:
+        if not isinstance(extra, dict):
+            return extra
+        return {
+            k: SecretStr(v) if isinstance(v, str) and is_secret_name(k) else v
+            for k, v in extra.items()
+        }
 
     def _common(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -124,7 +138,7 @@ class KafkaSettings(_Section):
                 "partition.assignment.strategy": "cooperative-sticky",
             }
         )
-        conf.update(self.consumer_extra)
+        conf.update(_revealed(self.consumer_extra))
         return conf
 
     def producer_config(self) -> dict[str, Any]:
@@ -138,11 +152,16 @@ class KafkaSettings(_Section):
                 "compression.type": self.compression_type,
             }
         )
-        conf.update(self.producer_extra)
+        conf.update(_revealed(self.producer_extra))
         return conf
 
     def admin_config(self) -> dict[str, Any]:
         return self._common()
+
+
+def _revealed(extra: dict[str, Any]) -> dict[str, Any]:
+    """Client settings as librdkafka needs them (secret values in clear)."""
+    return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in extra.items()}
 
 
 class TopicsSettings(_Section):
@@ -167,6 +186,14 @@ class CodecSettings(_Section):
     max_id: int = 2**63 - 1
     """Ids (user, item) must lie in ``[0, max_id]``."""
     max_num_results: int = 1000
+    max_recent_items: int = 1000
+    """More ``recent_item_ids`` than this is rejected (up to it they are truncated to the
+    model's cap)."""
+    max_string_length: int = 256
+    """``event_id``, ``context.device`` and ``context.country``: 1 to this many characters."""
+    max_event_time_ahead_s: float = 3600.0
+    """``event_time`` later than now plus this is rejected; one before 2001 too (seconds sent
+    as milliseconds)."""
 
 
 class RedisSettings(_Section):
@@ -246,6 +273,8 @@ class Settings(BaseSettings):
     batching: BatchingSettings = Field(default_factory=BatchingSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     synthetic: SyntheticSettings = Field(default_factory=SyntheticSettings)
 
     @classmethod

@@ -30,6 +30,30 @@ RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 
 Headers = list[tuple[str, str | bytes | None]]
 
+CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
+"""librdkafka's ``on_commit``: the result of an offset commit (served by ``consume``)."""
+
+
+class CommitResults:
+    """The consumer's ``on_commit``, forwarding each commit result to :attr:`listener`.
+
+    The consumer is configured before the commit protocol exists; the protocol sets
+    ``listener`` when it is built.
+
+    Example::
+
+        results = CommitResults()
+        consumer = make_consumer(settings, extra={"on_commit": results})
+        results.listener = checkpointer.on_commit
+    """
+
+    def __init__(self) -> None:
+        self.listener: CommitCallback | None = None
+
+    def __call__(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if self.listener is not None:
+            self.listener(err, partitions)
+
 
 class PollingProducer(Protocol):
     """What the commit protocol needs of a producer: serve callbacks, wait for delivery."""
@@ -79,6 +103,10 @@ class SubscribingConsumer(CommittingConsumer, Protocol):
     ) -> None: ...
 
     def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Message]: ...
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -177,6 +205,8 @@ class KafkaClients:
 
     consumer: SubscribingConsumer
     producer: RecordProducer
+    commit_results: CommitResults | None = None
+    """Where the consumer reports commit results (``None``: commits are taken as done)."""
 
 
 ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
@@ -201,6 +231,9 @@ def connect(
         clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
     """
     ensure_topics(settings, topics)
+    results = CommitResults()
     return KafkaClients(
-        consumer=make_consumer(settings, stats_cb=stats_cb), producer=make_producer(settings)
+        consumer=make_consumer(settings, stats_cb=stats_cb, extra={"on_commit": results}),
+        producer=make_producer(settings),
+        commit_results=results,
     )

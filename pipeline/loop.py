@@ -28,18 +28,24 @@ from dataclasses import dataclass
 from types import FrameType
 
 from pipeline.config import Settings
+from pipeline.delivery_settings import Guarantee
+from pipeline.faults import FaultInjector
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
+from pipeline.stages.backpressure import BackpressuredProducer
 from pipeline.stages.batch import MicroBatcher, Record, to_columns
-from pipeline.stages.commit import Checkpointer
+from pipeline.stages.commit import Checkpoint, Checkpointer
+from pipeline.stages.commit_transactional import TransactionalCheckpointer, transactional_kafka
 from pipeline.stages.decode import (
     RECOMMENDATION_SCHEMA_FILE,
     RecordCodec,
     RejectedMessage,
+    RejectReason,
     UserEventDecoder,
 )
 from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.features import build_feature_columns
+from pipeline.stages.isolate import SOURCE_MESSAGE, bisect, is_isolatable
 from pipeline.stages.publish import DeadLetterSink, RecommendationSink
 from pipeline.stages.rebalance import Partition, RebalanceHandler
 from pipeline.stages.score import ForwardExecutor, PreparedBatch, ScoredBatch, Scorer
@@ -105,7 +111,9 @@ class ScoringPipeline:
         self._clients = clients
         self._stages: _Stages | None = None
         self._stop = threading.Event()
+        self._stop_by: float | None = None
         self.summary = RunSummary()
+        self._faults = FaultInjector.from_env()  # TEST HOOK: None in production
 
     @property
     def assignment(self) -> set[Partition]:
@@ -113,7 +121,12 @@ class ScoringPipeline:
         return self._stages.source.assignment if self._stages else set()
 
     def stop(self) -> None:
-        """Ask the loop to finish the open batch, commit, and return (thread/signal safe)."""
+        """Ask the loop to finish the open batch, commit, and return (thread/signal safe).
+
+        Every wait from now on ends within ``shutdown.timeout_s``.
+        """
+        if not self._stop.is_set():
+            self._stop_by = time.monotonic() + self.settings.shutdown.timeout_s
         self._stop.set()
 
     def stop_on_signals(self) -> None:
@@ -138,7 +151,7 @@ class ScoringPipeline:
         started = time.monotonic()
         try:
             self._loop(st, exit_when_idle_s, max_events)
-            st.checkpointer.flush_and_commit()
+            st.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
         except BaseException:
             st.rebalance.failed = True  # closing must not score or commit more
             raise
@@ -152,26 +165,48 @@ class ScoringPipeline:
 
     def _assemble(self) -> _Stages:
         settings, metrics = self.settings, self.metrics
-        clients = self._clients(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
+        exactly_once = settings.delivery.guarantee is Guarantee.EXACTLY_ONCE
+        kafka = transactional_kafka(settings) if exactly_once else settings.kafka
+        clients = self._clients(kafka, settings.topics, metrics.record_librdkafka_stats)
         source = KafkaSource(
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
-        checkpointer = Checkpointer(
-            clients.consumer, clients.producer, settings.batching.max_in_flight_batches
-        )
+        checkpointer: Checkpointer
+        if exactly_once:
+            checkpointer = TransactionalCheckpointer(
+                clients.consumer,
+                clients.producer,
+                settings.delivery.commit_interval_ms / 1000,
+                settings.batching.max_in_flight_batches,
+            )
+        else:
+            checkpointer = Checkpointer(
+                clients.consumer,
+                clients.producer,
+                settings.batching.max_in_flight_batches,
+                commit_results=clients.commit_results,
+            )
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         executor = ForwardExecutor(
-            self.scorer, metrics, self._publish, self._overlap, self._collective
+            self.scorer,
+            metrics,
+            self._publish,
+            self._overlap,
+            self._collective,
+            on_failed=self._isolate_failed,
+            faults=self._faults,
         )
         rebalance = RebalanceHandler(
             source, self.batcher, checkpointer, executor, self._score_open_batch, self._collective
         )
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
+        checkpointer.backpressure = source.held_back
+        producer = BackpressuredProducer(clients.producer, source, lambda: self._stop_by)
         return _Stages(
             source=source,
             checkpointer=checkpointer,
-            sink=RecommendationSink(clients.producer, settings.topics.output, codec, metrics),
-            dead_letters=DeadLetterSink(clients.producer, settings.topics.dlq, metrics),
+            sink=RecommendationSink(producer, settings.topics.output, codec, metrics),
+            dead_letters=DeadLetterSink(producer, settings.topics.dlq, metrics),
             executor=executor,
             rebalance=rebalance,
         )
@@ -200,6 +235,8 @@ class ScoringPipeline:
             stop_requested = self._stop.is_set() or (
                 max_events is not None and self.summary.events_in >= max_events
             )
+            if self._stop_by is not None:
+                st.checkpointer.deadline = self._stop_by
             step = self.stepper.agree(batcher.ready(), batcher.rows, stop_requested, idle)
             if step.run or step.stop:
                 self._score(st, batcher.close(), pad_rows=step.rows)
@@ -234,6 +271,7 @@ class ScoringPipeline:
                 st.dead_letters.publish(message, rejection, checkpointer.open)
                 self.summary.dead_lettered += 1
                 continue
+            record[SOURCE_MESSAGE] = message  # dead-lettered as is if it turns out poison
             if not batcher.fits(record):
                 batcher.hold((topic, partition, offset), record)
                 break
@@ -264,15 +302,92 @@ class ScoringPipeline:
             if self._collective and pad_rows:
                 st.executor.submit_padding(pad_rows)
             return
-        metrics = self.metrics
         checkpoint = st.checkpointer.cut()  # what is consumed from now on is the next batch's
+        try:
+            prepared = self._prepare(records, checkpoint)
+        except Exception as exc:
+            if not is_isolatable(exc):
+                raise
+            self._isolate_prepare(st, records, checkpoint, exc, pad_rows)
+            return
+        st.executor.submit(prepared, pad_rows)
+
+    def _prepare(self, records: list[Record], checkpoint: Checkpoint) -> PreparedBatch:
+        """Enrich and featurise ``records`` (the steps before the forward)."""
+        metrics = self.metrics
         with metrics.stage("enrich"):
             events = to_columns(records)
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
+            if self._faults is not None:
+                self._faults.check("features", events.event_ids)
             features = build_feature_columns(events, enrichment, self.scorer.spec)
             staged = self.scorer.stage(features)
-        st.executor.submit(PreparedBatch(events, enrichment, checkpoint, staged), pad_rows)
+        return PreparedBatch(events, enrichment, checkpoint, staged, records)
+
+    def _isolate_prepare(
+        self,
+        st: _Stages,
+        records: list[Record],
+        checkpoint: Checkpoint,
+        error: Exception,
+        pad_rows: int | None,
+    ) -> None:
+        """A batch failed before its forward: dead-letter the events that fail alone.
+
+        A single process scores the rest now. Ranks of a sharded model bisect only the local
+        steps before the forward (no collective is involved), then join the agreed forward
+        with the good events (or with padding when none is left): every rank still runs
+        exactly one forward for the step.
+        """
+        log.warning("batch of %d events failed (%s): isolating", len(records), error)
+        st.executor.finish()  # the previous batch is published first
+        if not self._collective:
+            self._isolate(st, records, checkpoint, error)
+            return
+        found = bisect(records, lambda group: self._prepare(group, checkpoint), error)
+        self._dead_letter_failed(st, found.failed, checkpoint)
+        good = found.good_records
+        if good:
+            st.executor.submit(self._prepare(good, checkpoint), pad_rows)
+        else:
+            st.checkpointer.seal(checkpoint)
+            if pad_rows:
+                st.executor.submit_padding(pad_rows)
+
+    def _isolate_failed(self, batch: PreparedBatch, error: Exception) -> None:
+        """The forward, top-K or publish of ``batch`` failed (single process): isolate."""
+        assert self._stages is not None and batch.records is not None
+        log.warning("batch of %d events failed (%s): isolating", len(batch.records), error)
+        self._isolate(self._stages, batch.records, batch.checkpoint, error)
+
+    def _isolate(
+        self, st: _Stages, records: list[Record], checkpoint: Checkpoint, error: Exception
+    ) -> None:
+        """Bisect the whole chain synchronously (enrich to publish) on the loop's thread."""
+
+        def process(group: list[Record]) -> None:
+            batch = self._prepare(group, checkpoint)
+            if self._faults is not None:
+                self._faults.check("forward", batch.events.event_ids)
+            probs = self.scorer.forward(batch.staged.ready_input())
+            scored = self.scorer.top_k(probs, batch.events)
+            latency_s = st.sink.publish(batch, scored, self.scorer.model_version)
+            self.summary.record_batch(batch.events.num_events, batch.events.num_rows, latency_s)
+
+        found = bisect(records, process, error)
+        self._dead_letter_failed(st, found.failed, checkpoint)
+        st.checkpointer.seal(checkpoint)
+
+    def _dead_letter_failed(
+        self, st: _Stages, failed: list[tuple[Record, Exception]], checkpoint: Checkpoint
+    ) -> None:
+        for record, exc in failed:
+            rejection = RejectedMessage(
+                RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
+            )
+            st.dead_letters.publish(record[SOURCE_MESSAGE], rejection, checkpoint)
+            self.summary.dead_lettered += 1
 
     def _publish(self, batch: PreparedBatch, scored: ScoredBatch) -> None:
         """Produce a scored batch's Recommendations, then seal its checkpoint."""

@@ -18,7 +18,9 @@ export STREAMRANK_MODEL__CHECKPOINT="${STREAMRANK_MODEL__CHECKPOINT:-artifacts/m
 export STREAMRANK_METRICS__PORT="${STREAMRANK_METRICS__PORT:-0}"
 mkdir -p artifacts
 
-echo "== 1/5 seeding synthetic user and item features into Redis ($STREAMRANK_REDIS__URL)"
+# The Redis URL may carry a password: print it masked.
+redis_shown="$(sed -E 's#(://[^:/@]*:)[^@]*@#\1***@#' <<<"$STREAMRANK_REDIS__URL")"
+echo "== 1/5 seeding synthetic user and item features into Redis ($redis_shown)"
 $SR seed-features
 
 if [[ ! -f "$STREAMRANK_MODEL__CHECKPOINT/meta.json" ]]; then

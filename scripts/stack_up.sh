@@ -25,6 +25,7 @@
 #   logs/server.log            Kafka log4j log; kafka.out = its stdout+stderr
 #   redis/, redis.out          Redis working dir and output
 #   kafka.pid, redis.pid       pids used by stack_down.sh
+#   kafka.cmd                  the broker's command line (scripts/kafka_ctl.sh)
 #
 # Environment knobs (all optional):
 #   STREAMRANK_CACHE_DIR            jar cache root (see kafka_fetch.sh)
@@ -259,12 +260,14 @@ fi
 # ----------------------------------------------------------------- launch --
 
 # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of flags
-launch "$STACK_DIR/kafka.pid" "$STACK_DIR/kafka.out" \
-    "$JAVA" $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
-    -Djava.awt.headless=true \
-    "-Dlog4j2.configurationFile=$LOG4J_CONFIG" "-Dkafka.logs.dir=$STACK_DIR/logs" \
-    -cp "$KAFKA_CP" kafka.Kafka "$STACK_DIR/server.properties"
+KAFKA_CMD=("$JAVA" $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent
+    -Djava.awt.headless=true
+    "-Dlog4j2.configurationFile=$LOG4J_CONFIG" "-Dkafka.logs.dir=$STACK_DIR/logs"
+    -cp "$KAFKA_CP" kafka.Kafka "$STACK_DIR/server.properties")
+# kafka_ctl.sh restarts the broker with the same command, port and data dir.
+printf '%q ' "${KAFKA_CMD[@]}" >"$STACK_DIR/kafka.cmd"
+launch "$STACK_DIR/kafka.pid" "$STACK_DIR/kafka.out" "${KAFKA_CMD[@]}"
 
 # Redis starts in milliseconds; launch it while Kafka boots.
 launch "$STACK_DIR/redis.pid" "$STACK_DIR/redis.out" \

@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,7 @@ class RedisServer:
 
     port: int
     process: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -188,6 +189,26 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    def restart(self) -> None:
+        """Start it again on the same port (empty: nothing is saved)."""
+        self.stop()
+        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL)
+        _wait_for_ping(self.port)
+
+
+def _wait_for_ping(port: int) -> None:
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    client.close()
 
 
 @pytest.fixture
@@ -201,33 +222,22 @@ def redis_server_factory(
 
     def make() -> RedisServer:
         port = _free_port()
-        process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        server = RedisServer(port, process)
+        args = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        _wait_for_ping(port)
+        server = RedisServer(port, process, args)
         servers.append(server)
         return server
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from confluent_kafka import KafkaException
@@ -16,6 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.cli.errors import UserError
 from pipeline.config import KafkaSettings, RedisSettings
+from pipeline.secrets import mask_url
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
 REDIS_PROBE_TIMEOUT_S = 2.0
@@ -52,14 +52,6 @@ def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S
         ) from error
 
 
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
 def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOUT_S) -> None:
     """Raise :class:`UserError` unless the Redis at ``settings.url`` answers a PING.
 
@@ -78,7 +70,7 @@ def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOU
         client.ping()
     except redis.RedisError as error:
         raise UserError(
-            f"Redis unreachable at {_without_password(settings.url)} (redis.url): {error}"
+            f"Redis unreachable at {mask_url(settings.url)} (redis.url): {error}"
         ) from error
     finally:
         client.close()

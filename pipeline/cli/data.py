@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.cli.checks import require_kafka, require_redis
 from pipeline.cli.common import ConfigOption, command_settings, err
 from pipeline.cli.errors import UserError
+from pipeline.secrets import mask_url
 
 
 def produce(
@@ -103,4 +104,5 @@ def seed_features(
             writer, settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
         )
         source = "files"
-    err.print(f"seeded {n_users} users and {n_items} items from {source} into {settings.redis.url}")
+    target = mask_url(settings.redis.url)
+    err.print(f"seeded {n_users} users and {n_items} items from {source} into {target}")

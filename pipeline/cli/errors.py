@@ -10,6 +10,7 @@ import pydantic
 from pydantic_settings import SettingsError
 
 from pipeline.config import ConfigError
+from pipeline.secrets import is_secret_name
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -44,7 +45,8 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
         if problem["type"] == "extra_forbidden":
             problems.append(f"unknown config key {key}")
         else:
-            got = f" (got {problem['input']!r})" if not isinstance(problem["input"], dict) else ""
+            shown = not isinstance(problem["input"], dict) and not is_secret_name(key)
+            got = f" (got {problem['input']!r})" if shown else ""
             problems.append(f"bad config value for {key}{got}: {problem['msg']}")
     return "; ".join(problems)
 

@@ -16,6 +16,11 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
 5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
    acknowledgement and commits synchronously.
 
+Commit results are checked: with :class:`~pipeline.kafka_io.CommitResults` wired to the
+consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
+a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its
+offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later).
+
 A failed delivery poisons its checkpoint: :meth:`commit_ready` raises :class:`DeliveryFailed`
 and nothing at or after that checkpoint is committed, so a restart reprocesses those messages.
 
@@ -26,14 +31,20 @@ stepping plug in here: they replace *when* and *how* a sealed checkpoint is comm
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.kafka_io import CommittingConsumer, DeliveryCallback, PollingProducer
+from pipeline.kafka_io import CommitResults, CommittingConsumer, DeliveryCallback, PollingProducer
 
 log = logging.getLogger(__name__)
+
+RETRY_COMMIT_S = 1.0
+"""Offsets of a failed commit are retried with the next commit, or after this long."""
 
 
 class DeliveryFailed(RuntimeError):
@@ -54,6 +65,8 @@ class Checkpoint:
     pending: int = 0
     sealed: bool = False
     error: str | None = None
+    before_produce: Callable[[], None] | None = None
+    """Called before each record is produced (exactly-once: begins the transaction)."""
 
     def expect_delivery(self) -> DeliveryCallback:
         """Count one more record produced on behalf of these offsets.
@@ -61,6 +74,8 @@ class Checkpoint:
         Returns:
             Its ``on_delivery`` callback: the broker's acknowledgement flows back here.
         """
+        if self.before_produce is not None:
+            self.before_produce()
         self.pending += 1
         return self.on_delivery
 
@@ -82,6 +97,8 @@ class Checkpointer:
         producer: the producer every output/DLQ record goes through (only ``poll`` and
             ``flush`` are used).
         max_sealed: sealed-but-unacknowledged checkpoints allowed before :meth:`seal` waits.
+        commit_results: the consumer's ``on_commit`` (``None``: an asynchronous commit is
+            taken as done when it is sent).
 
     Example::
 
@@ -94,14 +111,32 @@ class Checkpointer:
     """
 
     def __init__(
-        self, consumer: CommittingConsumer, producer: PollingProducer, max_sealed: int = 4
+        self,
+        consumer: CommittingConsumer,
+        producer: PollingProducer,
+        max_sealed: int = 4,
+        commit_results: CommitResults | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
         self._max_sealed = max_sealed
-        self._open = Checkpoint()
+        self._open = self._new_checkpoint()
         self._sealed: deque[Checkpoint] = deque()
+        self._confirmed = commit_results is not None
+        if commit_results is not None:
+            commit_results.listener = self.on_commit
+        self._retry: dict[tuple[str, int], int] = {}
+        self._retry_at = 0.0
         self.committed: dict[tuple[str, int], int] = {}
+        """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
+        self.commit_failures = 0
+        self.deadline: float | None = None
+        self.backpressure: Callable[[], AbstractContextManager[None]] = nullcontext
+        """Held while :meth:`seal` waits for acknowledgements (the source pauses fetching)."""
+        """``time.monotonic()`` by which every wait must end (set on shutdown)."""
+
+    def _new_checkpoint(self) -> Checkpoint:
+        return Checkpoint()
 
     def consumed(self, topic: str, partition: int, offset: int) -> None:
         """Record that the message at ``offset`` was consumed (call in poll order)."""
@@ -124,7 +159,7 @@ class Checkpointer:
         consumed from now on belongs to the next checkpoint. Produce the batch's records with
         ``delivery_callback(checkpoint)``, then :meth:`seal` it.
         """
-        checkpoint, self._open = self._open, Checkpoint()
+        checkpoint, self._open = self._open, self._new_checkpoint()
         self._sealed.append(checkpoint)
         return checkpoint
 
@@ -140,9 +175,14 @@ class Checkpointer:
             checkpoint = self.cut()
         checkpoint.sealed = True
         self._producer.poll(0)
-        while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
-            self._producer.poll(0.05)
-            self.commit_ready()
+        if len(self._sealed) <= self._max_sealed:
+            return
+        with self.backpressure():
+            while len(self._sealed) > self._max_sealed and self._sealed[0].sealed:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
+                self._producer.poll(0.05)
+                self.commit_ready()
 
     def commit_ready(self, asynchronous: bool = True) -> int:
         """Commit the leading sealed checkpoints that are fully acknowledged.
@@ -168,12 +208,24 @@ class Checkpointer:
         return count
 
     def flush_and_commit(self, timeout_s: float = 30.0) -> None:
-        """Seal, wait for every acknowledgement, and commit synchronously."""
+        """Seal, wait for every acknowledgement, and commit synchronously.
+
+        The wait ends at ``timeout_s`` or at :attr:`deadline`, whichever comes first; what is
+        acknowledged by then is still committed.
+
+        Raises:
+            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted).
+        """
         self.seal()
+        self._flush_and_commit(timeout_s)
+
+    def _flush_and_commit(self, timeout_s: float) -> None:
+        if self.deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, self.deadline - time.monotonic()))
         remaining = self._producer.flush(timeout_s)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
         self.commit_ready(asynchronous=False)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s:.1f}s")
 
     def commit_delivered(self, timeout_s: float = 30.0) -> None:
         """Wait for every acknowledgement and commit the sealed checkpoints synchronously.
@@ -181,10 +233,7 @@ class Checkpointer:
         Unlike :meth:`flush_and_commit`, the open checkpoint stays open (its batch is not
         produced yet).
         """
-        remaining = self._producer.flush(timeout_s)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s}s")
-        self.commit_ready(asynchronous=False)
+        self._flush_and_commit(timeout_s)
 
     def forget_open(self, partitions: list[tuple[str, int]]) -> None:
         """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced
@@ -198,19 +247,58 @@ class Checkpointer:
         for checkpoint in (*self._sealed, self._open):
             for key in lost & checkpoint.next_offsets.keys():
                 del checkpoint.next_offsets[key]
+        for key in lost & self._retry.keys():
+            del self._retry[key]
 
     @property
     def in_flight(self) -> int:
         """Records produced and not yet acknowledged."""
         return self._open.pending + sum(c.pending for c in self._sealed)
 
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The consumer's ``on_commit``: advance :attr:`committed`, or keep failed offsets for
+        the next commit."""
+        offsets = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+        if err is not None:
+            self._failed(offsets, str(err))
+            return
+        failed = {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.error}
+        if failed:
+            self._failed(failed, "; ".join(str(tp.error) for tp in partitions if tp.error))
+        self._advance({k: v for k, v in offsets.items() if k not in failed})
+
+    def _advance(self, offsets: dict[tuple[str, int], int]) -> None:
+        for key, offset in offsets.items():
+            if offset >= 0 and offset > self.committed.get(key, -1):
+                self.committed[key] = offset
+            if self._retry.get(key, -1) <= offset:
+                self._retry.pop(key, None)
+
+    def _failed(self, offsets: dict[tuple[str, int], int], reason: str) -> None:
+        self.commit_failures += 1
+        log.warning("offset commit failed (%s): will retry %s", reason, offsets)
+        for key, offset in offsets.items():
+            if offset > max(self.committed.get(key, -1), self._retry.get(key, -1)):
+                self._retry[key] = offset
+        self._retry_at = time.monotonic() + RETRY_COMMIT_S
+
     def _commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> None:
+        if self._retry and (offsets or not asynchronous or time.monotonic() >= self._retry_at):
+            offsets = {**self._retry, **offsets}  # newer offsets supersede retried ones
+            self._retry_at = time.monotonic() + RETRY_COMMIT_S
         if not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         if asynchronous:
             self._consumer.commit(offsets=tps, asynchronous=True)
-        else:
-            self._consumer.commit(offsets=tps, asynchronous=False)
-        self.committed.update(offsets)
+            if not self._confirmed:
+                self._advance(offsets)
+            log.debug("committing %s", offsets)
+            return
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            self._failed(offsets, str(exc))
+            return
+        self.on_commit(None, result if result is not None else tps)
         log.debug("committed %s", offsets)

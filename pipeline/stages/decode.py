@@ -13,18 +13,24 @@ with a machine-readable reason, which the caller routes to the dead-letter topic
 
 from __future__ import annotations
 
+import datetime
 import enum
 import io
 import json
+import logging
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import fastavro
+from fastavro.schema import SchemaParseException
 from fastavro.types import Schema
 
 from pipeline.config import CodecSettings, Framing
+
+log = logging.getLogger(__name__)
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 USER_EVENT_SCHEMA_FILE = SCHEMA_DIR / "user_event.avsc"
@@ -49,6 +55,12 @@ class RejectReason(enum.StrEnum):
     TOO_MANY_CANDIDATES = "too_many_candidates"
     ID_OUT_OF_RANGE = "id_out_of_range"
     INVALID_FIELD = "invalid_field"
+    TOO_MANY_RECENT_ITEMS = "too_many_recent_items"
+    INVALID_STRING = "invalid_string"
+    INVALID_EVENT_TIME = "invalid_event_time"
+    PROCESSING_ERROR = "processing_error"
+    """Decoded and valid, but a step after decode (enrich, features, forward, top-K, encode)
+    fails for this event alone (:mod:`pipeline.stages.isolate`)."""
 
 
 class RejectedMessage(Exception):
@@ -72,16 +84,37 @@ def schema_text(path: Path) -> str:
         return json.dumps(json.load(f))
 
 
+class UnknownSchemaId(LookupError):
+    """The registry answered that a schema id does not exist (HTTP 404, error 40403)."""
+
+
+class RegistryUnavailable(RuntimeError):
+    """The registry kept failing (network, 5xx) for longer than the lookup retries: not a
+    fault of the message, so it is never dead-lettered (the run stops uncommitted)."""
+
+
 class SchemaLookup:
     """Schema-registry access for the Confluent framing, cached by id and by subject.
+
+    A lookup that fails for another reason than "not found" (the registry unreachable, a 5xx)
+    is retried with exponential backoff for up to ``retry_for_s``: a valid event is never
+    dead-lettered because the registry had a bad moment.
 
     Args:
         url: the registry's base URL (``mock://name`` gives confluent_kafka's in-memory one).
         extra: other ``SchemaRegistryClient`` settings (``basic.auth.user.info``...).
+        retry_for_s: how long to retry a failing lookup before :class:`RegistryUnavailable`.
     """
 
-    def __init__(self, url: str, extra: dict[str, str] | None = None) -> None:
+    retry_first_s = 0.1
+    retry_max_s = 5.0
+
+    def __init__(
+        self, url: str, extra: dict[str, str] | None = None, retry_for_s: float = 120.0
+    ) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self._retry_for_s = retry_for_s
 
         # new_client: a "mock://" URL gives confluent_kafka's in-memory registry.
         self._client = SchemaRegistryClient.new_client({"url": url, **(extra or {})})
@@ -89,15 +122,42 @@ class SchemaLookup:
         self._ids: dict[str, int] = {}
 
     def writer_schema(self, schema_id: int) -> Schema:
-        """The parsed schema registered under ``schema_id``; raises on an unknown id."""
+        """The parsed schema registered under ``schema_id``.
+
+        Raises:
+            UnknownSchemaId: the registry does not know ``schema_id``.
+            RegistryUnavailable: the registry kept failing for ``retry_for_s``.
+        """
         cached = self._by_id.get(schema_id)
         if cached is None:
-            schema_str = self._client.get_schema(schema_id).schema_str
+            schema_str = self._fetch(schema_id)
             if not schema_str:
                 raise ValueError(f"registry returned no schema text for id {schema_id}")
             cached = fastavro.parse_schema(json.loads(schema_str))
             self._by_id[schema_id] = cached
         return cached
+
+    def _fetch(self, schema_id: int) -> str | None:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        deadline = time.monotonic() + self._retry_for_s
+        wait_s = self.retry_first_s
+        while True:
+            try:
+                return self._client.get_schema(schema_id).schema_str
+            except SchemaRegistryError as exc:
+                if exc.http_status_code == 404:
+                    raise UnknownSchemaId(f"schema id {schema_id}: {exc}") from exc
+                error: Exception = exc
+            except Exception as exc:  # network errors of the HTTP client
+                error = exc
+            if time.monotonic() + wait_s > deadline:
+                raise RegistryUnavailable(
+                    f"schema registry failing for {self._retry_for_s:.0f}s: {error}"
+                ) from error
+            log.warning("schema registry lookup of id %d failed (%s): retrying", schema_id, error)
+            time.sleep(wait_s)
+            wait_s = min(wait_s * 2, self.retry_max_s)
 
     def register(self, subject: str, schema_path: Path) -> int:
         """Register the schema file under ``subject`` (idempotent) and return its id."""
@@ -153,7 +213,7 @@ class AvroFraming:
             assert self._lookup is not None
             try:
                 writer_schema = self._lookup.writer_schema(schema_id)
-            except Exception as exc:  # registry says 404, or is unreachable
+            except (UnknownSchemaId, ValueError, SchemaParseException) as exc:  # 404 or bad text
                 raise RejectedMessage(
                     RejectReason.UNKNOWN_SCHEMA, f"schema id {schema_id}: {exc}"
                 ) from exc
@@ -202,7 +262,12 @@ class UserEventDecoder:
     - it decodes with the UserEvent schema and nothing is left over;
     - there is at least one candidate and at most ``max_candidates``;
     - ``user_id`` and every item id lie in ``[0, max_id]``;
-    - ``1 <= num_results <= max_num_results``.
+    - ``1 <= num_results <= max_num_results``;
+    - at most ``max_recent_items`` recent items;
+    - ``event_id``, ``context.device`` and ``context.country`` hold 1 to
+      ``max_string_length`` characters;
+    - ``event_time`` lies between 2001 (earlier is a seconds value sent as milliseconds) and
+      ``max_event_time_ahead_s`` from now.
 
     ``recent_item_ids`` longer than ``recent_cap`` is truncated (newest first are kept), never
     rejected; ``None`` becomes ``[]``.
@@ -237,6 +302,11 @@ class UserEventDecoder:
                 f"{len(candidates)} candidates > codec.max_candidates={limits.max_candidates}",
             )
         recent = event["recent_item_ids"]
+        if recent is not None and len(recent) > limits.max_recent_items:
+            raise RejectedMessage(
+                RejectReason.TOO_MANY_RECENT_ITEMS,
+                f"{len(recent)} recent items > codec.max_recent_items={limits.max_recent_items}",
+            )
         if recent is None:
             event["recent_item_ids"] = recent = []
         elif len(recent) > self._recent_cap:
@@ -261,7 +331,37 @@ class UserEventDecoder:
                 RejectReason.INVALID_FIELD,
                 f"num_results {num_results} not in [1, {limits.max_num_results}]",
             )
+        context = event["context"]
+        for name, text in (
+            ("event_id", event["event_id"]),
+            ("context.device", context["device"]),
+            ("context.country", context["country"]),
+        ):
+            if not 0 < len(text) <= limits.max_string_length:
+                raise RejectedMessage(
+                    RejectReason.INVALID_STRING,
+                    f"{name} has {len(text)} characters, not in [1, {limits.max_string_length}]",
+                )
+        event_ms = _epoch_ms(event["event_time"])
+        latest_ms = time.time() * 1000 + limits.max_event_time_ahead_s * 1000
+        if not _EARLIEST_EVENT_MS <= event_ms <= latest_ms:
+            raise RejectedMessage(
+                RejectReason.INVALID_EVENT_TIME,
+                f"event_time {event_ms} ms is before 2001 (seconds, not milliseconds?) or more "
+                f"than {limits.max_event_time_ahead_s:.0f}s ahead",
+            )
         return event
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_EARLIEST_EVENT_MS = 978_307_200_000  # 2001-01-01T00:00:00Z
+
+
+def _epoch_ms(value: int | datetime.datetime) -> int:
+    """fastavro decodes timestamp-millis to an aware datetime (an int when written raw)."""
+    if isinstance(value, int):
+        return value
+    return (value - _EPOCH) // datetime.timedelta(milliseconds=1)
 
 
 class RecordCodec:

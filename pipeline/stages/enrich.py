@@ -245,7 +245,11 @@ class FeatureEnricher:
             if len(v) < dense_bytes or (len(v) - dense_bytes) % 8:
                 log.warning("malformed user features (%d bytes); using defaults", len(v))
                 continue
-            dense_out[k] = np.frombuffer(v, FLOAT32, self._user_dim)
+            dense = np.frombuffer(v, FLOAT32, self._user_dim)
+            if not np.isfinite(dense).all():
+                log.warning("non-finite user features (NaN/inf); using defaults")
+                continue
+            dense_out[k] = dense
             recent_out[k] = np.frombuffer(v, INT64, offset=dense_bytes)
             decoded.append(k)
         return np.asarray(decoded, dtype=np.int64)
@@ -264,10 +268,18 @@ class FeatureEnricher:
             log.warning("%d malformed item feature values; using defaults", malformed)
         positions = todo[np.asarray(good, dtype=bool)] if good else todo[:0]
         if len(positions):
-            out[positions] = np.frombuffer(
+            records = np.frombuffer(
                 b"".join(v for v, ok in zip(values, good, strict=True) if ok and v is not None),
                 dtype=self._item_dtype,
             )
+            finite = np.isfinite(records["dense"]).reshape(len(records), -1).all(axis=1)
+            if not finite.all():
+                log.warning(
+                    "%d item feature values non-finite (NaN/inf); using defaults",
+                    int((~finite).sum()),
+                )
+                records, positions = records[finite], positions[finite]
+            out[positions] = records
         return positions
 
     def _remember(

@@ -32,11 +32,14 @@ from model.quantize import QuantDtype, quantize_ranker
 from model.ranker import Ranker
 from model.spec import FeatureSpec
 from model.topk import TopK, top_k_per_event
+from pipeline.faults import FaultInjector
 from pipeline.metrics import Metrics
 from pipeline.model_settings import ModelSettings
 from pipeline.stages.batch import EventColumns
 from pipeline.stages.commit import Checkpoint
+from pipeline.stages.decode import Record
 from pipeline.stages.enrich import Enrichment
+from pipeline.stages.isolate import is_isolatable
 from pipeline.stages.transfer import DeviceTransfer, StagedInput
 
 log = logging.getLogger(__name__)
@@ -231,16 +234,22 @@ class PreparedBatch:
         enrichment: their Redis features.
         checkpoint: the offsets its records will guard (cut, not sealed yet).
         staged: dense tensor + KJT on (or being copied to) the model's device.
+        records: the decoded records (to isolate a poison event if the batch fails).
     """
 
     events: EventColumns
     enrichment: Enrichment
     checkpoint: Checkpoint
     staged: StagedInput
+    records: list[Record] | None = None
 
 
 ScoredCallback = Callable[[PreparedBatch, ScoredBatch], None]
 """Called on the loop's thread with each finished batch, in batch order (the publish step)."""
+
+FailedCallback = Callable[[PreparedBatch, Exception], None]
+"""Called on the loop's thread instead of the publish step when a batch's forward, top-K or
+publish raised an error that may come from its events (see :mod:`pipeline.stages.isolate`)."""
 
 
 class ForwardExecutor:
@@ -257,6 +266,9 @@ class ForwardExecutor:
         on_scored: the publish step.
         overlap: keep one forward in flight while the loop goes on.
         collective: ranks of a sharded model pad every forward to the agreed row count.
+        on_failed: isolates the events of a failed batch (single process only: a collective
+            forward cannot be retried by one rank alone, so ranks let the error propagate).
+        faults: TEST HOOK (:mod:`pipeline.faults`), ``None`` in production.
 
     Example::
 
@@ -272,8 +284,12 @@ class ForwardExecutor:
         on_scored: ScoredCallback,
         overlap: bool,
         collective: bool,
+        on_failed: FailedCallback | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         self._scorer = scorer
+        self._on_failed = None if collective else on_failed
+        self._faults = faults
         self._metrics = metrics
         self._on_scored = on_scored
         self._overlap = overlap
@@ -306,16 +322,22 @@ class ForwardExecutor:
             wait: block until it is done; ``False`` publishes only if it already is.
 
         Raises:
-            Exception: whatever the forward raised.
+            Exception: whatever the forward or the publish step raised, unless ``on_failed``
+                took it (an error that may come from the batch's events).
         """
         inflight = self._inflight
         if inflight is None or (not wait and not inflight[1].done()):
             return
         self._inflight = None
         batch, future = inflight
-        scored = future.result()
-        if batch is not None and scored is not None:
-            self._on_scored(batch, scored)
+        try:
+            scored = future.result()
+            if batch is not None and scored is not None:
+                self._on_scored(batch, scored)
+        except Exception as exc:
+            if batch is None or self._on_failed is None or not is_isolatable(exc):
+                raise
+            self._on_failed(batch, exc)
 
     def shutdown(self) -> None:
         """Stop the scoring thread (after the forward in flight, if any, returns)."""
@@ -324,6 +346,8 @@ class ForwardExecutor:
     def _forward(self, batch: PreparedBatch, pad_rows: int | None) -> ScoredBatch:
         start = time.perf_counter()
         scorer = self._scorer
+        if self._faults is not None:
+            self._faults.check("forward", batch.events.event_ids)
         scored = scorer.top_k(scorer.forward(batch.staged.ready_input(), pad_rows), batch.events)
         self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
         return scored

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from pipeline.kafka_io import RebalanceCallback, SubscribingConsumer
 
@@ -51,6 +53,9 @@ class KafkaSource:
         """Monotonic time of the last input or (re)assignment; ``None`` before the first."""
         self.first_input_at: float | None = None
         """Monotonic time the first message arrived."""
+        self.pauses = 0
+        """Times fetching was paused for backpressure (:meth:`held_back`)."""
+        self._paused = False
 
     def subscribe(
         self,
@@ -118,6 +123,30 @@ class KafkaSource:
         dropped = len(self._backlog) - len(kept)
         self._backlog = kept
         return dropped
+
+    @contextmanager
+    def held_back(self) -> Iterator[None]:
+        """Pause fetching of the assigned partitions for the duration (backpressure: the
+        producer queue or the in-flight limit is full), then resume them.
+
+        Example::
+
+            with source.held_back():
+                producer.poll(0.05)
+        """
+        if self._paused or not self.assignment:
+            yield
+            return
+        partitions = [TopicPartition(t, p) for t, p in sorted(self.assignment)]
+        self._consumer.pause(partitions)
+        self._paused = True
+        self.pauses += 1
+        log.debug("backpressure: paused %d partitions", len(partitions))
+        try:
+            yield
+        finally:
+            self._paused = False
+            self._consumer.resume(partitions)
 
     def close(self) -> None:
         """Leave the group (commits are the checkpointer's; nothing is committed here)."""

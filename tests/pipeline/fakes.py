@@ -60,6 +60,8 @@ class FakeConsumer:
     commits: list[tuple[dict[tuple[str, int], int], bool]] = field(default_factory=list)
     callbacks: dict[str, RebalanceCallback] = field(default_factory=dict)
     closed: bool = False
+    paused: list[list[tuple[str, int]]] = field(default_factory=list)
+    resumed: list[list[tuple[str, int]]] = field(default_factory=list)
     _assigned: bool = False
 
     def subscribe(self, topics: list[str], **callbacks: RebalanceCallback) -> None:
@@ -89,6 +91,12 @@ class FakeConsumer:
         as_dict = {(tp.topic, tp.partition): tp.offset for tp in offsets}
         assert len(as_dict) == len(offsets), "one entry per partition"
         self.commits.append((as_dict, asynchronous))
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.append([(tp.topic, tp.partition) for tp in partitions])
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.resumed.append([(tp.topic, tp.partition) for tp in partitions])
 
     def close(self) -> None:
         self.closed = True

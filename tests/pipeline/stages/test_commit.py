@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-from confluent_kafka import KafkaError
+import time
+from typing import Any
 
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from pipeline.kafka_io import CommitResults
 from pipeline.stages.commit import Checkpointer, DeliveryFailed
 from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
 
@@ -334,3 +338,96 @@ def test_callback_belongs_to_the_open_checkpoint_at_produce_time(
     cb_first(None, FakeMessage("recs"))  # type: ignore[arg-type]
     assert ckpt.commit_ready() == 2
     assert consumer.offsets == [{(T, 0): 2}]
+
+
+def _confirmed(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> tuple[Checkpointer, CommitResults]:
+    results = CommitResults()
+    ckpt = Checkpointer(consumer, producer, commit_results=results)  # type: ignore[arg-type]
+    return ckpt, results
+
+
+def _commit_one(ckpt: Checkpointer, producer: FakeProducer, offset: int) -> None:
+    ckpt.consumed(T, 0, offset)
+    _produce(ckpt, producer)
+    ckpt.seal()
+    producer.ack()
+    ckpt.commit_ready()
+
+
+def test_committed_advances_only_when_the_broker_confirms(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    assert consumer.offsets == [{(T, 0): 5}]
+    assert ckpt.committed == {}  # sent, not confirmed
+    results(None, [TopicPartition(T, 0, 5)])
+    assert ckpt.committed == {(T, 0): 5}
+
+
+def test_a_failed_commit_is_counted_and_retried_with_the_next_commit(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    ckpt.consumed("other", 3, 9)
+    _commit_one(ckpt, producer, 4)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    assert ckpt.committed == {} and ckpt.commit_failures == 1
+    _commit_one(ckpt, producer, 7)  # the next commit carries the failed partitions too
+    assert consumer.offsets[-1] == {(T, 0): 8}
+    results(None, [TopicPartition(T, 0, 8)])
+    assert ckpt.committed == {(T, 0): 8}
+
+
+def test_a_failed_commit_of_an_idle_partition_is_retried_on_its_own(
+    consumer: FakeConsumer, producer: FakeProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert len(consumer.commits) == 1  # not before RETRY_COMMIT_S
+    monkeypatch.setattr("pipeline.stages.commit.RETRY_COMMIT_S", 0.0)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert consumer.offsets[-1] == {(T, 0): 5} and len(consumer.commits) == 2
+    assert ckpt.commit_failures == 2
+    results(None, [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert ckpt.committed == {(T, 0): 5} and len(consumer.commits) == 2
+
+
+def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -> None:
+    class FailingConsumer(FakeConsumer):
+        def commit(self, *args: Any, **kwargs: Any) -> None:
+            super().commit(*args, **kwargs)
+            raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+
+    consumer = FailingConsumer()
+    ckpt, _ = _confirmed(consumer, producer)
+    ckpt.consumed(T, 0, 4)
+    _produce(ckpt, producer)
+    producer.stuck_on_flush = 0
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert ckpt.committed == {} and ckpt.commit_failures == 1
+    ckpt.forget([(T, 0)])  # a lost partition's retry is dropped
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert len(consumer.commits) == 1
+
+
+def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(stuck_on_flush=1)  # the broker never acknowledges
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.deadline = time.monotonic() + 0.2
+    started = time.monotonic()
+    with pytest.raises(DeliveryFailed, match="shutdown deadline"):
+        for offset in range(3):  # the third seal waits for the first checkpoint's ack
+            ckpt.consumed(T, 0, offset)
+            _produce(ckpt, producer)
+            ckpt.seal()
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(DeliveryFailed, match="undelivered"):
+        ckpt.flush_and_commit(30.0)
+    assert producer.flushes[-1] == 0.0  # the deadline, not the 30 s, bounded the flush

@@ -1,0 +1,155 @@
+"""Faults of the pipeline process and of its servers, on the real stack (``pytest -s`` prints
+the numbers recorded in RELIABILITY.md).
+
+(e) SIGTERM mid-stream: exit within ``shutdown.timeout_s``, nothing lost, nothing twice.
+(a) kill -9 mid-stream, then a restart: nothing lost (at-least-once: repeats allowed).
+(c) the broker stopped ~10 s mid-stream and restarted on its port and data dir: the running
+    pipeline recovers by itself, nothing lost.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import Settings
+from tests.conftest import REPO_ROOT, LocalStack
+from tests.faults.measure import report
+from tests.integration.conftest import (
+    BackgroundPipeline,
+    SentEvents,
+    collect,
+    wait_for_outputs,
+)
+
+pytestmark = pytest.mark.slow
+
+SMALL_BATCHES = {"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"}  # many commits, slow enough
+
+
+def _restart_to_idle(
+    cli: Callable[..., subprocess.Popen], settings: Settings, log: Path
+) -> subprocess.Popen:
+    proc = cli(
+        settings,
+        "run",
+        "--exit-when-idle",
+        "4",
+        extra_env=SMALL_BATCHES,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    return proc
+
+
+def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 6000)
+    first = cli(
+        pipeline_settings,
+        "run",
+        extra_env={**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"},
+        stdout=(tmp_path / "first.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    seen = wait_for_outputs(pipeline_settings, at_least=300)
+    signalled = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    exit_s = time.monotonic() - signalled
+    assert seen < 6000, f"SIGTERM came too late ({seen} scored)"
+    assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
+
+    _restart_to_idle(cli, pipeline_settings, tmp_path / "second.log")
+    recs = collect(pipeline_settings, expected=6000)
+    missing, duplicates = report("sigterm", sent.ids, recs, exit_s, "at_least_once")
+    assert missing == 0
+    assert duplicates == 0  # SIGTERM commits everything it produced
+
+
+def test_kill_9_mid_stream_then_restart_loses_nothing(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    sent = send_events(pipeline_settings, 6000)
+    first = cli(
+        pipeline_settings,
+        "run",
+        extra_env=SMALL_BATCHES,
+        stdout=(tmp_path / "first.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    seen = wait_for_outputs(pipeline_settings, at_least=300)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    assert seen < 6000, f"kill came too late ({seen} scored)"
+    restarted = time.monotonic()
+    _restart_to_idle(cli, pipeline_settings, tmp_path / "second.log")
+    recs = collect(pipeline_settings, expected=6000)
+    missing, duplicates = report(
+        "kill-9", sent.ids, recs, time.monotonic() - restarted, "at_least_once"
+    )
+    assert missing == 0
+    assert duplicates < 1000  # only the killed run's uncommitted batches can repeat
+
+
+def _kafka_ctl(action: str, stack: LocalStack) -> None:
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=180,
+    )
+
+
+def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
+    local_stack: LocalStack,
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    background_pipeline: Callable[[Settings], BackgroundPipeline],
+) -> None:
+    ids: set[str] = set()
+    stop_sending = threading.Event()
+    failures: list[BaseException] = []
+
+    def keep_sending() -> None:
+        try:
+            while not stop_sending.is_set():
+                ids.update(send_events(pipeline_settings, 50).ids)  # waits out the outage
+                time.sleep(0.1)
+        except BaseException as exc:
+            failures.append(exc)
+
+    bp = background_pipeline(pipeline_settings)
+    sender = threading.Thread(target=keep_sending, daemon=True)
+    sender.start()
+    try:
+        assert wait_for_outputs(pipeline_settings, at_least=200, timeout_s=120) >= 200
+        _kafka_ctl("stop", local_stack)
+        time.sleep(10)
+    finally:
+        _kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+    back = time.monotonic()
+    time.sleep(3)  # some events sent after the outage too
+    stop_sending.set()
+    sender.join(120)
+    assert not failures, failures
+    recs = collect(pipeline_settings, expected=len(ids), timeout_s=180)
+    recovered_s = time.monotonic() - back
+    summary = bp.stop()
+    missing, _duplicates = report("broker-down-10s", ids, recs, recovered_s, "at_least_once")
+    assert missing == 0
+    assert summary.events_out >= len(ids)
