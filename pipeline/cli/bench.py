@@ -133,3 +133,17 @@ def bench_ranks_command(
     settings = _stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
     emit(bench_ranks(settings, events, rounds, report=_report), as_json)
+
+
+@bench_app.command("overhead")
+def bench_overhead_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events produced once, read by both runs.")] = 20000,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """CPU per event around the model: Kafka passthrough vs the pipeline with a tiny ranker."""
+    from pipeline.tools.bench.overhead import bench_overhead
+
+    settings = _stack_settings(ctx, config)
+    emit(bench_overhead(settings, events=events, report=_report), as_json)

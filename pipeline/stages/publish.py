@@ -83,11 +83,47 @@ class RecommendationSink:
         events, checkpoint = batch.events, batch.checkpoint
         flags = fallback_flags(events, batch.enrichment)
         now_ms = int(time.time() * 1000)
+        values = self.encode(batch, scored, flags, model_version, now_ms)
+        keys = [str(u).encode() for u in events.user_ids.tolist()]
+        for key, value in zip(keys, values, strict=True):
+            produce(
+                self._producer,
+                self._topic,
+                value,
+                key=key,
+                on_delivery=checkpoint.expect_delivery(),
+            )
+        latency_s: npt.NDArray[np.float64] = (now_ms - events.event_time_ms) / 1000.0
+        self._count(flags, events.num_events, events.num_rows, latency_s)
+        return latency_s
+
+    def encode(
+        self,
+        batch: PreparedBatch,
+        scored: ScoredBatch,
+        flags: FallbackFlags,
+        model_version: str,
+        now_ms: int,
+    ) -> list[bytes]:
+        """The Recommendation value of every event of ``batch``, in event order.
+
+        Args:
+            batch: the events (ids, user ids).
+            scored: their top-K (flat, event-major, best first within each event).
+            flags: per event, the feature groups that fell back to defaults.
+            model_version: of the model that scored the batch.
+            now_ms: ``scored_at``, epoch milliseconds.
+
+        Returns:
+            One encoded value per event (with the Confluent header when so framed).
+        """
+        events = batch.events
         item_ids: list[int] = scored.item_ids.tolist()
         scores: list[float] = scored.scores.tolist()
         bounds = offsets(scored.counts).tolist()
         encode = self._codec.encode
         user_ids: list[int] = events.user_ids.tolist()
+        values = []
         for e, (event_id, user_id) in enumerate(zip(events.event_ids, user_ids, strict=True)):
             lo, hi = bounds[e], bounds[e + 1]
             record = {
@@ -101,16 +137,8 @@ class RecommendationSink:
                 "scored_at": now_ms,
                 "fallback_features": flags.names(e),
             }
-            produce(
-                self._producer,
-                self._topic,
-                encode(record),
-                key=str(user_id).encode(),
-                on_delivery=checkpoint.expect_delivery(),
-            )
-        latency_s: npt.NDArray[np.float64] = (now_ms - events.event_time_ms) / 1000.0
-        self._count(flags, events.num_events, events.num_rows, latency_s)
-        return latency_s
+            values.append(encode(record))
+        return values
 
     def _count(
         self, flags: FallbackFlags, events: int, rows: int, latency_s: npt.NDArray[np.float64]
