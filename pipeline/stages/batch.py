@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from model.segments import take_segments
 from model.spec import string_to_id
 from pipeline.stages.decode import Record
 
@@ -48,7 +49,8 @@ class EventColumns:
         num_results: int64[E].
         candidate_counts: int64[E].
         candidate_ids: int64[R], event-major.
-        event_recent: per event, the (already capped) ``recent_item_ids``.
+        recent_counts: int64[E], lengths of the (already capped) ``recent_item_ids``.
+        recent_ids: int64[sum(recent_counts)], event-major, newest first within an event.
     """
 
     event_ids: list[str]
@@ -59,15 +61,52 @@ class EventColumns:
     num_results: npt.NDArray[np.int64]
     candidate_counts: npt.NDArray[np.int64]
     candidate_ids: npt.NDArray[np.int64]
-    event_recent: list[list[int]]
+    recent_counts: npt.NDArray[np.int64]
+    recent_ids: npt.NDArray[np.int64]
 
     @property
     def num_events(self) -> int:
         return len(self.event_ids)
 
+    @classmethod
+    def concat(cls, parts: list[EventColumns]) -> EventColumns:
+        """The events of ``parts`` one after the other."""
+        return cls(
+            event_ids=[e for p in parts for e in p.event_ids],
+            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAY_FIELDS},
+        )
+
+    def take(self, order: npt.NDArray[np.int64]) -> EventColumns:
+        """The events ``order`` (indices into this batch), in that order."""
+        return EventColumns(
+            event_ids=[self.event_ids[i] for i in order.tolist()],
+            user_ids=self.user_ids[order],
+            event_time_ms=self.event_time_ms[order],
+            device_ids=self.device_ids[order],
+            country_ids=self.country_ids[order],
+            num_results=self.num_results[order],
+            candidate_counts=self.candidate_counts[order],
+            candidate_ids=self.candidate_ids[take_segments(self.candidate_counts, order)],
+            recent_counts=self.recent_counts[order],
+            recent_ids=self.recent_ids[take_segments(self.recent_counts, order)],
+        )
+
     @property
     def num_rows(self) -> int:
         return len(self.candidate_ids)
+
+
+_ARRAY_FIELDS = (
+    "user_ids",
+    "event_time_ms",
+    "device_ids",
+    "country_ids",
+    "num_results",
+    "candidate_counts",
+    "candidate_ids",
+    "recent_counts",
+    "recent_ids",
+)
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -90,6 +129,7 @@ def to_columns(records: list[Record]) -> EventColumns:
         np.int64,
         int(counts.sum()),
     )
+    recent_counts = np.fromiter((len(r["recent_item_ids"]) for r in records), np.int64, n)
     return EventColumns(
         event_ids=[r["event_id"] for r in records],
         user_ids=np.fromiter((r["user_id"] for r in records), np.int64, n),
@@ -103,7 +143,12 @@ def to_columns(records: list[Record]) -> EventColumns:
         num_results=np.fromiter((r["num_results"] for r in records), np.int64, n),
         candidate_counts=counts,
         candidate_ids=candidate_ids,
-        event_recent=[r["recent_item_ids"] for r in records],
+        recent_counts=recent_counts,
+        recent_ids=np.fromiter(
+            itertools.chain.from_iterable(r["recent_item_ids"] for r in records),
+            np.int64,
+            int(recent_counts.sum()),
+        ),
     )
 
 

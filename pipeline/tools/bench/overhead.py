@@ -30,8 +30,18 @@ from pipeline.stages.score import Scorer
 from pipeline.tools.bench.common import fresh_topics, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
-STAGES = ("consume", "decode", "enrich", "features", "forward", "topk", "encode", "produce")
-STAGES += ("commit", "loop")
+STAGES = (
+    "consume",
+    "decode",
+    "enrich",
+    "features",
+    "forward",
+    "topk",
+    "encode",
+    "produce",
+    "commit",
+    "loop",
+)
 
 
 def cpu_seconds() -> float:

@@ -210,7 +210,8 @@ class TestToColumns:
         np.testing.assert_array_equal(
             cols.country_ids, [string_to_id("DE"), string_to_id("FR"), string_to_id("DE")]
         )
-        assert cols.event_recent == [[1], [], [3, 4, 5]]
+        assert cols.recent_counts.tolist() == [1, 0, 3]
+        assert cols.recent_ids.tolist() == [1, 3, 4, 5]
         for name in (
             "user_ids",
             "event_time_ms",
