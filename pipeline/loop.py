@@ -27,17 +27,15 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
+from confluent_kafka import Message
+
 from pipeline.config import Settings
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
-from pipeline.stages.batch import MicroBatcher, Record, to_columns
+from pipeline.stages.batch import EventColumns, MicroBatcher
+from pipeline.stages.columnar import ColumnarDecoder, DecodedBatch
 from pipeline.stages.commit import Checkpointer
-from pipeline.stages.decode import (
-    RECOMMENDATION_SCHEMA_FILE,
-    RecordCodec,
-    RejectedMessage,
-    UserEventDecoder,
-)
+from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.publish import DeadLetterSink, RecommendationSink
@@ -93,7 +91,7 @@ class ScoringPipeline:
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         spec, batching = scorer.spec, settings.batching
-        self.decoder = UserEventDecoder(settings.codec, recent_cap=spec.recent_items_cap)
+        self.decoder = ColumnarDecoder(settings.codec, recent_cap=spec.recent_items_cap)
         self.enricher: BatchEnricher = enricher or FeatureEnricher(
             settings.redis, spec.user_dense_dim, spec.item_dense_dim, self.metrics
         )
@@ -213,61 +211,75 @@ class ScoringPipeline:
                 return
 
     def _feed(self, st: _Stages) -> None:
-        """Decode backlog messages into the open batch until it is full or the next event does
-        not fit (the batcher holds that one for the next batch). Rejects go to the DLQ."""
-        batcher, checkpointer, source = self.batcher, st.checkpointer, st.source
+        """Decode backlog messages, a chunk at a time, into the open batch until it is full or
+        the next event does not fit (that one and what follows go back to the backlog for the
+        next batch). Rejects go to the DLQ; offsets are registered in consumption order."""
+        batcher, source = self.batcher, st.source
         start = time.perf_counter()
-        held = batcher.admit_held()
-        if held is not None:
-            checkpointer.consumed(*held)
-        if batcher.holding:
-            return
         consumed = 0
-        while not batcher.full and (message := source.next_message()) is not None:
-            consumed += 1
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            try:
-                record = self.decoder.decode(message.value())
-            except RejectedMessage as rejection:
-                checkpointer.consumed(topic, partition, offset)
-                st.dead_letters.publish(message, rejection, checkpointer.open)
-                self.summary.dead_lettered += 1
-                continue
-            if not batcher.fits(record):
-                batcher.hold((topic, partition, offset), record)
+        while not batcher.full and not batcher.holding:
+            messages = source.take(self._chunk_size())
+            if not messages:
                 break
-            checkpointer.consumed(topic, partition, offset)
-            batcher.add(record, (topic, partition))
+            used = self._admit(st, messages, self.decoder.decode([m.value() for m in messages]))
+            source.unread(messages[used:])
+            consumed += used
         if consumed:
             self.summary.events_in += consumed
             self.metrics.events_in.inc(consumed)
             self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
+
+    def _chunk_size(self) -> int:
+        """Messages to decode at once: about what fills the open batch (a few go back)."""
+        rows_left = max(0, self.batcher.max_rows - self.batcher.rows)
+        return max(1, min(self.settings.batching.consume_batch_size, rows_left // 8 + 1))
+
+    def _admit(self, st: _Stages, messages: list[Message], decoded: DecodedBatch) -> int:
+        """Add the decoded events that fit to the open batch and dead-letter the rejects among
+        them, registering every offset in order. Returns how many messages were used."""
+        batcher, checkpointer = self.batcher, st.checkpointer
+        fit = batcher.room(decoded.columns.candidate_counts)
+        accepted = decoded.accepted.tolist()
+        used = accepted[fit] if fit < len(accepted) else len(messages)
+        rejections = dict(decoded.rejections)
+        sources = []
+        for i in range(used):
+            message = messages[i]
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            checkpointer.consumed(topic, partition, offset)
+            rejection = rejections.get(i)
+            if rejection is None:
+                sources.append((topic, partition))
+            else:
+                st.dead_letters.publish(message, rejection, checkpointer.open)
+                self.summary.dead_lettered += 1
+        batcher.add(decoded.columns.head(fit), sources)
+        if fit < len(accepted):
+            batcher.hold()
+        return used
 
     def _score_open_batch(self) -> None:
         """Score and publish the open batch now (a single process handing partitions over)."""
         assert self._stages is not None
         self._score(self._stages, self.batcher.close())
 
-    def _score(
-        self, st: _Stages, records: list[Record] | None, pad_rows: int | None = None
-    ) -> None:
+    def _score(self, st: _Stages, events: EventColumns | None, pad_rows: int | None = None) -> None:
         """Enrich and featurise one closed batch, then hand it to the forward executor.
 
         Args:
             st: the run's stages.
-            records: the batch (``None``: nothing of ours to score).
+            events: the batch (``None``: nothing of ours to score).
             pad_rows: ranks of a sharded model pad to the agreed row count and run the forward
                 even with no events of their own.
         """
-        if not records:
+        if events is None:
             if self._collective and pad_rows:
                 st.executor.submit_padding(pad_rows)
             return
         metrics = self.metrics
         checkpoint = st.checkpointer.cut()  # what is consumed from now on is the next batch's
         with metrics.stage("enrich"):
-            events = to_columns(records)
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
             features = build_feature_columns(events, enrichment, self.scorer.spec)
