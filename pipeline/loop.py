@@ -101,6 +101,7 @@ class ScoringPipeline:
         overlap = batching.overlap_forward
         self._overlap = scorer.device.type == "cuda" if overlap is None else overlap
         self._clients = clients
+        self._rows_per_event = 8.0  # running mean, sizes the decode chunks
         self._stages: _Stages | None = None
         self._stop = threading.Event()
         self.summary = RunSummary()
@@ -230,14 +231,19 @@ class ScoringPipeline:
             self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
 
     def _chunk_size(self) -> int:
-        """Messages to decode at once: about what fills the open batch (a few go back)."""
+        """Messages to decode at once: about what fills the open batch, from the rows per event
+        seen so far (what does not fit goes back, and is decoded again next time)."""
         rows_left = max(0, self.batcher.max_rows - self.batcher.rows)
-        return max(1, min(self.settings.batching.consume_batch_size, rows_left // 8 + 1))
+        events = int(rows_left / self._rows_per_event) + 1
+        return max(1, min(self.settings.batching.consume_batch_size, events))
 
     def _admit(self, st: _Stages, messages: list[Message], decoded: DecodedBatch) -> int:
         """Add the decoded events that fit to the open batch and dead-letter the rejects among
         them, registering every offset in order. Returns how many messages were used."""
         batcher, checkpointer = self.batcher, st.checkpointer
+        if decoded.columns.num_events:
+            seen = decoded.columns.num_rows / decoded.columns.num_events
+            self._rows_per_event = 0.8 * self._rows_per_event + 0.2 * seen
         fit = batcher.room(decoded.columns.candidate_counts)
         accepted = decoded.accepted.tolist()
         used = accepted[fit] if fit < len(accepted) else len(messages)

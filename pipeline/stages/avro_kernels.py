@@ -255,3 +255,89 @@ def string_keys(
     for m in range(len(strings)):
         out[m] = _fnv1a(buf, strings[m, column], strings[m, column + 1])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_long(out: npt.NDArray[np.uint8], pos: int, value: int) -> int:
+    """Zigzag varint of ``value`` at ``out[pos:]``; returns the next position."""
+    n = (np.uint64(value) << np.uint64(1)) ^ np.uint64(value >> 63)
+    while n >= np.uint64(0x80):
+        out[pos] = np.uint8((n & np.uint64(0x7F)) | np.uint64(0x80))
+        n >>= np.uint64(7)
+        pos += 1
+    out[pos] = np.uint8(n)
+    return pos + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_bytes(
+    out: npt.NDArray[np.uint8], pos: int, data: npt.NDArray[np.uint8], start: int, end: int
+) -> int:
+    """An Avro string/bytes: length, then ``data[start:end]``."""
+    pos = _put_long(out, pos, end - start)
+    out[pos : pos + end - start] = data[start:end]
+    return pos + end - start
+
+
+@numba.njit(cache=True, nogil=True)
+def encode_recommendations(
+    header: npt.NDArray[np.uint8],
+    event_ids: npt.NDArray[np.uint8],
+    event_id_offsets: npt.NDArray[np.int64],
+    user_ids: npt.NDArray[np.int64],
+    item_offsets: npt.NDArray[np.int64],
+    item_ids: npt.NDArray[np.int64],
+    score_bytes: npt.NDArray[np.uint8],
+    model_version: npt.NDArray[np.uint8],
+    scored_at: int,
+    fallback_user: npt.NDArray[np.bool_],
+    fallback_item: npt.NDArray[np.bool_],
+    names: npt.NDArray[np.uint8],
+    name_offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[np.uint8],
+    out_offsets: npt.NDArray[np.int64],
+) -> None:
+    """Recommendation records, one after the other, into ``out``.
+
+    Args:
+        header: written before each record (the Confluent header, or nothing).
+        event_ids / event_id_offsets: UTF-8 event ids, event ``e`` at
+            ``[offsets[e], offsets[e + 1])``.
+        user_ids: int64[E].
+        item_offsets: int64[E + 1] bounds of each event's items in ``item_ids``.
+        item_ids: int64[K] best first within each event.
+        score_bytes: the float64[K] scores viewed as bytes (little-endian).
+        model_version: UTF-8 bytes.
+        scored_at: epoch milliseconds.
+        fallback_user / fallback_item: bool[E] the ``fallback_features`` flags.
+        names / name_offsets: the two UTF-8 feature names (user, item).
+        out: large enough for every record (see :func:`recommendation_capacity`).
+        out_offsets: int64[E + 1] out: record ``e`` is ``out[out_offsets[e]:out_offsets[e + 1]]``.
+    """
+    pos = 0
+    for e in range(len(user_ids)):
+        out_offsets[e] = pos
+        out[pos : pos + len(header)] = header
+        pos += len(header)
+        pos = _put_bytes(out, pos, event_ids, event_id_offsets[e], event_id_offsets[e + 1])
+        pos = _put_long(out, pos, user_ids[e])
+        lo, hi = item_offsets[e], item_offsets[e + 1]
+        if hi > lo:
+            pos = _put_long(out, pos, hi - lo)
+            for i in range(lo, hi):
+                pos = _put_long(out, pos, item_ids[i])
+                out[pos : pos + 8] = score_bytes[8 * i : 8 * i + 8]
+                pos += 8
+        out[pos] = 0  # end of the items array
+        pos = _put_bytes(out, pos + 1, model_version, 0, len(model_version))
+        pos = _put_long(out, pos, scored_at)
+        flags = int(fallback_user[e]) + int(fallback_item[e])
+        if flags:
+            pos = _put_long(out, pos, flags)
+            if fallback_user[e]:
+                pos = _put_bytes(out, pos, names, name_offsets[0], name_offsets[1])
+            if fallback_item[e]:
+                pos = _put_bytes(out, pos, names, name_offsets[1], name_offsets[2])
+        out[pos] = 0  # end of the fallback_features array
+        pos += 1
+    out_offsets[len(user_ids)] = pos

@@ -58,6 +58,7 @@ class ColumnarDecoder:
         self._framing = settings.framing
         self._same_schema: dict[int, bool] = {}
         self._categorical: dict[int, int] = {}
+        self.kernel([])  # load (or compile) the kernels now, not on the first batch
 
     def decode(self, values: list[bytes | None]) -> DecodedBatch:
         """Decode and validate ``values`` (one per message, in consumption order)."""

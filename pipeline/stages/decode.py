@@ -176,6 +176,11 @@ class AvroFraming:
             raise RejectedMessage(RejectReason.SCHEMA_MISMATCH, "body is not a record")
         return record
 
+    @property
+    def header(self) -> bytes:
+        """What :meth:`write` puts before each body (the Confluent header, or nothing)."""
+        return self._header
+
     def writer_is_reader(self, schema_id: int) -> bool:
         """Whether the registry's schema ``schema_id`` is our reader schema (False if unknown)."""
         if self._lookup is None:
@@ -290,4 +295,5 @@ class RecordCodec:
         self._framing = _make_framing(settings, schema_path)
         self._framing.bind_writer(f"{topic}-value", schema_path)
         self.encode: Callable[[Record], bytes] = self._framing.write
+        self.header: bytes = self._framing.header
         self.decode: Callable[[bytes], Record] = self._framing.read
