@@ -73,7 +73,7 @@ class EventColumns:
         """The events of ``parts`` one after the other."""
         return cls(
             event_ids=[e for p in parts for e in p.event_ids],
-            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAY_FIELDS},
+            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in ARRAY_FIELDS},
         )
 
     def head(self, count: int) -> EventColumns:
@@ -115,7 +115,7 @@ class EventColumns:
         return len(self.candidate_ids)
 
 
-_ARRAY_FIELDS = (
+ARRAY_FIELDS = (  # the int64 columns of EventColumns
     "user_ids",
     "event_time_ms",
     "device_ids",

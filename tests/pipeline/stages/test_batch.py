@@ -13,7 +13,13 @@ import pytest
 
 from model.spec import string_to_id
 from pipeline.stages import batch as batch_mod
-from pipeline.stages.batch import EventColumns, MicroBatcher, categorical_id, to_columns
+from pipeline.stages.batch import (
+    ARRAY_FIELDS,
+    EventColumns,
+    MicroBatcher,
+    categorical_id,
+    to_columns,
+)
 
 EventFactory = Callable[..., dict[str, Any]]
 
@@ -242,15 +248,7 @@ class TestToColumns:
         )
         assert cols.recent_counts.tolist() == [1, 0, 3]
         assert cols.recent_ids.tolist() == [1, 3, 4, 5]
-        for name in (
-            "user_ids",
-            "event_time_ms",
-            "device_ids",
-            "country_ids",
-            "num_results",
-            "candidate_counts",
-            "candidate_ids",
-        ):
+        for name in ARRAY_FIELDS:
             assert getattr(cols, name).dtype == np.int64, name
 
     def test_event_time_int_millis_passthrough(self, make_event: EventFactory) -> None:
