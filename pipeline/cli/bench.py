@@ -147,3 +147,19 @@ def bench_overhead_command(
 
     settings = _stack_settings(ctx, config)
     emit(bench_overhead(settings, events=events, report=_report), as_json)
+
+
+@bench_app.command("codec")
+def bench_codec_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Synthetic events per round.")] = 7000,
+    batch_events: Annotated[int, typer.Option(help="Events per decoded batch.")] = 70,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """fastavro per event vs the columnar kernels: decode and encode CPU per event (no stack)."""
+    from pipeline.tools.bench.codec import bench_codec
+
+    settings = command_settings(ctx, config)
+    emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
