@@ -33,19 +33,16 @@ from pipeline.faults import FaultInjector
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
 from pipeline.stages.backpressure import BackpressuredProducer
-from pipeline.stages.batch import MicroBatcher, Record, to_columns
+from pipeline.stages.batch import EventColumns, MicroBatcher
+from pipeline.stages.columnar import ColumnarDecoder
 from pipeline.stages.commit import Checkpoint, Checkpointer
 from pipeline.stages.commit_transactional import TransactionalCheckpointer, transactional_kafka
-from pipeline.stages.decode import (
-    RECOMMENDATION_SCHEMA_FILE,
-    RecordCodec,
-    RejectedMessage,
-    RejectReason,
-    UserEventDecoder,
-)
+from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.features import build_feature_columns
-from pipeline.stages.isolate import SOURCE_MESSAGE, bisect, is_isolatable
+from pipeline.stages.intake import Intake
+from pipeline.stages.isolate import is_isolatable
+from pipeline.stages.poison import PoisonIsolator
 from pipeline.stages.publish import DeadLetterSink, RecommendationSink
 from pipeline.stages.rebalance import Partition, RebalanceHandler
 from pipeline.stages.score import ForwardExecutor, PreparedBatch, ScoredBatch, Scorer
@@ -66,6 +63,8 @@ class _Stages:
     dead_letters: DeadLetterSink
     executor: ForwardExecutor
     rebalance: RebalanceHandler
+    intake: Intake
+    poison: PoisonIsolator
 
 
 class ScoringPipeline:
@@ -99,7 +98,7 @@ class ScoringPipeline:
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         spec, batching = scorer.spec, settings.batching
-        self.decoder = UserEventDecoder(settings.codec, recent_cap=spec.recent_items_cap)
+        self.decoder = ColumnarDecoder(settings.codec, recent_cap=spec.recent_items_cap)
         self.enricher: BatchEnricher = enricher or FeatureEnricher(
             settings.redis, spec.user_dense_dim, spec.item_dense_dim, self.metrics
         )
@@ -193,7 +192,7 @@ class ScoringPipeline:
             self._publish,
             self._overlap,
             self._collective,
-            on_failed=self._isolate_failed,
+            on_failed=self._isolate_failed_forward,
             faults=self._faults,
         )
         rebalance = RebalanceHandler(
@@ -202,13 +201,32 @@ class ScoringPipeline:
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
         checkpointer.backpressure = source.held_back
         producer = BackpressuredProducer(clients.producer, source, lambda: self._stop_by)
+        dead_letters = DeadLetterSink(producer, settings.topics.dlq, metrics)
         return _Stages(
             source=source,
             checkpointer=checkpointer,
             sink=RecommendationSink(producer, settings.topics.output, codec, metrics),
-            dead_letters=DeadLetterSink(producer, settings.topics.dlq, metrics),
+            dead_letters=dead_letters,
             executor=executor,
             rebalance=rebalance,
+            intake=Intake(
+                source,
+                self.decoder,
+                self.batcher,
+                checkpointer,
+                dead_letters,
+                settings.batching.consume_batch_size,
+                self._count_dead_letter,
+            ),
+            poison=PoisonIsolator(
+                self._prepare,
+                self._process,
+                dead_letters,
+                checkpointer,
+                executor,
+                self._collective,
+                self._count_dead_letter,
+            ),
         )
 
     def _loop(self, st: _Stages, exit_when_idle_s: float | None, max_events: int | None) -> None:
@@ -250,144 +268,70 @@ class ScoringPipeline:
                 return
 
     def _feed(self, st: _Stages) -> None:
-        """Decode backlog messages into the open batch until it is full or the next event does
-        not fit (the batcher holds that one for the next batch). Rejects go to the DLQ."""
-        batcher, checkpointer, source = self.batcher, st.checkpointer, st.source
+        """Source -> decode -> batch (:class:`~pipeline.stages.intake.Intake`)."""
         start = time.perf_counter()
-        held = batcher.admit_held()
-        if held is not None:
-            checkpointer.consumed(*held)
-        if batcher.holding:
-            return
-        consumed = 0
-        while not batcher.full and (message := source.next_message()) is not None:
-            consumed += 1
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            assert topic is not None and partition is not None and offset is not None
-            try:
-                record = self.decoder.decode(message.value())
-            except RejectedMessage as rejection:
-                checkpointer.consumed(topic, partition, offset)
-                st.dead_letters.publish(message, rejection, checkpointer.open)
-                self.summary.dead_lettered += 1
-                continue
-            record[SOURCE_MESSAGE] = message  # dead-lettered as is if it turns out poison
-            if not batcher.fits(record):
-                batcher.hold((topic, partition, offset), record)
-                break
-            checkpointer.consumed(topic, partition, offset)
-            batcher.add(record, (topic, partition))
+        consumed = st.intake.feed()
         if consumed:
             self.summary.events_in += consumed
             self.metrics.events_in.inc(consumed)
             self.metrics.stage_seconds.labels(stage="decode").observe(time.perf_counter() - start)
+
+    def _count_dead_letter(self) -> None:
+        self.summary.dead_lettered += 1
 
     def _score_open_batch(self) -> None:
         """Score and publish the open batch now (a single process handing partitions over)."""
         assert self._stages is not None
         self._score(self._stages, self.batcher.close())
 
-    def _score(
-        self, st: _Stages, records: list[Record] | None, pad_rows: int | None = None
-    ) -> None:
+    def _score(self, st: _Stages, events: EventColumns | None, pad_rows: int | None = None) -> None:
         """Enrich and featurise one closed batch, then hand it to the forward executor.
 
         Args:
             st: the run's stages.
-            records: the batch (``None``: nothing of ours to score).
+            events: the batch (``None``: nothing of ours to score).
             pad_rows: ranks of a sharded model pad to the agreed row count and run the forward
                 even with no events of their own.
         """
-        if not records:
+        if events is None:
             if self._collective and pad_rows:
                 st.executor.submit_padding(pad_rows)
             return
         checkpoint = st.checkpointer.cut()  # what is consumed from now on is the next batch's
         try:
-            prepared = self._prepare(records, checkpoint)
+            prepared = self._prepare(events, checkpoint)
         except Exception as exc:
             if not is_isolatable(exc):
                 raise
-            self._isolate_prepare(st, records, checkpoint, exc, pad_rows)
+            st.poison.before_forward(events, checkpoint, exc, pad_rows)
             return
         st.executor.submit(prepared, pad_rows)
 
-    def _prepare(self, records: list[Record], checkpoint: Checkpoint) -> PreparedBatch:
-        """Enrich and featurise ``records`` (the steps before the forward)."""
+    def _prepare(self, events: EventColumns, checkpoint: Checkpoint) -> PreparedBatch:
+        """Enrich and featurise ``events`` (the steps before the forward)."""
         metrics = self.metrics
         with metrics.stage("enrich"):
-            events = to_columns(records)
             enrichment = self.enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
             if self._faults is not None:
                 self._faults.check("features", events.event_ids)
             features = build_feature_columns(events, enrichment, self.scorer.spec)
             staged = self.scorer.stage(features)
-        return PreparedBatch(events, enrichment, checkpoint, staged, records)
+        return PreparedBatch(events, enrichment, checkpoint, staged)
 
-    def _isolate_prepare(
-        self,
-        st: _Stages,
-        records: list[Record],
-        checkpoint: Checkpoint,
-        error: Exception,
-        pad_rows: int | None,
-    ) -> None:
-        """A batch failed before its forward: dead-letter the events that fail alone.
+    def _process(self, events: EventColumns, checkpoint: Checkpoint) -> None:
+        """The whole chain for ``events``, synchronously (poison isolation bisects this)."""
+        assert self._stages is not None
+        batch = self._prepare(events, checkpoint)
+        if self._faults is not None:
+            self._faults.check("forward", events.event_ids)
+        scored = self.scorer.top_k(self.scorer.forward(batch.staged.ready_input()), events)
+        latency_s = self._stages.sink.publish(batch, scored, self.scorer.model_version)
+        self.summary.record_batch(events.num_events, events.num_rows, latency_s)
 
-        A single process scores the rest now. Ranks of a sharded model bisect only the local
-        steps before the forward (no collective is involved), then join the agreed forward
-        with the good events (or with padding when none is left): every rank still runs
-        exactly one forward for the step.
-        """
-        log.warning("batch of %d events failed (%s): isolating", len(records), error)
-        st.executor.finish()  # the previous batch is published first
-        if not self._collective:
-            self._isolate(st, records, checkpoint, error)
-            return
-        found = bisect(records, lambda group: self._prepare(group, checkpoint), error)
-        self._dead_letter_failed(st, found.failed, checkpoint)
-        good = found.good_records
-        if good:
-            st.executor.submit(self._prepare(good, checkpoint), pad_rows)
-        else:
-            st.checkpointer.seal(checkpoint)
-            if pad_rows:
-                st.executor.submit_padding(pad_rows)
-
-    def _isolate_failed(self, batch: PreparedBatch, error: Exception) -> None:
-        """The forward, top-K or publish of ``batch`` failed (single process): isolate."""
-        assert self._stages is not None and batch.records is not None
-        log.warning("batch of %d events failed (%s): isolating", len(batch.records), error)
-        self._isolate(self._stages, batch.records, batch.checkpoint, error)
-
-    def _isolate(
-        self, st: _Stages, records: list[Record], checkpoint: Checkpoint, error: Exception
-    ) -> None:
-        """Bisect the whole chain synchronously (enrich to publish) on the loop's thread."""
-
-        def process(group: list[Record]) -> None:
-            batch = self._prepare(group, checkpoint)
-            if self._faults is not None:
-                self._faults.check("forward", batch.events.event_ids)
-            probs = self.scorer.forward(batch.staged.ready_input())
-            scored = self.scorer.top_k(probs, batch.events)
-            latency_s = st.sink.publish(batch, scored, self.scorer.model_version)
-            self.summary.record_batch(batch.events.num_events, batch.events.num_rows, latency_s)
-
-        found = bisect(records, process, error)
-        self._dead_letter_failed(st, found.failed, checkpoint)
-        st.checkpointer.seal(checkpoint)
-
-    def _dead_letter_failed(
-        self, st: _Stages, failed: list[tuple[Record, Exception]], checkpoint: Checkpoint
-    ) -> None:
-        for record, exc in failed:
-            rejection = RejectedMessage(
-                RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
-            )
-            st.dead_letters.publish(record[SOURCE_MESSAGE], rejection, checkpoint)
-            self.summary.dead_lettered += 1
+    def _isolate_failed_forward(self, batch: PreparedBatch, error: Exception) -> None:
+        assert self._stages is not None
+        self._stages.poison.after_forward(batch, error)
 
     def _publish(self, batch: PreparedBatch, scored: ScoredBatch) -> None:
         """Produce a scored batch's Recommendations, then seal its checkpoint."""

@@ -171,3 +171,33 @@ def bench_ranks_command(
     settings = _stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
     emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
+
+
+@bench_app.command("overhead")
+def bench_overhead_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Events produced once, read by both runs.")] = 20000,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """CPU per event around the model: Kafka passthrough vs the pipeline with a tiny ranker."""
+    from pipeline.tools.bench.overhead import bench_overhead
+
+    settings = _stack_settings(ctx, config)
+    emit(bench_overhead(settings, events=events, report=_report), as_json)
+
+
+@bench_app.command("codec")
+def bench_codec_command(
+    ctx: typer.Context,
+    events: Annotated[int, typer.Option(help="Synthetic events per round.")] = 7000,
+    batch_events: Annotated[int, typer.Option(help="Events per decoded batch.")] = 70,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """fastavro per event vs the columnar kernels: decode and encode CPU per event (no stack)."""
+    from pipeline.tools.bench.codec import bench_codec
+
+    settings = command_settings(ctx, config)
+    emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import datetime
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from model.segments import take_segments
 from model.spec import string_to_id
 from pipeline.stages.decode import Record
 
@@ -48,7 +50,10 @@ class EventColumns:
         num_results: int64[E].
         candidate_counts: int64[E].
         candidate_ids: int64[R], event-major.
-        event_recent: per event, the (already capped) ``recent_item_ids``.
+        recent_counts: int64[E], lengths of the (already capped) ``recent_item_ids``.
+        recent_ids: int64[sum(recent_counts)], event-major, newest first within an event.
+        messages: per event, the consumed Kafka message it came from (the loop fills it: a
+            poison event is dead-lettered as that message, untouched); empty elsewhere.
     """
 
     event_ids: list[str]
@@ -59,15 +64,75 @@ class EventColumns:
     num_results: npt.NDArray[np.int64]
     candidate_counts: npt.NDArray[np.int64]
     candidate_ids: npt.NDArray[np.int64]
-    event_recent: list[list[int]]
+    recent_counts: npt.NDArray[np.int64]
+    recent_ids: npt.NDArray[np.int64]
+    messages: list[Any] = field(default_factory=list)
 
     @property
     def num_events(self) -> int:
         return len(self.event_ids)
 
+    @classmethod
+    def concat(cls, parts: list[EventColumns]) -> EventColumns:
+        """The events of ``parts`` one after the other."""
+        return cls(
+            event_ids=[e for p in parts for e in p.event_ids],
+            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in ARRAY_FIELDS},
+            messages=[m for p in parts for m in p.messages],
+        )
+
+    def head(self, count: int) -> EventColumns:
+        """The first ``count`` events (views, no copy)."""
+        if count >= self.num_events:
+            return self
+        rows = int(self.candidate_counts[:count].sum())
+        recent = int(self.recent_counts[:count].sum())
+        return EventColumns(
+            event_ids=self.event_ids[:count],
+            user_ids=self.user_ids[:count],
+            event_time_ms=self.event_time_ms[:count],
+            device_ids=self.device_ids[:count],
+            country_ids=self.country_ids[:count],
+            num_results=self.num_results[:count],
+            candidate_counts=self.candidate_counts[:count],
+            candidate_ids=self.candidate_ids[:rows],
+            recent_counts=self.recent_counts[:count],
+            recent_ids=self.recent_ids[:recent],
+            messages=self.messages[:count],
+        )
+
+    def take(self, order: npt.NDArray[np.int64]) -> EventColumns:
+        """The events ``order`` (indices into this batch), in that order."""
+        return EventColumns(
+            event_ids=[self.event_ids[i] for i in order.tolist()],
+            user_ids=self.user_ids[order],
+            event_time_ms=self.event_time_ms[order],
+            device_ids=self.device_ids[order],
+            country_ids=self.country_ids[order],
+            num_results=self.num_results[order],
+            candidate_counts=self.candidate_counts[order],
+            candidate_ids=self.candidate_ids[take_segments(self.candidate_counts, order)],
+            recent_counts=self.recent_counts[order],
+            recent_ids=self.recent_ids[take_segments(self.recent_counts, order)],
+            messages=[self.messages[i] for i in order.tolist()] if self.messages else [],
+        )
+
     @property
     def num_rows(self) -> int:
         return len(self.candidate_ids)
+
+
+ARRAY_FIELDS = (  # the int64 columns of EventColumns
+    "user_ids",
+    "event_time_ms",
+    "device_ids",
+    "country_ids",
+    "num_results",
+    "candidate_counts",
+    "candidate_ids",
+    "recent_counts",
+    "recent_ids",
+)
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -90,6 +155,7 @@ def to_columns(records: list[Record]) -> EventColumns:
         np.int64,
         int(counts.sum()),
     )
+    recent_counts = np.fromiter((len(r["recent_item_ids"]) for r in records), np.int64, n)
     return EventColumns(
         event_ids=[r["event_id"] for r in records],
         user_ids=np.fromiter((r["user_id"] for r in records), np.int64, n),
@@ -103,12 +169,17 @@ def to_columns(records: list[Record]) -> EventColumns:
         num_results=np.fromiter((r["num_results"] for r in records), np.int64, n),
         candidate_counts=counts,
         candidate_ids=candidate_ids,
-        event_recent=[r["recent_item_ids"] for r in records],
+        recent_counts=recent_counts,
+        recent_ids=np.fromiter(
+            itertools.chain.from_iterable(r["recent_item_ids"] for r in records),
+            np.int64,
+            int(recent_counts.sum()),
+        ),
     )
 
 
 class MicroBatcher:
-    """Collects decoded events into batches bounded by rows and by delay.
+    """Collects decoded event columns into batches bounded by rows and by delay.
 
     Args:
         max_rows: rows (event x candidate) per batch.
@@ -117,90 +188,84 @@ class MicroBatcher:
     Example::
 
         batcher = MicroBatcher(max_rows=4096, max_delay_ms=20)
-        if not batcher.fits(event):
-            score(batcher.close())
-        batcher.add(event)
-        if batcher.full or batcher.due():
+        k = batcher.room(decoded.candidate_counts)
+        batcher.add(decoded.take(np.arange(k)), sources[:k])
+        if k < decoded.num_events:
+            batcher.hold()  # the next event opens the next batch
+        if batcher.ready():
             score(batcher.close())
     """
 
     def __init__(self, max_rows: int, max_delay_ms: float) -> None:
         self.max_rows = max_rows
         self.max_delay_s = max_delay_ms / 1000
-        self._records: list[Record] = []
+        self._parts: list[EventColumns] = []
         self._sources: list[tuple[str, int]] = []
         self._rows = 0
         self._oldest = 0.0
-        self._held: tuple[Position, Record] | None = None
+        self._complete = False
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._sources)
 
     @property
     def rows(self) -> int:
         return self._rows
 
-    def fits(self, record: Record) -> bool:
-        """Whether ``record`` can join the open batch without exceeding ``max_rows``.
+    def room(self, candidate_counts: npt.NDArray[np.int64]) -> int:
+        """How many of the next events (their candidate counts, in order) fit the open batch.
 
-        An empty batch takes any event (one event larger than ``max_rows`` is a batch alone).
+        An empty batch takes at least one event (one event larger than ``max_rows`` is a batch
+        alone); an event is never split.
         """
-        return not self._records or self._rows + len(record["candidate_item_ids"]) <= self.max_rows
+        if self._complete:
+            return 0
+        total = self._rows + np.cumsum(candidate_counts)
+        fit = int(np.searchsorted(total, self.max_rows, side="right"))
+        return max(fit, 1) if not self._sources and len(candidate_counts) else fit
 
     def add(
-        self, record: Record, source: tuple[str, int] = ("", -1), now: float | None = None
+        self, events: EventColumns, sources: list[tuple[str, int]], now: float | None = None
     ) -> None:
-        """Add one event to the open batch (check :meth:`fits` first).
+        """Add events to the open batch (check :meth:`room` first).
 
         Args:
-            record: the decoded event.
-            source: its (topic, partition), so a revoked partition's events can be dropped.
+            events: decoded events, in consumption order.
+            sources: per event, its (topic, partition), so a revoked partition's events can be
+                dropped.
             now: monotonic time of arrival (default: now).
         """
-        if not self._records:
+        if not events.num_events:
+            return
+        if not self._sources:
             self._oldest = time.monotonic() if now is None else now
-        self._records.append(record)
-        self._sources.append(source)
-        self._rows += len(record["candidate_item_ids"])
+        self._parts.append(events)
+        self._sources.extend(sources)
+        self._rows += events.num_rows
 
-    def hold(self, position: Position, record: Record) -> None:
-        """Keep an event that did not :meth:`fits` the open batch: it opens the next one."""
-        self._held = (position, record)
+    def hold(self) -> None:
+        """The next event did not fit: the open batch is complete (it waits in the source)."""
+        self._complete = True
 
     @property
     def holding(self) -> bool:
-        """Whether an event waits for the next batch (the open one is then complete)."""
-        return self._held is not None
-
-    def admit_held(self) -> Position | None:
-        """Add the held event to the open batch if it fits now.
-
-        Returns:
-            Its (topic, partition, offset), or ``None`` if nothing was held or it still does
-            not fit.
-        """
-        if self._held is None or not self.fits(self._held[1]):
-            return None
-        (position, record), self._held = self._held, None
-        self.add(record, position[:2])
-        return position
+        """Whether the next event waits for the next batch (the open one is then complete)."""
+        return self._complete
 
     def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
-        """Remove the events of ``partitions`` from the open batch and the held event.
+        """Remove the events of ``partitions`` from the open batch.
 
         Returns:
             How many events were removed.
         """
-        dropped = 0
-        if self._held is not None and self._held[0][:2] in partitions:
-            self._held = None
-            dropped = 1
         keep = [i for i, src in enumerate(self._sources) if src not in partitions]
-        dropped += len(self._records) - len(keep)
+        dropped = len(self._sources) - len(keep)
         if dropped:
-            self._records = [self._records[i] for i in keep]
+            batch = EventColumns.concat(self._parts).take(np.asarray(keep, dtype=np.int64))
+            self._parts = [batch] if keep else []
             self._sources = [self._sources[i] for i in keep]
-            self._rows = sum(len(r["candidate_item_ids"]) for r in self._records)
+            self._rows = batch.num_rows
+            self._complete = False  # rows were freed: the next event may fit now
         return dropped
 
     @property
@@ -208,23 +273,25 @@ class MicroBatcher:
         return self._rows >= self.max_rows
 
     def ready(self, now: float | None = None) -> bool:
-        """Whether the open batch should be scored now: full, followed by a held event, or due."""
-        return self.full or self._held is not None or self.due(now)
+        """Whether the open batch should be scored now: full, complete, or due."""
+        return self.full or self._complete or self.due(now)
 
     def time_left(self, now: float | None = None) -> float:
         """Seconds until the open batch is due (``inf`` when empty)."""
-        if not self._records:
+        if not self._sources:
             return float("inf")
         now = time.monotonic() if now is None else now
         return max(0.0, self._oldest + self.max_delay_s - now)
 
     def due(self, now: float | None = None) -> bool:
         """Whether the oldest event has waited ``max_delay_ms``."""
-        return bool(self._records) and self.time_left(now) <= 0.0
+        return bool(self._sources) and self.time_left(now) <= 0.0
 
-    def close(self) -> list[Record] | None:
+    def close(self) -> EventColumns | None:
         """Take the open batch (``None`` when empty)."""
-        if not self._records:
+        if not self._sources:
+            self._complete = False
             return None
-        records, self._records, self._sources, self._rows = self._records, [], [], 0
-        return records
+        parts = self._parts
+        self._parts, self._sources, self._rows, self._complete = [], [], 0, False
+        return parts[0] if len(parts) == 1 else EventColumns.concat(parts)

@@ -236,6 +236,20 @@ class AvroFraming:
             raise RejectedMessage(RejectReason.SCHEMA_MISMATCH, "body is not a record")
         return record
 
+    @property
+    def header(self) -> bytes:
+        """What :meth:`write` puts before each body (the Confluent header, or nothing)."""
+        return self._header
+
+    def writer_is_reader(self, schema_id: int) -> bool:
+        """Whether the registry's schema ``schema_id`` is our reader schema (False if unknown)."""
+        if self._lookup is None:
+            return False
+        try:
+            return self._lookup.writer_schema(schema_id) == self.reader_schema
+        except Exception:  # unknown id: decoding rejects it with UNKNOWN_SCHEMA
+            return False
+
     def write(self, record: Record) -> bytes:
         """Encode one record (with the Confluent header when so framed)."""
         buf = io.BytesIO()
@@ -282,6 +296,7 @@ class UserEventDecoder:
         self._settings = settings
         self._recent_cap = recent_cap
         self._framing = _make_framing(settings, USER_EVENT_SCHEMA_FILE)
+        self.writer_is_reader = self._framing.writer_is_reader
 
     def decode(self, value: bytes | None) -> Record:
         limits = self._settings
@@ -380,4 +395,5 @@ class RecordCodec:
         self._framing = _make_framing(settings, schema_path)
         self._framing.bind_writer(f"{topic}-value", schema_path)
         self.encode: Callable[[Record], bytes] = self._framing.write
+        self.header: bytes = self._framing.header
         self.decode: Callable[[bytes], Record] = self._framing.read

@@ -25,6 +25,7 @@ from redis.retry import Retry
 from pipeline.config import RedisSettings
 from pipeline.feature_store import FLOAT32, INT64, item_key, item_record_dtype, user_key
 from pipeline.metrics import Metrics
+from pipeline.stages.slot_table import SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -68,44 +69,34 @@ class BatchEnricher(Protocol):
 class _SlotCache:
     """id -> slot map over fixed arrays; TTL per entry; oldest-inserted slot is reused first.
 
-    Lookups are one dict probe per *unique* id; TTL checks and payload gathers are numpy.
+    Lookups are one compiled hash-table pass per batch (:class:`SlotTable`); TTL checks and
+    payload gathers are numpy.
     """
 
     def __init__(self, capacity: int, ttl_s: float) -> None:
         self.capacity = max(1, capacity)
         self._ttl_s = ttl_s
-        self._slot_of: dict[int, int] = {}
-        self._id_in_slot = np.zeros(self.capacity, dtype=np.int64)
-        self._used = np.zeros(self.capacity, dtype=bool)
+        self._table = SlotTable(self.capacity)
         self._stored_at = np.zeros(self.capacity, dtype=np.float64)
         self._next = 0
 
-    def lookup(self, ids: list[int], now: float) -> npt.NDArray[np.int64]:
+    def lookup(self, ids: npt.NDArray[np.int64], now: float) -> npt.NDArray[np.int64]:
         """Slots of ``ids``; -1 where absent or expired."""
-        get = self._slot_of.get
-        slots = np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
+        slots = self._table.find(ids)
         found = slots >= 0
         expired = found.copy()
         expired[found] = self._stored_at[slots[found]] < now - self._ttl_s
         slots[expired] = -1
         return slots
 
-    def allocate(self, ids: list[int], now: float) -> npt.NDArray[np.int64]:
+    def allocate(self, ids: npt.NDArray[np.int64], now: float) -> npt.NDArray[np.int64]:
         """Slots for ``ids`` (evicting the oldest entries); the caller fills the payload."""
         if len(ids) > self.capacity:
             raise ValueError(f"{len(ids)} entries do not fit a cache of {self.capacity}")
         n = len(ids)
         slots = (self._next + np.arange(n)) % self.capacity
         self._next = (self._next + n) % self.capacity
-        slot_list = slots.tolist()
-        for slot in slot_list:  # evict; an id refreshed into another slot keeps that one
-            if self._used[slot]:
-                old_id = int(self._id_in_slot[slot])
-                if self._slot_of.get(old_id) == slot:
-                    del self._slot_of[old_id]
-        self._slot_of.update(zip(ids, slot_list, strict=True))
-        self._id_in_slot[slots] = ids
-        self._used[slots] = True
+        self._table.assign(ids, slots)
         self._stored_at[slots] = now
         return slots
 
@@ -164,28 +155,24 @@ class FeatureEnricher:
         now = time.monotonic()
         users, user_inverse = np.unique(user_ids, return_inverse=True)
         items, item_inverse = np.unique(item_ids, return_inverse=True)
-        user_list: list[int] = users.tolist()
-        item_list: list[int] = items.tolist()
-        user_slots = self._user_cache.lookup(user_list, now)
-        item_slots = self._item_cache.lookup(item_list, now)
+        user_slots = self._user_cache.lookup(users, now)
+        item_slots = self._item_cache.lookup(items, now)
         user_todo = np.flatnonzero(user_slots < 0)
         item_todo = np.flatnonzero(item_slots < 0)
-        self._metrics.record_cache("user", len(user_list) - len(user_todo), len(user_todo))
-        self._metrics.record_cache("item", len(item_list) - len(item_todo), len(item_todo))
+        self._metrics.record_cache("user", len(users) - len(user_todo), len(user_todo))
+        self._metrics.record_cache("item", len(items) - len(item_todo), len(item_todo))
 
         # Per unique id: cached values first, then what Redis returns; defaults stay elsewhere.
         user_found = user_slots >= 0
-        user_dense = np.zeros((len(user_list), self._user_dim), dtype=np.float32)
+        user_dense = np.zeros((len(users), self._user_dim), dtype=np.float32)
         user_dense[user_found] = self._user_dense[user_slots[user_found]]
         empty = np.empty(0, np.int64)
         user_recent = [self._user_recent[s] if s >= 0 else empty for s in user_slots.tolist()]
         item_found = item_slots >= 0
-        items_out = np.zeros(len(item_list), dtype=self._item_dtype)
+        items_out = np.zeros(len(items), dtype=self._item_dtype)
         items_out[item_found] = self._item_records[item_slots[item_found]]
 
-        user_values, item_values = self._fetch(
-            [user_list[i] for i in user_todo.tolist()], [item_list[i] for i in item_todo.tolist()]
-        )
+        user_values, item_values = self._fetch(users[user_todo].tolist(), items[item_todo].tolist())
         fetched_users = self._decode_users(user_todo, user_values, user_dense, user_recent)
         user_found[fetched_users] = True
         fetched_items = self._decode_items(item_todo, item_values, items_out)
@@ -296,11 +283,11 @@ class FeatureEnricher:
         """Cache what Redis returned (defaults after misses/outages are never cached)."""
         if len(fetched_users):
             keep = fetched_users[-self._user_cache.capacity :]
-            slots = self._user_cache.allocate(users[keep].tolist(), now)
+            slots = self._user_cache.allocate(users[keep], now)
             self._user_dense[slots] = user_dense[keep]
             for slot, k in zip(slots.tolist(), keep.tolist(), strict=True):
                 self._user_recent[slot] = user_recent[k]
         if len(fetched_items):
             keep = fetched_items[-self._item_cache.capacity :]
-            slots = self._item_cache.allocate(items[keep].tolist(), now)
+            slots = self._item_cache.allocate(items[keep], now)
             self._item_records[slots] = items_out[keep]

@@ -49,13 +49,16 @@ def fallback_flags(events: EventColumns, enrichment: Enrichment) -> FallbackFlag
 
 
 def merge_recent(
-    event_recent: list[list[int]], stored_recent: list[npt.NDArray[np.int64]], cap: int
+    event_counts: npt.NDArray[np.int64],
+    event_ids: npt.NDArray[np.int64],
+    stored_recent: list[npt.NDArray[np.int64]],
+    cap: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Per event, event recent items then stored ones, capped. Returns (counts, flat ids).
 
-    The rule is :func:`model.recent_items.merge_recent_items`; this flattens the batch's lists.
+    The rule is :func:`model.recent_items.merge_recent_items`; this flattens the stored lists.
     """
-    return merge_recent_items(*flatten(event_recent), *flatten(stored_recent), cap)
+    return merge_recent_items(event_counts, event_ids, *flatten(stored_recent), cap)
 
 
 def build_feature_columns(
@@ -72,7 +75,7 @@ def build_feature_columns(
         ``model.features.FeatureColumns`` ready for ``model.features.build_model_input``.
     """
     recent_counts, recent_ids = merge_recent(
-        events.event_recent, enrichment.user_recent, spec.recent_items_cap
+        events.recent_counts, events.recent_ids, enrichment.user_recent, spec.recent_items_cap
     )
     return FeatureColumns(
         user_ids=events.user_ids,

@@ -20,13 +20,9 @@ import torch
 from confluent_kafka import KafkaException
 
 from pipeline.stages.commit import DeliveryFailed
-from pipeline.stages.decode import Record
 
 T = TypeVar("T")
-
-SOURCE_MESSAGE = "__source_message__"
-"""Key under which the loop keeps each decoded record's consumed Kafka message (the
-dead-letter record of a poison event is that message, untouched)."""
+E = TypeVar("E")
 
 _ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (
     DeliveryFailed,
@@ -50,35 +46,36 @@ def is_isolatable(exc: BaseException) -> bool:
 
 
 @dataclass
-class Isolation(Generic[T]):
+class Isolation(Generic[E, T]):
     """What bisection found.
 
     Attributes:
-        good: groups of records whose attempt succeeded, with its result (in input order).
-        failed: each record that fails alone, with the exception it raised.
+        good: groups of events whose attempt succeeded, with its result (in input order).
+        failed: each event that fails alone, with the exception it raised.
         attempts: attempts made (the initial failure not counted).
     """
 
-    good: list[tuple[list[Record], T]] = field(default_factory=list)
-    failed: list[tuple[Record, Exception]] = field(default_factory=list)
+    good: list[tuple[list[E], T]] = field(default_factory=list)
+    failed: list[tuple[E, Exception]] = field(default_factory=list)
     attempts: int = 0
 
     @property
-    def good_records(self) -> list[Record]:
-        """Every record of the good groups, in input order."""
-        return [record for group, _ in self.good for record in group]
+    def good_items(self) -> list[E]:
+        """Every event of the good groups, in input order."""
+        return [item for group, _ in self.good for item in group]
 
 
 def bisect(
-    records: list[Record],
-    attempt: Callable[[list[Record]], T],
+    records: list[E],
+    attempt: Callable[[list[E]], T],
     first_error: Exception,
-) -> Isolation[T]:
+) -> Isolation[E, T]:
     """Split a failed batch until every failing event stands alone.
 
     Args:
-        records: the batch, whose attempt already raised ``first_error``.
-        attempt: processes a group of records; raises if it cannot. It must have no effect
+        records: the batch's events (e.g. their indices), whose attempt already raised
+            ``first_error``.
+        attempt: processes a group of events; raises if it cannot. It must have no effect
             when it raises (or only effects that are harmless to repeat).
         first_error: what the whole batch raised.
 
@@ -95,9 +92,9 @@ def bisect(
         for record, error in found.failed:
             dead_letter(record, error)
     """
-    found: Isolation[T] = Isolation()
+    found: Isolation[E, T] = Isolation()
 
-    def split(group: list[Record], error: Exception) -> None:
+    def split(group: list[E], error: Exception) -> None:
         if len(group) == 1:
             found.failed.append((group[0], error))
             return

@@ -21,6 +21,7 @@ header                 value
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -31,6 +32,8 @@ from confluent_kafka import Message
 from model.segments import offsets
 from pipeline.kafka_io import Headers, RecordProducer, produce
 from pipeline.metrics import Metrics
+from pipeline.stages.avro_kernels import encode_recommendations
+from pipeline.stages.batch import EventColumns
 from pipeline.stages.commit import Checkpoint
 from pipeline.stages.decode import RecordCodec, RejectedMessage
 from pipeline.stages.enrich import FallbackFeature
@@ -38,6 +41,14 @@ from pipeline.stages.features import FallbackFlags, fallback_flags
 from pipeline.stages.score import PreparedBatch, ScoredBatch
 
 log = logging.getLogger(__name__)
+
+_MAX_VARINT = 10
+_FALLBACK_NAMES = np.frombuffer(
+    (FallbackFeature.USER.value + FallbackFeature.ITEM.value).encode(), dtype=np.uint8
+)
+_FALLBACK_OFFSETS = np.array(
+    [0, len(FallbackFeature.USER.value), len(_FALLBACK_NAMES)], dtype=np.int64
+)
 
 REASON_HEADER = "x-dlq-reason"
 DETAIL_HEADER = "x-dlq-detail"
@@ -83,34 +94,59 @@ class RecommendationSink:
         events, checkpoint = batch.events, batch.checkpoint
         flags = fallback_flags(events, batch.enrichment)
         now_ms = int(time.time() * 1000)
-        item_ids: list[int] = scored.item_ids.tolist()
-        scores: list[float] = scored.scores.tolist()
-        bounds = offsets(scored.counts).tolist()
-        encode = self._codec.encode
-        user_ids: list[int] = events.user_ids.tolist()
-        for e, (event_id, user_id) in enumerate(zip(events.event_ids, user_ids, strict=True)):
-            lo, hi = bounds[e], bounds[e + 1]
-            record = {
-                "event_id": event_id,
-                "user_id": user_id,
-                "items": [
-                    {"item_id": i, "score": s}
-                    for i, s in zip(item_ids[lo:hi], scores[lo:hi], strict=True)
-                ],
-                "model_version": model_version,
-                "scored_at": now_ms,
-                "fallback_features": flags.names(e),
-            }
+        values = self.encode(events, scored, flags, model_version, now_ms)
+        keys = [str(u).encode() for u in events.user_ids.tolist()]
+        for key, value in zip(keys, values, strict=True):
             produce(
                 self._producer,
                 self._topic,
-                encode(record),
-                key=str(user_id).encode(),
+                value,
+                key=key,
                 on_delivery=checkpoint.expect_delivery(),
             )
         latency_s: npt.NDArray[np.float64] = (now_ms - events.event_time_ms) / 1000.0
         self._count(flags, events.num_events, events.num_rows, latency_s)
         return latency_s
+
+    def encode(
+        self,
+        events: EventColumns,
+        scored: ScoredBatch,
+        flags: FallbackFlags,
+        model_version: str,
+        now_ms: int,
+    ) -> list[bytes]:
+        """The Recommendation value of every event of ``batch``, in event order.
+
+        Args:
+            events: the batch's events (ids, user ids).
+            scored: their top-K (flat, event-major, best first within each event).
+            flags: per event, the feature groups that fell back to defaults.
+            model_version: of the model that scored the batch.
+            now_ms: ``scored_at``, epoch milliseconds.
+
+        Returns:
+            One encoded value per event (with the Confluent header when so framed).
+        """
+        ids = [e.encode() for e in events.event_ids]
+        id_bytes = np.frombuffer(b"".join(ids), dtype=np.uint8)
+        id_offsets = offsets(np.fromiter(map(len, ids), np.int64, len(ids)))
+        version = np.frombuffer(model_version.encode(), dtype=np.uint8)
+        header = np.frombuffer(self._codec.header, dtype=np.uint8)
+        per_event = len(header) + len(version) + 8 * _MAX_VARINT + 2 + len(_FALLBACK_NAMES)
+        capacity = len(id_bytes) + len(ids) * per_event
+        capacity += len(scored.item_ids) * (_MAX_VARINT + 8)
+        out = np.empty(capacity + 16, dtype=np.uint8)
+        out_offsets = np.empty(len(ids) + 1, dtype=np.int64)
+        encode_recommendations(
+            header, id_bytes, id_offsets, events.user_ids.astype(np.int64, copy=False),
+            offsets(scored.counts), scored.item_ids.astype(np.int64, copy=False),
+            np.ascontiguousarray(scored.scores, dtype="<f8").view(np.uint8), version, now_ms,
+            flags.user, flags.item, _FALLBACK_NAMES, _FALLBACK_OFFSETS, out, out_offsets,
+        )  # fmt: skip
+        data = out.tobytes()
+        bounds = out_offsets.tolist()
+        return [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
     def _count(
         self, flags: FallbackFlags, events: int, rows: int, latency_s: npt.NDArray[np.float64]

@@ -37,7 +37,6 @@ from pipeline.metrics import Metrics
 from pipeline.model_settings import ModelSettings
 from pipeline.stages.batch import EventColumns
 from pipeline.stages.commit import Checkpoint
-from pipeline.stages.decode import Record
 from pipeline.stages.enrich import Enrichment
 from pipeline.stages.isolate import is_isolatable
 from pipeline.stages.transfer import DeviceTransfer, StagedInput
@@ -234,14 +233,12 @@ class PreparedBatch:
         enrichment: their Redis features.
         checkpoint: the offsets its records will guard (cut, not sealed yet).
         staged: dense tensor + KJT on (or being copied to) the model's device.
-        records: the decoded records (to isolate a poison event if the batch fails).
     """
 
     events: EventColumns
     enrichment: Enrichment
     checkpoint: Checkpoint
     staged: StagedInput
-    records: list[Record] | None = None
 
 
 ScoredCallback = Callable[[PreparedBatch, ScoredBatch], None]

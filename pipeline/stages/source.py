@@ -106,6 +106,17 @@ class KafkaSource:
             self._client_error(err)
         return None
 
+    def take(self, limit: int) -> list[Message]:
+        """Up to ``limit`` data-carrying messages from the head of the backlog, in order."""
+        out: list[Message] = []
+        while len(out) < limit and (message := self.next_message()) is not None:
+            out.append(message)
+        return out
+
+    def unread(self, messages: list[Message]) -> None:
+        """Put messages taken and not used back at the head of the backlog, in order."""
+        self._backlog.extendleft(reversed(messages))
+
     def assigned(self, partitions: set[Partition]) -> None:
         """Partitions were added to this member (incremental, cooperative-sticky)."""
         self.assignment |= partitions

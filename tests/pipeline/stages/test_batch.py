@@ -13,7 +13,13 @@ import pytest
 
 from model.spec import string_to_id
 from pipeline.stages import batch as batch_mod
-from pipeline.stages.batch import MicroBatcher, categorical_id, to_columns
+from pipeline.stages.batch import (
+    ARRAY_FIELDS,
+    EventColumns,
+    MicroBatcher,
+    categorical_id,
+    to_columns,
+)
 
 EventFactory = Callable[..., dict[str, Any]]
 
@@ -21,26 +27,40 @@ EventFactory = Callable[..., dict[str, Any]]
 def _event(n_candidates: int, i: int = 0) -> dict[str, Any]:
     return {
         "event_id": f"e{i}",
+        "user_id": i,
+        "event_time": 0,
+        "context": {"device": "ios", "country": "DE"},
         "candidate_item_ids": list(range(i * 100, i * 100 + n_candidates)),
+        "recent_item_ids": [],
+        "num_results": 1,
     }
 
 
-def _drive(batcher: MicroBatcher, events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The documented loop: close when the next event does not fit or the batch is full."""
-    batches = []
-    for event in events:
-        if not batcher.fits(event):
+def _cols(*events: dict[str, Any]) -> EventColumns:
+    return to_columns(list(events))
+
+
+def _src(n: int) -> list[tuple[str, int]]:
+    return [("t", 0)] * n
+
+
+def _drive(batcher: MicroBatcher, events: list[dict[str, Any]]) -> list[list[str]]:
+    """The loop's use: add what fits of the rest, hold when some does not, close when ready."""
+    batches: list[list[str]] = []
+    rest = _cols(*events)
+    while rest.num_events:
+        fit = batcher.room(rest.candidate_counts)
+        batcher.add(rest.head(fit), _src(fit), now=0.0)
+        if fit < rest.num_events:
+            batcher.hold()
+        rest = rest.take(np.arange(fit, rest.num_events))
+        if batcher.ready(now=0.0):
             closed = batcher.close()
             assert closed is not None
-            batches.append(closed)
-        batcher.add(event, now=0.0)
-        if batcher.full:
-            closed = batcher.close()
-            assert closed is not None
-            batches.append(closed)
+            batches.append(closed.event_ids)
     last = batcher.close()
     if last is not None:
-        batches.append(last)
+        batches.append(last.event_ids)
     return batches
 
 
@@ -56,73 +76,87 @@ class TestMicroBatcher:
 
     def test_add_counts_rows_and_events(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
-        batcher.add(_event(3), now=0.0)
-        batcher.add(_event(4, 1), now=0.0)
+        batcher.add(_cols(_event(3), _event(4, 1)), _src(2), now=0.0)
         assert len(batcher) == 2
         assert batcher.rows == 7
         assert not batcher.full
 
-    def test_fits_boundary(self) -> None:
+    def test_room_boundary(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
-        batcher.add(_event(6), now=0.0)
-        assert batcher.fits(_event(4))
-        assert not batcher.fits(_event(5))
+        batcher.add(_cols(_event(6)), _src(1), now=0.0)
+        assert batcher.room(np.array([4, 1])) == 1
+        assert batcher.room(np.array([3, 1, 1])) == 2
+        assert batcher.room(np.array([5])) == 0
 
     def test_full_at_exactly_max_rows(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
-        batcher.add(_event(6), now=0.0)
+        batcher.add(_cols(_event(6)), _src(1), now=0.0)
         assert not batcher.full
-        batcher.add(_event(4, 1), now=0.0)
+        batcher.add(_cols(_event(4, 1)), _src(1), now=0.0)
         assert batcher.full
 
     def test_empty_batch_accepts_oversized_event(self) -> None:
         batcher = MicroBatcher(max_rows=4, max_delay_ms=20)
-        big = _event(9)
-        assert batcher.fits(big)
-        batcher.add(big, now=0.0)
+        assert batcher.room(np.array([9, 1])) == 1
+        batcher.add(_cols(_event(9)), _src(1), now=0.0)
         assert batcher.full
-        assert not batcher.fits(_event(1, 1))
+        assert batcher.room(np.array([1])) == 0
+
+    def test_hold_completes_the_batch_until_close(self) -> None:
+        batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
+        batcher.add(_cols(_event(6)), _src(1), now=0.0)
+        batcher.hold()
+        assert batcher.holding and batcher.ready(now=0.0)
+        assert batcher.room(np.array([1])) == 0
+        batcher.close()
+        assert not batcher.holding
 
     def test_oversized_event_forms_its_own_batch(self) -> None:
         events = [_event(2, 0), _event(9, 1), _event(2, 2)]
         batches = _drive(MicroBatcher(max_rows=4, max_delay_ms=20), events)
-        assert [[e["event_id"] for e in b] for b in batches] == [["e0"], ["e1"], ["e2"]]
+        assert batches == [["e0"], ["e1"], ["e2"]]
 
     def test_event_never_split_and_rows_bounded(self) -> None:
         sizes = [3, 5, 1, 7, 2, 2, 8, 1, 1, 1, 6, 4]
         events = [_event(n, i) for i, n in enumerate(sizes)]
         max_rows = 8
         batches = _drive(MicroBatcher(max_rows=max_rows, max_delay_ms=20), events)
-        flat = [e for b in batches for e in b]
-        assert flat == events  # order kept, nothing lost or duplicated, events whole
-        for b in batches:
-            rows = sum(len(e["candidate_item_ids"]) for e in b)
-            assert rows <= max_rows or len(b) == 1
+        assert [e for b in batches for e in b] == [e["event_id"] for e in events]
+        rows = [[sizes[int(e[1:])] for e in b] for b in batches]
+        for b in rows:
+            assert sum(b) <= max_rows or len(b) == 1
         # Greedy packing: a batch closes only when the next event would not fit.
-        for b, nxt in itertools.pairwise(batches):
-            rows = sum(len(e["candidate_item_ids"]) for e in b)
-            assert rows == max_rows or rows + len(nxt[0]["candidate_item_ids"]) > max_rows
+        for b, nxt in itertools.pairwise(rows):
+            assert sum(b) == max_rows or sum(b) + nxt[0] > max_rows
 
     def test_max_rows_one_gives_one_event_per_batch(self) -> None:
         events = [_event(n, i) for i, n in enumerate([1, 3, 1, 2])]
         batches = _drive(MicroBatcher(max_rows=1, max_delay_ms=20), events)
-        assert batches == [[e] for e in events]
+        assert batches == [[e["event_id"]] for e in events]
 
-    def test_close_resets(self) -> None:
+    def test_close_returns_the_columns_and_resets(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
-        first = _event(10)
-        batcher.add(first, now=0.0)
-        assert batcher.full
-        assert batcher.close() == [first]
+        batcher.add(_cols(_event(4)), _src(1), now=0.0)
+        batcher.add(_cols(_event(6, 1)), _src(1), now=0.0)
+        closed = batcher.close()
+        assert closed is not None and closed.event_ids == ["e0", "e1"]
+        assert closed.candidate_ids.tolist() == [0, 1, 2, 3, *range(100, 106)]
         assert len(batcher) == 0
         assert batcher.rows == 0
-        assert not batcher.full
         assert batcher.close() is None
-        assert batcher.fits(_event(10))
+        assert batcher.room(np.array([10])) == 1
+
+    def test_drop_partitions_keeps_the_other_events(self) -> None:
+        batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
+        batcher.add(_cols(_event(2), _event(3, 1), _event(4, 2)), [("t", 0), ("t", 1), ("t", 0)])
+        assert batcher.drop_partitions({("t", 0)}) == 2
+        assert batcher.rows == 3
+        closed = batcher.close()
+        assert closed is not None and closed.candidate_ids.tolist() == [100, 101, 102]
 
     def test_delay_uses_now_argument(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
-        batcher.add(_event(1), now=1000.0)
+        batcher.add(_cols(_event(1)), _src(1), now=1000.0)
         assert batcher.time_left(now=1000.0) == pytest.approx(0.020)
         assert batcher.time_left(now=1000.015) == pytest.approx(0.005)
         assert not batcher.due(now=1000.019)
@@ -132,16 +166,18 @@ class TestMicroBatcher:
 
     def test_delay_measured_from_oldest_event(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=50)
-        batcher.add(_event(1, 0), now=10.0)
-        batcher.add(_event(1, 1), now=10.04)  # a later event does not restart the clock
+        batcher.add(_cols(_event(1, 0)), _src(1), now=10.0)
+        batcher.add(
+            _cols(_event(1, 1)), _src(1), now=10.04
+        )  # a later event does not restart the clock
         assert batcher.time_left(now=10.04) == pytest.approx(0.01)
         assert batcher.due(now=10.05)
 
     def test_clock_restarts_after_close(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
-        batcher.add(_event(1), now=0.0)
+        batcher.add(_cols(_event(1)), _src(1), now=0.0)
         batcher.close()
-        batcher.add(_event(1), now=5.0)
+        batcher.add(_cols(_event(1)), _src(1), now=5.0)
         assert not batcher.due(now=5.01)
         assert batcher.time_left(now=5.0) == pytest.approx(0.02)
 
@@ -149,7 +185,7 @@ class TestMicroBatcher:
         clock = [100.0]
         monkeypatch.setattr(batch_mod.time, "monotonic", lambda: clock[0])
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
-        batcher.add(_event(1))
+        batcher.add(_cols(_event(1)), _src(1))
         assert not batcher.due()
         clock[0] = 100.021
         assert batcher.due()
@@ -210,16 +246,9 @@ class TestToColumns:
         np.testing.assert_array_equal(
             cols.country_ids, [string_to_id("DE"), string_to_id("FR"), string_to_id("DE")]
         )
-        assert cols.event_recent == [[1], [], [3, 4, 5]]
-        for name in (
-            "user_ids",
-            "event_time_ms",
-            "device_ids",
-            "country_ids",
-            "num_results",
-            "candidate_counts",
-            "candidate_ids",
-        ):
+        assert cols.recent_counts.tolist() == [1, 0, 3]
+        assert cols.recent_ids.tolist() == [1, 3, 4, 5]
+        for name in ARRAY_FIELDS:
             assert getattr(cols, name).dtype == np.int64, name
 
     def test_event_time_int_millis_passthrough(self, make_event: EventFactory) -> None:

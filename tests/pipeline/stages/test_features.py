@@ -152,7 +152,9 @@ def test_flags_match_a_per_event_loop(make_event: EventFactory) -> None:
 def test_merge_recent_rule(
     event_recent: list[int], stored: list[int], cap: int, expected: list[int]
 ) -> None:
-    counts, flat = merge_recent([event_recent], [_i64(stored)], cap)
+    counts, flat = merge_recent(
+        np.array([len(event_recent)]), _i64(event_recent), [_i64(stored)], cap
+    )
     assert counts.tolist() == [len(expected)]
     assert flat.tolist() == expected
     assert counts.dtype == np.int64
@@ -161,14 +163,14 @@ def test_merge_recent_rule(
 
 def test_merge_recent_many_events_flat_is_event_major() -> None:
     counts, flat = merge_recent(
-        [[1], [], [2, 3], []], [_i64([10, 11]), _i64([20]), _i64([]), _i64([])], 3
+        _i64([1, 0, 2, 0]), _i64([1, 2, 3]), [_i64([10, 11]), _i64([20]), _i64([]), _i64([])], 3
     )
     assert counts.tolist() == [3, 1, 2, 0]
     assert flat.tolist() == [1, 10, 11, 20, 2, 3]
 
 
 def test_merge_recent_no_events() -> None:
-    counts, flat = merge_recent([], [], 5)
+    counts, flat = merge_recent(_i64([]), _i64([]), [], 5)
     assert counts.tolist() == []
     assert flat.tolist() == []
     assert flat.dtype == np.int64
@@ -176,7 +178,7 @@ def test_merge_recent_no_events() -> None:
 
 def test_merge_recent_accepts_read_only_stored_arrays() -> None:
     stored = np.frombuffer(_i64([4, 5]).tobytes(), dtype=np.int64)  # like FeatureEnricher's
-    counts, flat = merge_recent([[1]], [stored], 5)
+    counts, flat = merge_recent(_i64([1]), _i64([1]), [stored], 5)
     assert flat.tolist() == [1, 4, 5]
     assert counts.tolist() == [3]
 

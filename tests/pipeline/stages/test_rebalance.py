@@ -7,7 +7,7 @@ from collections import deque
 from confluent_kafka import TopicPartition
 
 from pipeline.metrics import Metrics
-from pipeline.stages.batch import MicroBatcher
+from pipeline.stages.batch import MicroBatcher, to_columns
 from pipeline.stages.commit import Checkpointer
 from pipeline.stages.rebalance import RebalanceHandler
 from pipeline.stages.score import ForwardExecutor
@@ -37,8 +37,8 @@ def _handler(
     source.poll(0.0)
     for partition, offset in ((0, 0), (1, 0), (0, 1), (1, 1)):
         checkpointer.consumed(T, partition, offset)
-        batcher.add(user_event(), (T, partition))
-    batcher.hold((T, 1, 2), user_event())
+        batcher.add(to_columns([user_event()]), [(T, partition)])
+    batcher.hold()  # the next event (in the source's backlog) did not fit
     return handler, batcher, checkpointer, consumer, calls
 
 
@@ -46,7 +46,7 @@ def test_single_process_scores_its_open_batch_then_commits_synchronously() -> No
     handler, batcher, _, consumer, calls = _handler(collective=False)
     handler.on_revoke(consumer, [TopicPartition(T, 1)])
     assert calls == ["score"]
-    assert not batcher.holding  # the held event of partition 1 is left to the next owner
+    assert not batcher.holding  # the batch was scored; what waits in the backlog is dropped
     assert consumer.commits[-1] == ({(T, 0): 2, (T, 1): 2}, False)
 
 

@@ -83,3 +83,22 @@ def test_subscribe_passes_the_rebalance_callbacks_and_close_closes() -> None:
     assert calls == ["revoke", "lost", "assign"]
     source.close()
     assert consumer.closed
+
+
+def test_take_then_unread_gives_the_same_messages_back_in_order() -> None:
+    source, _ = _source([FakeMessage(T, b"x", 0, i) for i in range(5)])
+    source.poll(0.0)
+    taken = source.take(4)
+    assert [m.offset() for m in taken] == [0, 1, 2, 3]
+    source.unread(taken[2:])
+    assert source.backlog == 3
+    assert [m.offset() for m in source.take(10)] == [2, 3, 4]
+    assert source.take(1) == []
+
+
+def test_unread_messages_of_a_revoked_partition_are_dropped() -> None:
+    source, _ = _source([FakeMessage(T, b"x", p, 0) for p in (0, 1)])
+    source.poll(0.0)
+    source.unread(source.take(2))
+    assert source.revoked({(T, 1)}) == 1
+    assert [m.partition() for m in source.take(2)] == [0]

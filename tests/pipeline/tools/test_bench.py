@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from model.synthetic import SyntheticWorld, WorldConfig
 from pipeline.config import ModelSettings, Settings
+from pipeline.tools.bench import overhead
 from pipeline.tools.bench.common import batch_of_rows, fresh_topics, load_or_build_scorer
 from pipeline.tools.bench.pipeline import PipelineBench
 
@@ -65,3 +68,29 @@ def test_precision_bench_reports_every_precision_against_fp32(tmp_path: Path) ->
     assert variants["tf32"]["max_abs_score_diff"] == 0.0  # no TF32 units on a CPU
     assert 0 < variants["bf16"]["max_abs_score_diff"] < 2e-2
     assert all(len(v["rows_per_s"]) == 2 and v["rows_per_s_median"] > 0 for v in variants.values())
+
+
+def test_stage_clock_charges_nested_stages_exclusively(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = [0.0]
+    monkeypatch.setattr(overhead, "cpu_seconds", lambda: cpu[0])
+
+    class Work:
+        def outer(self) -> None:
+            cpu[0] += 1.0
+            self.inner()
+            cpu[0] += 2.0
+
+        def inner(self) -> None:
+            cpu[0] += 4.0
+
+    work, clock = Work(), overhead.StageClock()
+    clock.wrap(work, "outer", "produce")
+    clock.wrap(work, "inner", "encode")
+    clock.start()
+    cpu[0] += 8.0  # outside any stage
+    work.outer()
+    clock.stop()
+    assert clock.seconds["produce"] == 3.0
+    assert clock.seconds["encode"] == 4.0
+    assert clock.seconds["loop"] == 8.0
+    assert sum(clock.seconds.values()) == cpu[0]

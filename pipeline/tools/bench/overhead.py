@@ -1,0 +1,243 @@
+"""``streamrank bench overhead``: the CPU the pipeline spends around the model, per event.
+
+One run, on fresh topics holding the same N pre-produced events:
+
+a. **passthrough**: a bare consumer reads the N raw messages and a bare producer writes N
+   values the size of a Recommendation (no decode, no encode): what Kafka alone costs.
+b. **pipeline**: a fresh :class:`~pipeline.loop.ScoringPipeline` scores the N events with a tiny
+   ranker (embedding dim 8, one small MLP layer each side), so the forward is negligible.
+c. **stages**: during (b), process CPU time (``resource.getrusage``, so librdkafka's threads
+   count) is charged to the stage running at the time; nested stages are exclusive.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from model.ranker import build_ranker
+from pipeline.config import MetricsSettings, Settings
+from pipeline.kafka_io import make_consumer, make_producer, produce
+from pipeline.loop import ScoringPipeline
+from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.stages.score import Scorer
+from pipeline.tools.bench.common import fresh_topics, seeded_world
+from pipeline.tools.synthetic_io import produce_events
+
+STAGES = (
+    "consume",
+    "decode",
+    "enrich",
+    "features",
+    "forward",
+    "topk",
+    "encode",
+    "produce",
+    "commit",
+    "loop",
+)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process, all threads (librdkafka's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class StageClock:
+    """Charges process CPU time to the innermost running stage (``loop`` when none runs).
+
+    Example::
+
+        clock = StageClock()
+        clock.wrap(enricher, "enrich", "enrich")
+        clock.start(); ...; clock.stop()
+        clock.seconds["enrich"]
+    """
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    _stack: list[str] = field(default_factory=lambda: ["loop"])
+    _mark: float = 0.0
+
+    def _switch(self) -> None:
+        now = cpu_seconds()
+        self.seconds[self._stack[-1]] += now - self._mark
+        self._mark = now
+
+    def start(self) -> None:
+        self._mark = cpu_seconds()
+
+    def stop(self) -> None:
+        self._switch()
+
+    def wrap(self, obj: object, attr: str, stage: str) -> None:
+        """Replace ``obj.attr`` (a method) by one that charges its CPU time to ``stage``."""
+        inner: Callable[..., Any] = getattr(obj, attr)
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._switch()
+            self._stack.append(stage)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._switch()
+                self._stack.pop()
+
+        setattr(obj, attr, timed)
+
+
+def tiny_scorer(settings: Settings) -> Scorer:
+    """An untrained ranker with the configured tables but dim 8 and one small layer each side."""
+    tiny = settings.model.model_copy(
+        update={"embedding_dim": 8, "dense_arch": [8], "over_arch": [8, 1]}
+    )
+    spec = tiny.feature_spec()
+    return Scorer(build_ranker(spec, seed=0), spec, "tiny", torch.device("cpu"))
+
+
+def _run_settings(settings: Settings) -> Settings:
+    topics, tag = fresh_topics(settings)
+    run = settings.model_copy(update={"topics": topics, "metrics": MetricsSettings(enabled=False)})
+    run.kafka = settings.kafka.model_copy(update={"group_id": f"bench-overhead-{tag}"})
+    return run
+
+
+def passthrough(settings: Settings, events: int, value_bytes: int) -> tuple[float, float]:
+    """Consume ``events`` raw messages and produce as many ``value_bytes`` values.
+
+    Returns:
+        ``(events per second, CPU seconds)`` from the first message consumed to the last
+        acknowledged.
+    """
+    consumer = make_consumer(settings.kafka)
+    producer = make_producer(settings.kafka)
+    consumer.subscribe([settings.topics.input])
+    value = bytes(value_bytes)
+    seen = 0
+    started = cpu0 = 0.0
+    try:
+        while seen < events:
+            batch = consumer.consume(settings.batching.consume_batch_size, 1.0)
+            if batch and not seen:
+                started, cpu0 = time.perf_counter(), cpu_seconds()
+            for message in batch:
+                if message.error():
+                    continue
+                produce(producer, settings.topics.output, value, key=message.key())
+                seen += 1
+            producer.poll(0)
+        producer.flush(30)
+        return seen / (time.perf_counter() - started), cpu_seconds() - cpu0
+    finally:
+        consumer.close()
+
+
+def recommendation_size(settings: Settings, items: int = 10) -> int:
+    """Bytes of a typical Recommendation value (``items`` scored items, no fallbacks)."""
+    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    record = {
+        "event_id": "0123456789abcdef0123456789abcdef",
+        "user_id": 123_456,
+        "items": [{"item_id": 50_000 + i, "score": 0.5} for i in range(items)],
+        "model_version": "m-1",
+        "scored_at": int(time.time() * 1000),
+        "fallback_features": [],
+    }
+    return len(codec.encode(record))
+
+
+def _instrument(pipeline: ScoringPipeline, clock: StageClock) -> None:
+    clock.wrap(pipeline, "_feed", "decode")
+    clock.wrap(pipeline, "_score", "features")
+    clock.wrap(pipeline.enricher, "enrich", "enrich")
+    clock.wrap(pipeline.scorer, "forward", "forward")
+    clock.wrap(pipeline.scorer, "top_k", "topk")
+    assemble = pipeline._assemble
+
+    def assemble_timed() -> Any:
+        stages = assemble()
+        clock.wrap(stages.source, "poll", "consume")
+        clock.wrap(stages.sink, "publish", "produce")
+        clock.wrap(stages.sink, "encode", "encode")
+        clock.wrap(stages.dead_letters, "publish", "produce")
+        clock.wrap(stages.checkpointer, "commit_ready", "commit")
+        clock.wrap(stages.checkpointer, "seal", "commit")
+        clock.wrap(stages.checkpointer, "flush_and_commit", "commit")
+        return stages
+
+    pipeline._assemble = assemble_timed  # type: ignore[method-assign]
+
+
+def pipeline_run(settings: Settings, scorer: Scorer, events: int) -> tuple[float, StageClock]:
+    """Score the ``events`` already on ``settings.topics.input``.
+
+    Returns:
+        ``(events per second of busy time, the stage clock)``.
+    """
+    pipeline = ScoringPipeline(settings, scorer)
+    clock = StageClock()
+    _instrument(pipeline, clock)
+    clock.start()
+    summary = pipeline.run(exit_when_idle_s=1.0)
+    clock.stop()
+    if summary.events_out != events:
+        raise RuntimeError(f"overhead run scored {summary.events_out} of {events} events")
+    return summary.events_per_s, clock
+
+
+def bench_overhead(
+    settings: Settings, *, events: int, report: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Passthrough vs the whole pipeline with a negligible model (see the module docstring).
+
+    Args:
+        settings: the stack (Kafka, Redis, framing, batching).
+        events: N, the events produced once and read by both runs.
+        report: called with one line of progress per measurement.
+
+    Returns:
+        ``passthrough_eps``, ``pipeline_eps``, ``cpu_us_per_event`` (all stages),
+        ``non_model_cpu_us_per_event`` (all but forward), ``stages_us`` (per stage, per event)
+        and the passthrough's CPU per event.
+
+    Example::
+
+        bench_overhead(settings, events=20_000)["stages_us"]["decode"]
+    """
+    world = seeded_world(settings)
+    run = _run_settings(settings)
+    produce_events(run, world, events)
+    own_group = run.kafka.model_copy(update={"group_id": f"{run.kafka.group_id}-passthrough"})
+    pass_eps, pass_cpu = passthrough(
+        run.model_copy(update={"kafka": own_group}), events, recommendation_size(run)
+    )
+    report(f"passthrough: {pass_eps:,.0f} events/s, {pass_cpu / events * 1e6:.1f} us CPU/event")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny forward gains nothing from intra-op threads spinning
+    try:
+        pipe_eps, clock = pipeline_run(run, tiny_scorer(settings), events)
+    finally:
+        torch.set_num_threads(threads)
+    stages_us = {k: round(v / events * 1e6, 2) for k, v in clock.seconds.items()}
+    total = sum(clock.seconds.values()) / events * 1e6
+    non_model = total - stages_us["forward"]
+    report(
+        f"pipeline: {pipe_eps:,.0f} events/s, {total:.1f} us CPU/event, {non_model:.1f} non-model"
+    )
+    return {
+        "events": events,
+        "passthrough_eps": round(pass_eps, 1),
+        "passthrough_cpu_us_per_event": round(pass_cpu / events * 1e6, 2),
+        "pipeline_eps": round(pipe_eps, 1),
+        "cpu_us_per_event": round(total, 2),
+        "non_model_cpu_us_per_event": round(non_model, 2),
+        "stages_us": stages_us,
+    }

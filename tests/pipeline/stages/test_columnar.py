@@ -1,0 +1,157 @@
+"""Columnar decode against the fastavro reference: random valid events and damaged messages."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import fastavro
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import CodecSettings
+from pipeline.stages.avro_kernels import STATUS_OK, STATUS_SLOW_PATH
+from pipeline.stages.batch import EventColumns, to_columns
+from pipeline.stages.columnar import KERNEL_REASONS, ColumnarDecoder
+from pipeline.stages.decode import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    RejectedMessage,
+    RejectReason,
+    load_schema,
+)
+
+LIMITS = CodecSettings(max_message_bytes=400, max_candidates=12, max_id=10**6, max_num_results=40)
+RECENT_CAP = 3
+SCHEMA = load_schema(USER_EVENT_SCHEMA_FILE)
+_valid_id = st.integers(0, 10**6)
+_any_long = st.integers(-(2**63), 2**63 - 1)
+ids = st.one_of(*[_valid_id] * 30, _any_long)  # mostly valid, so most events are accepted
+
+events = st.fixed_dictionaries(
+    {
+        "event_id": st.text(max_size=12),
+        "user_id": ids,
+        "event_time": st.one_of(st.integers(0, 2**41), st.integers(-(2**63), 2**63 - 1)),
+        "context": st.fixed_dictionaries(
+            {"device": st.sampled_from(["ios", "web", "", "é"]), "country": st.text(max_size=3)}
+        ),
+        "candidate_item_ids": st.lists(ids, max_size=15),
+        "recent_item_ids": st.one_of(st.none(), st.lists(ids, max_size=6)),
+        "num_results": st.one_of(*[st.integers(1, 40)] * 9, st.integers(-(2**31), 2**31 - 1)),
+    }
+)
+
+
+def _encode(event: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, SCHEMA, event)
+    return buf.getvalue()
+
+
+def damage(value: bytes, kind: int, at: int, byte: int) -> bytes:
+    """1: truncated, 2: trailing byte, 3: one byte replaced, 4: empty; else intact."""
+    at = at % max(1, len(value))
+    if kind == 1:
+        return value[:at]
+    if kind == 2:
+        return value + bytes([byte])
+    if kind == 3:
+        return value[:at] + bytes([byte]) + value[at + 1 :]
+    if kind == 4:
+        return b""
+    return value
+
+
+messages = st.lists(
+    st.tuples(events, st.integers(0, 4), st.integers(0, 400), st.integers(0, 255)).map(
+        lambda t: damage(_encode(t[0]), *t[1:])
+    ),
+    max_size=12,
+)
+
+
+def _reference(decoder: ColumnarDecoder, values: list[bytes]) -> list[dict[str, Any] | str]:
+    out: list[dict[str, Any] | str] = []
+    for value in values:
+        try:
+            out.append(decoder.reference.decode(value))
+        except RejectedMessage as rejection:
+            out.append(rejection.reason.value)
+    return out
+
+
+def assert_same_columns(got: EventColumns, want: EventColumns) -> None:
+    assert got.event_ids == want.event_ids
+    for name in ("user_ids", "event_time_ms", "device_ids", "country_ids", "num_results"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    for name in ("candidate_counts", "candidate_ids", "recent_counts", "recent_ids"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages)
+def test_kernel_agrees_with_fastavro_on_every_message(values: list[bytes]) -> None:
+    decoder = ColumnarDecoder(LIMITS, RECENT_CAP)
+    reference = _reference(decoder, values)
+    status, columns = decoder.kernel(list(values))
+    kernel = ["ok" if s == STATUS_OK else KERNEL_REASONS[s].value for s in status.tolist()]
+    assert kernel == ["ok" if isinstance(r, dict) else r for r in reference]
+    assert_same_columns(columns, to_columns([r for r in reference if isinstance(r, dict)]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages)
+def test_decode_gives_accepted_columns_and_reference_rejections(values: list[bytes]) -> None:
+    decoder = ColumnarDecoder(LIMITS, RECENT_CAP)
+    reference = _reference(decoder, values)
+    batch = decoder.decode(list(values))
+    accepted = [i for i, r in enumerate(reference) if isinstance(r, dict)]
+    assert batch.accepted.tolist() == accepted
+    assert [(i, r.reason.value) for i, r in batch.rejections] == [
+        (i, r) for i, r in enumerate(reference) if isinstance(r, str)
+    ]
+    assert_same_columns(batch.columns, to_columns([reference[i] for i in accepted]))  # type: ignore[misc]
+
+
+def test_valid_events_decode_to_the_reference_columns() -> None:
+    rng = np.random.default_rng(7)
+    values = []
+    for i in range(300):
+        values.append(
+            _encode(
+                {
+                    "event_id": f"ev-{i}-ü",
+                    "user_id": int(rng.integers(0, 10**6)),
+                    "event_time": int(rng.integers(0, 2**41)),
+                    "context": {"device": ["ios", "web"][i % 2], "country": "DE"},
+                    "candidate_item_ids": rng.integers(0, 10**6, rng.integers(1, 13)).tolist(),
+                    "recent_item_ids": [None, rng.integers(0, 10**6, i % 6).tolist()][i % 2],
+                    "num_results": int(rng.integers(1, 41)),
+                }
+            )
+        )
+    decoder = ColumnarDecoder(LIMITS, RECENT_CAP)
+    batch = decoder.decode(list(values))
+    assert batch.rejections == []
+    assert batch.accepted.tolist() == list(range(300))
+    assert_same_columns(batch.columns, to_columns([decoder.reference.decode(v) for v in values]))
+
+
+def test_confluent_framing_same_schema_in_the_kernel_others_via_the_reference(
+    confluent_settings: CodecSettings, make_event: Any
+) -> None:
+    codec = RecordCodec(confluent_settings, USER_EVENT_SCHEMA_FILE, "user-events")
+    good = [codec.encode(make_event(user_id=u)) for u in (1, 2)]
+    raw = _encode(make_event(user_id=3))  # no header: bad framing
+    unknown = b"\x00\x00\x00\x03\xe7" + raw  # schema id 999 is not registered
+    decoder = ColumnarDecoder(confluent_settings, RECENT_CAP)
+    status, _ = decoder.kernel([good[0], raw, unknown, good[1]])
+    assert status.tolist() == [STATUS_OK, STATUS_SLOW_PATH, STATUS_SLOW_PATH, STATUS_OK]
+    batch = decoder.decode([good[0], raw, unknown, good[1]])
+    assert batch.columns.user_ids.tolist() == [1, 2]
+    assert [(i, r.reason) for i, r in batch.rejections] == [
+        (1, RejectReason.BAD_FRAMING),
+        (2, RejectReason.UNKNOWN_SCHEMA),
+    ]
