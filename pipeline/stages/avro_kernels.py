@@ -27,6 +27,9 @@ STATUS_ID_OUT_OF_RANGE = 6
 STATUS_INVALID_FIELD = 7
 STATUS_SLOW_PATH = 8
 """Not judged here (e.g. a Confluent writer schema that differs from ours): use fastavro."""
+STATUS_TOO_MANY_RECENT_ITEMS = 9
+STATUS_INVALID_STRING = 10
+STATUS_INVALID_EVENT_TIME = 11
 
 _MIN_MILLIS = -62_135_596_800_000
 _MAX_MILLIS = 253_402_300_799_999
@@ -161,6 +164,21 @@ def _event_header(
 
 
 @numba.njit(cache=True, nogil=True)
+def _strings_ok(buf: npt.NDArray[np.uint8], strings: npt.NDArray[np.int64], limit: int) -> bool:
+    """event_id, device and country each hold 1 to ``limit`` characters (UTF-8 code points:
+    the bytes that are not continuation bytes)."""
+    for column in range(0, 6, 2):
+        start, length = strings[column], strings[column + 1]
+        chars = 0
+        for i in range(start, start + length):
+            if buf[i] & 0xC0 != 0x80:
+                chars += 1
+        if chars == 0 or chars > limit:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def decode_user_events(
     buf: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
@@ -176,6 +194,10 @@ def decode_user_events(
     max_id: int,
     max_num_results: int,
     recent_cap: int,
+    max_recent_items: int,
+    max_string_length: int,
+    earliest_ms: int,
+    latest_ms: int,
 ) -> tuple[int, int]:
     """Decode and validate UserEvent bodies ``buf[starts[i]:ends[i]]`` where ``status[i] == 0``.
 
@@ -187,7 +209,9 @@ def decode_user_events(
         strings: int64[M, 6] out: (start, length) of event_id, device, country.
         candidate_counts / recent_counts: int64[M] out (0 for rejected messages).
         candidate_ids / recent_ids: flat outputs, sized for the worst case (len(buf)).
-        max_candidates / max_id / max_num_results / recent_cap: the validation limits.
+        max_candidates / max_id / max_num_results / recent_cap / max_recent_items /
+            max_string_length: the validation limits (``codec.*``; strings in characters).
+        earliest_ms / latest_ms: the accepted ``event_time`` range.
 
     Returns:
         (candidate ids written, recent ids written); rejected messages write none.
@@ -227,6 +251,9 @@ def decode_user_events(
         if n_c > max_candidates:
             status[m] = STATUS_TOO_MANY_CANDIDATES
             continue
+        if n_r > max_recent_items:
+            status[m] = STATUS_TOO_MANY_RECENT_ITEMS
+            continue
         n_r = min(n_r, recent_cap)
         ok_ids = 0 <= ints[m, 0] <= max_id
         for i in range(n_cand, n_cand + n_c):
@@ -238,6 +265,12 @@ def decode_user_events(
             continue
         if not 1 <= ints[m, 2] <= max_num_results:
             status[m] = STATUS_INVALID_FIELD
+            continue
+        if not _strings_ok(buf, strings[m], max_string_length):
+            status[m] = STATUS_INVALID_STRING
+            continue
+        if not earliest_ms <= ints[m, 1] <= latest_ms:
+            status[m] = STATUS_INVALID_EVENT_TIME
             continue
         candidate_counts[m] = n_c
         recent_counts[m] = n_r

@@ -23,7 +23,13 @@ import numpy.typing as npt
 from pipeline.config import CodecSettings, Framing
 from pipeline.stages import avro_kernels as k
 from pipeline.stages.batch import EventColumns, categorical_id, to_columns
-from pipeline.stages.decode import RejectedMessage, RejectReason, UserEventDecoder
+from pipeline.stages.decode import (
+    EARLIEST_EVENT_MS,
+    RejectedMessage,
+    RejectReason,
+    UserEventDecoder,
+    latest_event_ms,
+)
 
 _HEADER = 5  # Confluent: magic byte 0 + 4-byte big-endian schema id
 
@@ -90,7 +96,8 @@ class ColumnarDecoder:
         n_cand, n_recent = k.decode_user_events(
             buf, starts, ends, status, ints, strings, candidate_counts, candidate_ids,
             recent_counts, recent_ids, limits.max_candidates, limits.max_id,
-            limits.max_num_results, self._recent_cap,
+            limits.max_num_results, self._recent_cap, limits.max_recent_items,
+            limits.max_string_length, EARLIEST_EVENT_MS, latest_event_ms(limits),
         )  # fmt: skip
         ok = np.flatnonzero(status == k.STATUS_OK)
         columns = EventColumns(
@@ -189,5 +196,8 @@ KERNEL_REASONS = {
     k.STATUS_TOO_MANY_CANDIDATES: RejectReason.TOO_MANY_CANDIDATES,
     k.STATUS_ID_OUT_OF_RANGE: RejectReason.ID_OUT_OF_RANGE,
     k.STATUS_INVALID_FIELD: RejectReason.INVALID_FIELD,
+    k.STATUS_TOO_MANY_RECENT_ITEMS: RejectReason.TOO_MANY_RECENT_ITEMS,
+    k.STATUS_INVALID_STRING: RejectReason.INVALID_STRING,
+    k.STATUS_INVALID_EVENT_TIME: RejectReason.INVALID_EVENT_TIME,
 }
 """The reason each kernel status stands for (the property tests hold the kernel to it)."""

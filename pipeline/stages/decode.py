@@ -358,8 +358,7 @@ class UserEventDecoder:
                     f"{name} has {len(text)} characters, not in [1, {limits.max_string_length}]",
                 )
         event_ms = _epoch_ms(event["event_time"])
-        latest_ms = time.time() * 1000 + limits.max_event_time_ahead_s * 1000
-        if not _EARLIEST_EVENT_MS <= event_ms <= latest_ms:
+        if not EARLIEST_EVENT_MS <= event_ms <= latest_event_ms(limits):
             raise RejectedMessage(
                 RejectReason.INVALID_EVENT_TIME,
                 f"event_time {event_ms} ms is before 2001 (seconds, not milliseconds?) or more "
@@ -369,7 +368,13 @@ class UserEventDecoder:
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-_EARLIEST_EVENT_MS = 978_307_200_000  # 2001-01-01T00:00:00Z
+EARLIEST_EVENT_MS = 978_307_200_000
+"""2001-01-01T00:00:00Z: an ``event_time`` before it was most likely sent in seconds."""
+
+
+def latest_event_ms(limits: CodecSettings) -> int:
+    """The latest ``event_time`` accepted now: ``codec.max_event_time_ahead_s`` from now."""
+    return int(time.time() * 1000 + limits.max_event_time_ahead_s * 1000)
 
 
 def _epoch_ms(value: int | datetime.datetime) -> int:

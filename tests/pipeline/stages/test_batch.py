@@ -280,8 +280,8 @@ class TestToColumns:
 
         codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "t")
         decoder = UserEventDecoder(CodecSettings(), recent_cap=20)
-        record = decoder.decode(codec.encode(make_event(event_time=544_098_626_540)))
-        assert to_columns([record]).event_time_ms.tolist() == [544_098_626_540]
+        record = decoder.decode(codec.encode(make_event(event_time=1_715_949_045_123)))
+        assert to_columns([record]).event_time_ms.tolist() == [1_715_949_045_123]
 
     def test_single_event(self, make_event: EventFactory) -> None:
         cols = to_columns([make_event(candidate_item_ids=[9])])

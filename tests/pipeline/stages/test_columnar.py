@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 import fastavro
@@ -15,6 +16,7 @@ from pipeline.stages.avro_kernels import STATUS_OK, STATUS_SLOW_PATH
 from pipeline.stages.batch import EventColumns, to_columns
 from pipeline.stages.columnar import KERNEL_REASONS, ColumnarDecoder
 from pipeline.stages.decode import (
+    EARLIEST_EVENT_MS,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     RejectedMessage,
@@ -22,7 +24,16 @@ from pipeline.stages.decode import (
     load_schema,
 )
 
-LIMITS = CodecSettings(max_message_bytes=400, max_candidates=12, max_id=10**6, max_num_results=40)
+LIMITS = CodecSettings(
+    max_message_bytes=400,
+    max_candidates=12,
+    max_id=10**6,
+    max_num_results=40,
+    max_recent_items=5,
+    max_string_length=10,
+)
+_NOW_MS = int(time.time() * 1000)
+_valid_time = st.integers(EARLIEST_EVENT_MS, _NOW_MS)
 RECENT_CAP = 3
 SCHEMA = load_schema(USER_EVENT_SCHEMA_FILE)
 _valid_id = st.integers(0, 10**6)
@@ -33,7 +44,9 @@ events = st.fixed_dictionaries(
     {
         "event_id": st.text(max_size=12),
         "user_id": ids,
-        "event_time": st.one_of(st.integers(0, 2**41), st.integers(-(2**63), 2**63 - 1)),
+        "event_time": st.one_of(
+            *[_valid_time] * 6, st.integers(0, 2**41), st.integers(-(2**63), 2**63 - 1)
+        ),
         "context": st.fixed_dictionaries(
             {"device": st.sampled_from(["ios", "web", "", "é"]), "country": st.text(max_size=3)}
         ),
@@ -124,10 +137,10 @@ def test_valid_events_decode_to_the_reference_columns() -> None:
                 {
                     "event_id": f"ev-{i}-ü",
                     "user_id": int(rng.integers(0, 10**6)),
-                    "event_time": int(rng.integers(0, 2**41)),
+                    "event_time": int(rng.integers(EARLIEST_EVENT_MS, _NOW_MS)),
                     "context": {"device": ["ios", "web"][i % 2], "country": "DE"},
                     "candidate_item_ids": rng.integers(0, 10**6, rng.integers(1, 13)).tolist(),
-                    "recent_item_ids": [None, rng.integers(0, 10**6, i % 6).tolist()][i % 2],
+                    "recent_item_ids": [None, rng.integers(0, 10**6, i % 5).tolist()][i % 2],
                     "num_results": int(rng.integers(1, 41)),
                 }
             )
