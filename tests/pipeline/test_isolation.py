@@ -88,9 +88,9 @@ def test_bisect_finds_each_failing_record_in_few_attempts() -> None:
             raise ValueError("poison")
         return len(group)
 
-    found = bisect(records, attempt, ValueError("poison"))  # type: ignore[arg-type]
+    found = bisect(records, attempt, ValueError("poison"))
     assert {r["event_id"] for r, _ in found.failed} == bad
-    assert [r["event_id"] for r in found.good_records] == [
+    assert [r["event_id"] for r in found.good_items] == [
         r["event_id"] for r in records if r["event_id"] not in bad
     ]
     assert sum(result for _, result in found.good) == 62
