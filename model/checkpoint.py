@@ -127,7 +127,8 @@ def weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
     for name in sorted(state_dict):
         tensor = state_dict[name].detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        # The buffer itself, not a bytes copy: a 10M-row table would need 2.5 GB more.
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 

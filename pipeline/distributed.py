@@ -56,7 +56,8 @@ def step_stats(metrics: Metrics) -> dict[str, float]:
 
     Returns:
         ``steps``, ``step_seconds`` (sum), ``step_mean_ms``, ``collective_seconds`` (sum over
-        ops, e.g. the per-iteration step agreement) and ``collective_share`` (of step time).
+        ops: the step agreement of every loop iteration, idle ones and the wait for slower
+        ranks included) and ``collective_share``: collective / (step + collective) seconds.
 
     Example::
 
@@ -76,7 +77,7 @@ def step_stats(metrics: Metrics) -> dict[str, float]:
         "step_seconds": round(step_sum, 4),
         "step_mean_ms": round(1000 * step_sum / steps, 3) if steps else 0.0,
         "collective_seconds": round(coll_sum, 4),
-        "collective_share": round(coll_sum / step_sum, 4) if step_sum else 0.0,
+        "collective_share": round(coll_sum / (step_sum + coll_sum), 4) if coll_sum else 0.0,
     }
 
 
