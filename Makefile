@@ -33,6 +33,10 @@ test-fast: install
 test-unit: install
 	@$(PY) -m pytest -q tests -m "not integration"
 
+# The fault suite (tests/faults) alone; -s prints the numbers recorded in RELIABILITY.md.
+test-faults: install
+	@$(PY) -m pytest -q -s tests/faults
+
 lint: install
 	@$(VENV)/bin/ruff check pipeline model tests scripts
 	@$(VENV)/bin/ruff format --check pipeline model tests scripts
