@@ -6,7 +6,7 @@ STREAMRANK := $(VENV)/bin/streamrank
 STACK_DIR ?= .stack
 DEMO_EVENTS ?= 5000
 
-.PHONY: install stack-up stack-down demo test test-fast test-unit lint typecheck check bench clean
+.PHONY: install stack-up stack-down demo test test-fast test-unit test-faults lint typecheck check bench clean
 
 install:
 	@scripts/install.sh
