@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 
 from pipeline.config import Settings
 from tests.conftest import REPO_ROOT, LocalStack
@@ -61,6 +62,19 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
     assert duplicates < 1000  # only the killed run's uncommitted batches can repeat
 
 
+def _outputs(settings: Settings, at_least: int, timeout_s: float = 120) -> int:
+    """:func:`wait_for_outputs`, tolerating the output topic's first seconds (the pipeline
+    creates it: its leader may not be known yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return wait_for_outputs(settings, at_least, max(1.0, deadline - time.monotonic()))
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _kafka_ctl(action: str, stack: LocalStack) -> None:
     subprocess.run(
         [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
@@ -92,7 +106,7 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     sender = threading.Thread(target=keep_sending, daemon=True)
     sender.start()
     try:
-        assert wait_for_outputs(pipeline_settings, at_least=200, timeout_s=120) >= 200
+        assert _outputs(pipeline_settings, at_least=200) >= 200
         _kafka_ctl("stop", local_stack)
         time.sleep(10)
     finally:
