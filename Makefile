@@ -6,7 +6,7 @@ STREAMRANK := $(VENV)/bin/streamrank
 STACK_DIR ?= .stack
 DEMO_EVENTS ?= 5000
 
-.PHONY: install stack-up stack-down demo test test-fast test-unit test-compat lint typecheck check bench clean
+.PHONY: install stack-up stack-down demo test test-fast test-unit test-compat test-faults lint typecheck check bench clean
 
 install:
 	@scripts/install.sh
@@ -41,6 +41,10 @@ test-fast: install
 
 test-unit: install
 	@$(PY) -m pytest -q tests -m "not integration"
+
+# The fault suite (tests/faults) alone; -s prints the numbers recorded in RELIABILITY.md.
+test-faults: install
+	@$(PY) -m pytest -q -s tests/faults
 
 lint: install
 	@$(VENV)/bin/ruff check pipeline model tests scripts

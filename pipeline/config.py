@@ -192,7 +192,7 @@ class CodecSettings(_Section):
     max_string_length: int = 256
     """``event_id``, ``context.device`` and ``context.country``: 1 to this many characters."""
     max_event_time_ahead_s: float = 3600.0
-    """``event_time`` later than now plus this is rejected; one before 2001 too (seconds sent
+    """``event_time`` later than now plus this is rejected; one before 1973-03-03 too (seconds sent
     as milliseconds)."""
 
 

@@ -280,7 +280,7 @@ class UserEventDecoder:
     - at most ``max_recent_items`` recent items;
     - ``event_id``, ``context.device`` and ``context.country`` hold 1 to
       ``max_string_length`` characters;
-    - ``event_time`` lies between 2001 (earlier is a seconds value sent as milliseconds) and
+    - ``event_time`` lies between 10^11 ms (1973-03-03; any epoch-seconds value is below it) and
       ``max_event_time_ahead_s`` from now.
 
     ``recent_item_ids`` longer than ``recent_cap`` is truncated (newest first are kept), never
@@ -361,15 +361,16 @@ class UserEventDecoder:
         if not EARLIEST_EVENT_MS <= event_ms <= latest_event_ms(limits):
             raise RejectedMessage(
                 RejectReason.INVALID_EVENT_TIME,
-                f"event_time {event_ms} ms is before 2001 (seconds, not milliseconds?) or more "
+                f"event_time {event_ms} ms is before 1973 (seconds, not milliseconds?) or more "
                 f"than {limits.max_event_time_ahead_s:.0f}s ahead",
             )
         return event
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-EARLIEST_EVENT_MS = 978_307_200_000
-"""2001-01-01T00:00:00Z: an ``event_time`` before it was most likely sent in seconds."""
+EARLIEST_EVENT_MS = 100_000_000_000
+"""1973-03-03: an ``event_time`` before it was most likely sent in seconds (epoch seconds stay
+below it until the year 5138)."""
 
 
 def latest_event_ms(limits: CodecSettings) -> int:

@@ -4,16 +4,14 @@ every valid event exactly once, across a kill -9 of the pipeline and its restart
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import Settings
-from tests.faults.measure import report
-from tests.integration.conftest import SentEvents, collect, wait_for_outputs
+from tests.faults.helpers import Cli, report, run_until_idle, signal_mid_stream
+from tests.integration.conftest import SentEvents, collect
 
 pytestmark = pytest.mark.slow
 
@@ -28,35 +26,14 @@ def test_kill_9_then_restart_read_committed_sees_every_event_once(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
-    cli: Callable[..., subprocess.Popen],
+    cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
-    first = cli(
-        pipeline_settings,
-        "run",
-        extra_env=EXACTLY_ONCE,
-        stdout=(tmp_path / "first.log").open("w"),
-        stderr=subprocess.STDOUT,
+    signal_mid_stream(  # mid-transaction
+        cli, pipeline_settings, tmp_path / "first.log", EXACTLY_ONCE, signal.SIGKILL
     )
-    seen = wait_for_outputs(pipeline_settings, at_least=300)  # records, committed or not
-    first.send_signal(signal.SIGKILL)  # mid-transaction
-    first.wait(30)
-    assert seen < 6000, f"kill came too late ({seen} produced)"
-
-    restarted = time.monotonic()
-    second = cli(
-        pipeline_settings,
-        "run",
-        "--exit-when-idle",
-        "4",
-        extra_env=EXACTLY_ONCE,
-        stdout=(tmp_path / "second.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
     recs = collect(pipeline_settings, expected=6000)  # read_committed (librdkafka's default)
-    missing, duplicates = report(
-        "kill-9", sent.ids, recs, time.monotonic() - restarted, "exactly_once"
-    )
+    missing, duplicates = report("kill-9", sent.ids, recs, run_s, "exactly_once")
     assert missing == 0
     assert duplicates == 0

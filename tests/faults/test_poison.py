@@ -4,7 +4,6 @@ is scored, every offset is committed and nothing is scored twice."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -14,17 +13,10 @@ from confluent_kafka import Consumer
 from pipeline.config import Settings
 from pipeline.faults import FAULTS_ENV_VAR
 from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
+from tests.faults.helpers import dead_letters
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect
 
 pytestmark = pytest.mark.slow
-
-
-def _dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list:
-    out: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < expected and time.monotonic() < deadline:
-        out += [m for m in consumer.consume(100, 0.5) if m.error() is None]
-    return out
 
 
 @pytest.mark.parametrize("stage", ["features", "forward"])
@@ -42,7 +34,7 @@ def test_an_event_failing_after_decode_is_dead_lettered_and_its_batch_scored(
     dlq = consumer_factory(pipeline_settings.topics.dlq)
     bp = background_pipeline(pipeline_settings)
     recs = collect(pipeline_settings, expected=299)
-    dead = _dead_letters(dlq, expected=1)
+    dead = dead_letters(dlq, expected=1)
     summary = bp.stop()
 
     counts = Counter(r["event_id"] for r in recs)

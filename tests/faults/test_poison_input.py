@@ -23,24 +23,23 @@ from pipeline.stages.decode import (
     RejectReason,
 )
 from pipeline.stages.publish import REASON_HEADER
-from tests.integration.conftest import (
-    WORLD,
-    BackgroundPipeline,
-    SentEvents,
-    collect,
-    model_settings,
-    seed_features,
-)
+from tests.faults.helpers import dead_letters, seeded_settings
+from tests.integration.conftest import BackgroundPipeline, SentEvents, collect
 
 pytestmark = pytest.mark.slow
 
 
-def _dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list:
-    out: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < expected and time.monotonic() < deadline:
-        out += [m for m in consumer.consume(100, 0.5) if m.error() is None]
-    return out
+def sent_like(world: SyntheticWorld) -> dict[str, object]:
+    """A valid UserEvent of the test world; the poison below changes one field of it."""
+    items = [int(i) for i in world.item_ids[:5]]
+    return {
+        "event_id": "poison",
+        "user_id": int(world.user_ids[0]),
+        "context": {"device": "ios", "country": "US"},
+        "candidate_item_ids": items,
+        "recent_item_ids": None,
+        "num_results": 3,
+    }
 
 
 def test_poison_of_every_kind_is_dead_lettered_with_its_reason(
@@ -51,28 +50,16 @@ def test_poison_of_every_kind_is_dead_lettered_with_its_reason(
     background_pipeline: Callable[[Settings], BackgroundPipeline],
     consumer_factory: Callable[..., Consumer],
 ) -> None:
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
-        codec=CodecSettings(
-            max_message_bytes=8192, max_candidates=200, max_recent_items=50, max_string_length=64
-        ),
+    limits = CodecSettings(
+        max_message_bytes=8192, max_candidates=200, max_recent_items=50, max_string_length=64
     )
-    seed_features(settings, world)
+    settings = seeded_settings(settings_factory, trained_checkpoint, world, codec=limits)
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
     now_ms = int(time.time() * 1000)
-    good = {
-        "event_id": "poison",
-        "user_id": int(world.user_ids[0]),
-        "event_time": now_ms,
-        "context": {"device": "ios", "country": "US"},
-        "candidate_item_ids": [int(i) for i in world.item_ids[:5]],
-        "recent_item_ids": None,
-        "num_results": 3,
-    }
+    valid = dict(sent_like(world), event_time=now_ms)
 
     def event(**fields: object) -> bytes:
-        return codec.encode({**good, **fields})
+        return codec.encode({**valid, **fields})
 
     poison: list[tuple[str, bytes]] = [
         (RejectReason.UNDECODABLE, b"\x00\x01garbage\xff"),
@@ -97,7 +84,7 @@ def test_poison_of_every_kind_is_dead_lettered_with_its_reason(
     dlq = consumer_factory(settings.topics.dlq)
     bp = background_pipeline(settings)
     recs = collect(settings, expected=200)
-    dead = _dead_letters(dlq, expected=len(poison))
+    dead = dead_letters(dlq, expected=len(poison))
     summary = bp.stop()
 
     assert {r["event_id"] for r in recs} == sent.ids and len(recs) == 200

@@ -17,61 +17,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 
 from pipeline.config import Settings
 from tests.conftest import REPO_ROOT, LocalStack
-from tests.faults.measure import report
-from tests.integration.conftest import (
-    BackgroundPipeline,
-    SentEvents,
-    collect,
-    wait_for_outputs,
-)
+from tests.faults.helpers import Cli, report, run_until_idle, signal_mid_stream
+from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, wait_for_outputs
 
 pytestmark = pytest.mark.slow
 
 SMALL_BATCHES = {"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"}  # many commits, slow enough
 
 
-def _restart_to_idle(
-    cli: Callable[..., subprocess.Popen], settings: Settings, log: Path
-) -> subprocess.Popen:
-    proc = cli(
-        settings,
-        "run",
-        "--exit-when-idle",
-        "4",
-        extra_env=SMALL_BATCHES,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    assert proc.wait(300) == 0, log.read_text()[-3000:]
-    return proc
-
-
 def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
-    cli: Callable[..., subprocess.Popen],
+    cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
-    first = cli(
-        pipeline_settings,
-        "run",
-        extra_env={**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"},
-        stdout=(tmp_path / "first.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    seen = wait_for_outputs(pipeline_settings, at_least=300)
-    signalled = time.monotonic()
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(30) == 0, (tmp_path / "first.log").read_text()[-3000:]
-    exit_s = time.monotonic() - signalled
-    assert seen < 6000, f"SIGTERM came too late ({seen} scored)"
+    env = {**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
+    exit_s = signal_mid_stream(cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM)
     assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
-
-    _restart_to_idle(cli, pipeline_settings, tmp_path / "second.log")
+    run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
     missing, duplicates = report("sigterm", sent.ids, recs, exit_s, "at_least_once")
     assert missing == 0
@@ -82,28 +50,29 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
-    cli: Callable[..., subprocess.Popen],
+    cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
-    first = cli(
-        pipeline_settings,
-        "run",
-        extra_env=SMALL_BATCHES,
-        stdout=(tmp_path / "first.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    seen = wait_for_outputs(pipeline_settings, at_least=300)
-    first.send_signal(signal.SIGKILL)
-    first.wait(30)
-    assert seen < 6000, f"kill came too late ({seen} scored)"
-    restarted = time.monotonic()
-    _restart_to_idle(cli, pipeline_settings, tmp_path / "second.log")
+    log = tmp_path / "first.log"
+    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL)
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
-    missing, duplicates = report(
-        "kill-9", sent.ids, recs, time.monotonic() - restarted, "at_least_once"
-    )
+    missing, duplicates = report("kill-9", sent.ids, recs, run_s, "at_least_once")
     assert missing == 0
     assert duplicates < 1000  # only the killed run's uncommitted batches can repeat
+
+
+def _outputs(settings: Settings, at_least: int, timeout_s: float = 120) -> int:
+    """:func:`wait_for_outputs`, tolerating the output topic's first seconds (the pipeline
+    creates it: its leader may not be known yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return wait_for_outputs(settings, at_least, max(1.0, deadline - time.monotonic()))
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _kafka_ctl(action: str, stack: LocalStack) -> None:
@@ -137,7 +106,7 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     sender = threading.Thread(target=keep_sending, daemon=True)
     sender.start()
     try:
-        assert wait_for_outputs(pipeline_settings, at_least=200, timeout_s=120) >= 200
+        assert _outputs(pipeline_settings, at_least=200) >= 200
         _kafka_ctl("stop", local_stack)
         time.sleep(10)
     finally:

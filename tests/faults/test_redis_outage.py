@@ -13,15 +13,8 @@ import pytest
 from model.synthetic import SyntheticWorld
 from pipeline.config import RedisSettings, Settings
 from tests.conftest import RedisServer
-from tests.faults.measure import report
-from tests.integration.conftest import (
-    WORLD,
-    BackgroundPipeline,
-    SentEvents,
-    collect,
-    model_settings,
-    seed_features,
-)
+from tests.faults.helpers import report, seeded_settings
+from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, seed_features
 
 pytestmark = pytest.mark.slow
 
@@ -35,19 +28,11 @@ def test_redis_down_10s_serves_defaults_flags_them_and_recovers(
     background_pipeline: Callable[[Settings], BackgroundPipeline],
 ) -> None:
     server = redis_server_factory()
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
-        redis=RedisSettings(
-            url=server.url,
-            key_prefix="sr",
-            cache_ttl_s=0.0,
-            socket_timeout_ms=100,
-            connect_timeout_ms=100,
-            retry_after_s=0.5,
-        ),
-    )
-    seed_features(settings, world)
+    fast_failing = RedisSettings(
+        url=server.url, key_prefix="sr", cache_ttl_s=0.0, retry_after_s=0.5,
+        socket_timeout_ms=100, connect_timeout_ms=100,
+    )  # fmt: skip
+    settings = seeded_settings(settings_factory, trained_checkpoint, world, redis=fast_failing)
     bp = background_pipeline(settings)
     before = send_events(settings, 100)
     assert len(collect(settings, expected=100)) == 100

@@ -15,6 +15,7 @@ from pipeline.stages.commit import DeliveryFailed
 from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.stages.isolate import bisect, is_isolatable
 from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
+from pipeline.stepping import StepDecision
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,
@@ -113,3 +114,56 @@ def test_the_fault_hook_is_off_unless_asked_and_rejects_typos() -> None:
         FaultInjector.from_env({FAULTS_ENV_VAR: "enrich:ev-1"})
     with pytest.raises(ValueError, match="stage:event_id"):
         FaultInjector.from_env({FAULTS_ENV_VAR: "features"})
+
+
+class _RankStepper:
+    """A one-rank stand-in for CollectiveStepper (the loop takes the multi-rank paths)."""
+
+    poll_timeout_s = 0.01
+
+    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+        return StepDecision(run=ready or stop_requested, rows=rows, stop=stop_requested or idle)
+
+
+def _run_as_rank(
+    monkeypatch: pytest.MonkeyPatch, faults: str
+) -> tuple[list[str], list[str], FakeProducer, FakeConsumer]:
+    monkeypatch.setenv(FAULTS_ENV_VAR, faults)
+    monkeypatch.setattr("tests.pipeline.factories._event_ids", iter(range(10**6)))
+    records = [user_event(candidates=3) for _ in range(16)]
+    consumer = FakeConsumer(
+        messages=deque(event_messages(IN, encode_events(records))), partitions=[(IN, 0)]
+    )
+    producer = FakeProducer(ack_every_poll=True)
+    pipeline = ScoringPipeline(
+        Settings(
+            topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
+            batching=BatchingSettings(max_batch_rows=1000, max_delay_ms=5),
+            metrics=MetricsSettings(enabled=False),
+        ),
+        tiny_scorer(),
+        enricher=DefaultsEnricher(),
+        stepper=_RankStepper(),
+        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
+    )
+    pipeline.batcher.max_delay_s = 60
+    pipeline.stop()
+    pipeline.run()
+    codec = RecordCodec(Settings().codec, RECOMMENDATION_SCHEMA_FILE, OUT)
+    scored = [codec.decode(r.value() or b"")["event_id"] for r in producer.on_topic(OUT)]
+    return [r["event_id"] for r in records], scored, producer, consumer
+
+
+def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent, scored, producer, consumer = _run_as_rank(monkeypatch, "features:ev-5")
+    assert scored == [e for e in sent if e != "ev-5"]
+    (dead,) = producer.on_topic(DLQ)
+    assert dict(dead.headers() or [])[REASON_HEADER] == b"processing_error"
+    assert consumer.committed == {(IN, 0): len(sent)}
+
+
+def test_a_rank_lets_a_forward_failure_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InjectedFault):  # a collective forward cannot be retried by one rank
+        _run_as_rank(monkeypatch, "forward:ev-5")
