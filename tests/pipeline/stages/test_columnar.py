@@ -21,8 +21,8 @@ from pipeline.stages.decode import (
     RecordCodec,
     RejectedMessage,
     RejectReason,
-    load_schema,
 )
+from pipeline.stages.schema_registry import load_schema
 
 LIMITS = CodecSettings(
     max_message_bytes=400,

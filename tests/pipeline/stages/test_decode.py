@@ -21,9 +21,9 @@ from pipeline.stages.decode import (
     RecordCodec,
     RejectedMessage,
     RejectReason,
-    SchemaLookup,
     UserEventDecoder,
 )
+from pipeline.stages.schema_registry import SchemaLookup
 
 RECENT_CAP = 5
 

@@ -12,12 +12,11 @@ from pipeline.config import CodecSettings
 from pipeline.stages.decode import (
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
-    RegistryUnavailable,
     RejectedMessage,
     RejectReason,
-    SchemaLookup,
     UserEventDecoder,
 )
+from pipeline.stages.schema_registry import RegistryUnavailable, SchemaLookup
 from tests.pipeline.conftest import EventFactory
 
 
