@@ -97,7 +97,8 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     def keep_sending() -> None:
         try:
             while not stop_sending.is_set():
-                ids.update(send_events(pipeline_settings, 50).ids)  # waits out the outage
+                # Waits out the outage (a loaded machine restarts the broker slowly).
+                ids.update(send_events(pipeline_settings, 50, flush_timeout_s=180).ids)
                 time.sleep(0.1)
         except BaseException as exc:
             failures.append(exc)

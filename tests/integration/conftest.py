@@ -113,7 +113,12 @@ def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
     """Produce ``n`` synthetic events (fresh ids) to ``settings.topics.input``."""
     rng = np.random.default_rng()
 
-    def send(settings: Settings, n: int, extra_values: list[bytes] | None = None) -> SentEvents:
+    def send(
+        settings: Settings,
+        n: int,
+        extra_values: list[bytes] | None = None,
+        flush_timeout_s: float = 30.0,
+    ) -> SentEvents:
         sampled = world.sample_events(n, rng)
         records = list(to_event_dicts(sampled, world))
         codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
@@ -133,7 +138,7 @@ def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
                 produce(producer, settings.topics.input, extras.pop())
         for value in extras:
             produce(producer, settings.topics.input, value)
-        assert producer.flush(30) == 0
+        assert producer.flush(flush_timeout_s) == 0
         return SentEvents(sampled, records)
 
     return send
