@@ -310,7 +310,7 @@ class ForwardExecutor:
     def submit_padding(self, rows: int) -> None:
         """Join a collective forward with padding only (this rank has no events)."""
         self.finish()
-        self._inflight = (None, self._pool.submit(self._forward_padding, rows))
+        self._inflight = (None, self._pool.submit(self._scorer.forward_padding, rows))
 
     def finish(self, wait: bool = True) -> None:
         """Publish the in-flight batch once its forward is done.
@@ -348,6 +348,3 @@ class ForwardExecutor:
         scored = scorer.top_k(scorer.forward(batch.staged.ready_input(), pad_rows), batch.events)
         self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
         return scored
-
-    def _forward_padding(self, rows: int) -> None:
-        self._scorer.forward_padding(rows)
