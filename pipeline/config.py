@@ -59,9 +59,9 @@ class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
 
 
 class _Section(BaseModel):
-    """A settings section: unknown keys are errors, not silently ignored."""
+    """A settings section: unknown keys are errors, not silently ignored; frozen once loaded."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Framing(enum.StrEnum):
@@ -233,21 +233,6 @@ class BatchingSettings(_Section):
         return value
 
 
-class SyntheticSettings(_Section):
-    """The synthetic world behind ``seed-features``, ``produce`` and ``init-model``.
-
-    All three must use the same values (they share this section) so that the events, the Redis
-    features and the training data describe the same users and items.
-    """
-
-    num_users: int = 20_000
-    num_items: int = 50_000
-    num_categories: int = 200
-    seed: int = 7
-    min_candidates: int = 20
-    max_candidates: int = 100
-
-
 class MetricsSettings(_Section):
     """Prometheus endpoint."""
 
@@ -257,12 +242,14 @@ class MetricsSettings(_Section):
 
 
 class Settings(BaseSettings):
-    """All of streamrank's configuration. See the module docstring for sources."""
+    """All of streamrank's configuration, frozen once loaded. See the module docstring for
+    sources; :func:`load_settings` reads the file, ``Settings(...)`` only the environment."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=ENV_NESTED_DELIMITER,
         extra="forbid",
+        frozen=True,
         toml_file=None,
     )
 
@@ -275,7 +262,15 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
-    synthetic: SyntheticSettings = Field(default_factory=SyntheticSettings)
+    synthetic: dict[str, Any] = Field(default_factory=dict)
+    """``[synthetic]``, the tools' section (``seed-features``, ``produce``, ``init-model``):
+    kept as written and validated only by the tools that read it
+    (:class:`pipeline.tools.synthetic_settings.SyntheticSettings`)."""
+
+    @field_validator("synthetic", mode="before")
+    @classmethod
+    def _tool_section(cls, value: Any) -> Any:
+        return value.model_dump() if isinstance(value, BaseModel) else value
 
     @classmethod
     def settings_customise_sources(
@@ -286,11 +281,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = _config_file()
         env = _KnownNamesEnvSettingsSource(settings_cls)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env]
-        if toml_path is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        toml_file = settings_cls.model_config.get("toml_file")
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
 
 
@@ -345,12 +340,8 @@ class _KnownNamesEnvSettingsSource(EnvSettingsSource):
         return super().__call__()
 
 
-_explicit_config_file: Path | None = None
-
-
 def _config_file() -> Path | None:
-    if _explicit_config_file is not None:
-        return _explicit_config_file
+    """``$STREAMRANK_CONFIG``, else ``./streamrank.toml`` when it exists."""
     from_env = os.environ.get(CONFIG_ENV_VAR)
     if from_env:
         return Path(from_env)
@@ -365,7 +356,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         overrides: section objects or dicts that win over every other source (tests use this).
 
     Returns:
-        The validated :class:`Settings`.
+        The validated, frozen :class:`Settings`.
 
     Raises:
         ConfigFileNotFoundError: ``config_file`` (or ``$STREAMRANK_CONFIG``) does not exist.
@@ -377,14 +368,15 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
         settings = load_settings(Path("streamrank.toml"))
     """
-    global _explicit_config_file
     chosen = config_file or _config_file()
-    if chosen is not None and not chosen.is_file():
-        raise ConfigFileNotFoundError(f"config file not found: {chosen}")
-    _explicit_config_file = config_file
-    try:
+    if chosen is None:
         return Settings(**overrides)
+    if not chosen.is_file():
+        raise ConfigFileNotFoundError(f"config file not found: {chosen}")
+    from_file = type(
+        "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": chosen}}
+    )
+    try:
+        return from_file(**overrides)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {chosen} is not valid TOML: {error}") from error
-    finally:
-        _explicit_config_file = None

@@ -34,7 +34,7 @@ class DeliverySettings(BaseModel):
         commit_interval_ms = 100
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
     commit_interval_ms: float = 100.0
@@ -56,7 +56,7 @@ class DeliverySettings(BaseModel):
 class ShutdownSettings(BaseModel):
     """``[shutdown]``: how SIGTERM/SIGINT end a run."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = 10.0
     """From the signal to the exit: the open batch is scored, every record acknowledged and the

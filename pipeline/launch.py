@@ -18,27 +18,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DEGRADATIONS_ENV",
-    "TEST_CRASH_ENV",
-    "Launch",
-    "arm_test_crash",
-    "supervise",
-    "torchrun_command",
-]
+__all__ = ["DEGRADATIONS_ENV", "Launch", "entry_module", "supervise", "torchrun_command"]
 
 #: Set by :func:`supervise` for the ranks: how many times the job came back with fewer ranks.
 DEGRADATIONS_ENV = "STREAMRANK_DEGRADATIONS"
-#: TEST HOOK ONLY (:func:`arm_test_crash`): ``R/W/S`` makes rank R of a W-rank job exit with
-#: status 1 S seconds after it starts scoring, so "the same rank keeps dying" is reproducible.
-TEST_CRASH_ENV = "STREAMRANK_TEST_CRASH_RANK"
 
 
 @dataclass(frozen=True)
@@ -90,16 +79,33 @@ class Launch:
         return self.nproc * self.nnodes > 1
 
 
-def torchrun_command(launch: Launch, cli_args: list[str], nproc: int | None = None) -> list[str]:
+def entry_module() -> str:
+    """The module the ranks run: the one this process was started as (``python -m X``), so
+    that a wrapping entry point runs the ranks too; ``pipeline.cli`` for the ``streamrank``
+    script.
+
+    Example::
+
+        entry_module()  # "pipeline.cli"
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name if spec is not None else "pipeline.cli"
+    return name.removesuffix(".__main__")
+
+
+def torchrun_command(
+    launch: Launch, cli_args: list[str], nproc: int | None = None, module: str = "pipeline.cli"
+) -> list[str]:
     """The ``torchrun`` command line that runs ``streamrank <cli_args>`` as ``launch`` says.
 
     Args:
         launch: the launch options.
         cli_args: the ``streamrank`` arguments the ranks run (``["run", ...]``).
         nproc: ranks per node for this attempt (default ``launch.nproc``).
+        module: the entry module of the ranks (:func:`entry_module`).
 
     Returns:
-        ``[python, -m, torch.distributed.run, ..., -m, pipeline.cli, *cli_args]``.
+        ``[python, -m, torch.distributed.run, ..., -m, <module>, *cli_args]``.
 
     Example::
 
@@ -123,7 +129,7 @@ def torchrun_command(launch: Launch, cli_args: list[str], nproc: int | None = No
         f"--nproc-per-node={nproc or launch.nproc}",
         f"--max-restarts={launch.max_restarts}",
         "-m",
-        "pipeline.cli",
+        module,
         *cli_args,
     ]
 
@@ -161,7 +167,7 @@ def supervise(
     try:
         nproc, degradations = launch.nproc, 0
         while True:
-            command = torchrun_command(launch, cli_args, nproc)
+            command = torchrun_command(launch, cli_args, nproc, entry_module())
             log.info("starting %d ranks: %s", nproc * launch.nnodes, " ".join(command))
             rc = run(command, {**os.environ, DEGRADATIONS_ENV: str(degradations)})
             if rc == 0 or stopping or nproc <= launch.floor:
@@ -181,28 +187,3 @@ def supervise(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def arm_test_crash(rank: int, world_size: int) -> bool:
-    """TEST HOOK: if :data:`TEST_CRASH_ENV` is ``R/W/S`` for this rank, exit(1) in S seconds.
-
-    Args:
-        rank: this rank.
-        world_size: ranks in the job.
-
-    Returns:
-        Whether a crash was armed.
-    """
-    value = os.environ.get(TEST_CRASH_ENV)
-    if not value:
-        return False
-    r, w, seconds = value.split("/")
-    if (int(r), int(w)) != (rank, world_size):
-        return False
-    log.warning(
-        "%s=%s: rank %d will exit(1) in %s s (test hook)", TEST_CRASH_ENV, value, rank, seconds
-    )
-    timer = threading.Timer(float(seconds), os._exit, args=(1,))
-    timer.daemon = True
-    timer.start()
-    return True

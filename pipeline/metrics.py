@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,7 +46,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pipeline.stages.decode import RejectReason
+from model.rank import RankContext
+from pipeline.records import RejectReason
 
 log = logging.getLogger(__name__)
 
@@ -84,21 +84,21 @@ class GpuCollector(Collector):
     """Reads the memory and utilisation of this rank's GPU from ``torch.cuda`` at scrape time.
 
     Yields nothing unless this process has initialised CUDA (CPU runs export no GPU series).
-    The device is ``cuda:{LOCAL_RANK}``, the one :mod:`pipeline.distributed` binds each rank to.
-
     Args:
         rank: the ``rank`` label.
+        device: the index of this rank's GPU (its local rank).
     """
 
-    def __init__(self, rank: str) -> None:
+    def __init__(self, rank: str, device: int) -> None:
         self._rank = rank
+        self._device = device
 
     def collect(self) -> Iterable[Metric]:
         import torch
 
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return []
-        device = int(os.environ.get("LOCAL_RANK", "0"))
+        device = self._device
         memory = GaugeMetricFamily(
             "streamrank_gpu_memory_bytes",
             "GPU memory of this rank's device: allocated by tensors, reserved by the caching "
@@ -127,7 +127,10 @@ class GpuCollector(Collector):
 class Metrics:
     """All metrics, in a registry of their own (so tests and ranks do not collide).
 
-    The rank and world size come from torchrun's ``RANK``/``WORLD_SIZE`` (0 and 1 alone).
+    Args:
+        registry: the registry (a fresh one by default).
+        rank: this process's place in the job (the ``rank`` label, ``streamrank_world_size``).
+        degradations: times the launcher restarted the job with fewer ranks.
 
     Example::
 
@@ -139,9 +142,15 @@ class Metrics:
         metrics.serve("127.0.0.1", 9464)
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        rank: RankContext | None = None,
+        degradations: int = 0,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
-        self.rank = os.environ.get("RANK", "0")
+        context = rank or RankContext()
+        self.rank = str(context.rank)
         r = self.registry
         self.events_in = Counter(
             "streamrank_consumed_messages", "Messages consumed (valid or not).", registry=r
@@ -206,15 +215,15 @@ class Metrics:
             registry=r,
         )
         self.world_size = Gauge("streamrank_world_size", "Ranks in this job.", registry=r)
-        self.world_size.set(int(os.environ.get("WORLD_SIZE", "1")))
+        self.world_size.set(context.world_size)
         self.degradations = Gauge(
             "streamrank_degradations",
             "Times streamrank run restarted this job with one rank fewer after a rank kept "
             "failing (set by the launcher in STREAMRANK_DEGRADATIONS).",
             registry=r,
         )
-        self.degradations.set(int(os.environ.get("STREAMRANK_DEGRADATIONS", "0")))
-        r.register(GpuCollector(self.rank))
+        self.degradations.set(degradations)
+        r.register(GpuCollector(self.rank, context.local_rank))
         for reason in RejectReason:
             self.dead_lettered.labels(reason=reason.value)
         for feature in FALLBACK_FEATURES:

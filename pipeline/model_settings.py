@@ -21,13 +21,14 @@ from model.distributed.config import (
 )
 from model.options import CompileMode, Precision
 from model.quant_dtype import QuantDtype
+from model.serving.options import ServingOptions
 from model.spec import SPEC_SETTING_KEYS, FeatureSpec
 
 
 class TableShardingSettings(BaseModel):
     """``[model.sharding.tables.<feature or table name>]``: the sharding of one table."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     sharding_type: ShardingKind = ShardingKind.TABLE_WISE
     compute_kernel: ComputeKernel | None = None
@@ -54,7 +55,7 @@ class ShardingSettings(BaseModel):
         ranks = [0, 1]
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     default: ShardingKind = ShardingKind.TABLE_WISE
     """Sharding of tables without an entry in ``tables`` (automatic kernel)."""
@@ -90,7 +91,7 @@ class ModelSettings(BaseModel):
     (``init-model``, ``bench model`` without a checkpoint).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     checkpoint: Path = Path("artifacts/model")
     device: str = "auto"
@@ -123,3 +124,20 @@ class ModelSettings(BaseModel):
     def feature_spec(self) -> FeatureSpec:
         """The :class:`model.spec.FeatureSpec` these settings describe."""
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
+
+    def serving_options(self, batch_rows: int) -> ServingOptions:
+        """What :class:`~model.serving.ScorerFactory` builds from these settings.
+
+        Args:
+            batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
+        """
+        return ServingOptions(
+            checkpoint=self.checkpoint,
+            device=self.device,
+            quantize=self.quantize,
+            compile=self.compile,
+            compile_mode=self.compile_mode,
+            precision=self.precision,
+            sharding=self.sharding.to_config(),
+            batch_rows=batch_rows,
+        )

@@ -7,17 +7,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
 from pipeline.cli.common import ConfigOption, apply_threads, command_settings, err
 from pipeline.cli.errors import UserError
-from pipeline.config import Settings
-
-if TYPE_CHECKING:
-    from pipeline.summary import RunSummary
 
 log = logging.getLogger("streamrank")
 
@@ -59,32 +55,44 @@ def run(
     config: ConfigOption = None,
 ) -> None:
     """Consume UserEvents, score them, produce Recommendations (until stopped)."""
-    from pipeline.distributed import in_torchrun, run_rank, summary_path
-    from pipeline.launch import Launch, supervise
+    from model.rank import RankContext
+    from model.serving import UnsupportedOption
+    from pipeline.distributed import summary_path
+    from pipeline.launch import DEGRADATIONS_ENV, Launch, supervise
+    from pipeline.serve import serve
 
     settings = command_settings(ctx, config)
+    rank = RankContext.from_env()
+    launch: Launch | None = None
+    if "LOCAL_RANK" not in os.environ:  # the launcher, not a rank torchrun started
+        try:
+            launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+            options = settings.model.serving_options(settings.batching.max_batch_rows)
+            options.check(launch.nproc * launch.nnodes)
+        except ValueError as exc:  # UnsupportedOption included: refused before any rank starts
+            raise UserError(str(exc)) from exc
     require_checkpoint(settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     apply_threads(settings)
-    if "LOCAL_RANK" not in os.environ:  # the launcher, not a rank torchrun started
-        try:
-            launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
-        except ValueError as exc:
-            raise UserError(str(exc)) from exc
-        if launch.distributed:
-            raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
-    rank_steps: dict[str, float] = {}
-    if in_torchrun():
-        summary, rank_steps = run_rank(settings, exit_when_idle, max_events)
-    else:
-        summary = _run_single(settings, exit_when_idle, max_events)
+    if launch is not None and launch.distributed:
+        raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+    try:
+        summary, rank_steps = serve(
+            settings,
+            rank,
+            exit_when_idle,
+            max_events,
+            degradations=int(os.environ.get(DEGRADATIONS_ENV, "0")),
+        )
+    except UnsupportedOption as exc:
+        raise UserError(str(exc)) from exc
     result = {**summary.as_dict(), **({"rank_steps": rank_steps} if rank_steps else {})}
-    out = summary_path(summary_json)
+    out = summary_path(summary_json, rank)
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
     err.print(json.dumps(result))
-    if in_torchrun():
+    if rank.distributed:
         # gloo ranks occasionally abort in interpreter teardown after a clean run
         # (pytorch/pytorch#190489); the work is done and committed, so leave without it.
         sys.stdout.flush()
@@ -116,27 +124,3 @@ def drop_option(args: list[str], name: str) -> list[str]:
         elif not arg.startswith(name + "="):
             out.append(arg)
     return out
-
-
-def _run_single(
-    settings: Settings, exit_when_idle: float | None, max_events: int | None
-) -> RunSummary:
-    from pipeline.loop import ScoringPipeline
-    from pipeline.metrics import Metrics
-    from pipeline.stages.score import Scorer
-
-    metrics = Metrics()
-    if settings.metrics.enabled:
-        metrics.serve(settings.metrics.host, settings.metrics.port)
-    scorer = Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
-    metrics.embedding_bytes.set(scorer.embedding_bytes())
-    pipeline = ScoringPipeline(settings, scorer, metrics)
-    pipeline.stop_on_signals()
-    log.info(
-        "scoring %s -> %s (dlq %s) with model %s",
-        settings.topics.input,
-        settings.topics.output,
-        settings.topics.dlq,
-        scorer.model_version,
-    )
-    return pipeline.run(exit_when_idle_s=exit_when_idle, max_events=max_events)

@@ -10,10 +10,8 @@ dead server does not add its timeout to every batch.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol, cast
 
 import numpy as np
@@ -25,37 +23,10 @@ from redis.retry import Retry
 from pipeline.config import RedisSettings
 from pipeline.feature_store import FLOAT32, INT64, item_key, item_record_dtype, user_key
 from pipeline.metrics import Metrics
-from pipeline.stages.slot_table import SlotTable
+from pipeline.records import Enrichment
+from pipeline.slot_table import SlotTable
 
 log = logging.getLogger(__name__)
-
-
-class FallbackFeature(enum.StrEnum):
-    """Feature groups that can fall back to defaults (``Recommendation.fallback_features``)."""
-
-    USER = "user_features"
-    ITEM = "item_features"
-
-
-@dataclass
-class Enrichment:
-    """Features of one batch, aligned with its events (E) and rows (R).
-
-    Attributes:
-        user_dense: float32[E, user_dense_dim].
-        user_recent: per event, the stored recent item ids (int64 arrays, newest first).
-        user_missing: bool[E], True where user features fell back to defaults.
-        item_category: int64[R] raw category ids.
-        item_dense: float32[R, item_dense_dim].
-        item_missing: bool[R], True where item features fell back to defaults.
-    """
-
-    user_dense: npt.NDArray[np.float32]
-    user_recent: list[npt.NDArray[np.int64]]
-    user_missing: npt.NDArray[np.bool_]
-    item_category: npt.NDArray[np.int64]
-    item_dense: npt.NDArray[np.float32]
-    item_missing: npt.NDArray[np.bool_]
 
 
 class BatchEnricher(Protocol):
@@ -108,12 +79,14 @@ class FeatureEnricher:
         settings: Redis URL, timeouts, cache size and TTL.
         user_dense_dim: length of the stored user vectors.
         item_dense_dim: length of the stored item vectors.
+        recent_cap: stored recent items kept per user (the model's ``recent_items_cap``: an
+            event's list never holds more).
         metrics: cache hit/miss and fallback counters.
         client: an existing Redis client (tests); built from ``settings.url`` otherwise.
 
     Example::
 
-        enricher = FeatureEnricher(settings.redis, 8, 8, Metrics())
+        enricher = FeatureEnricher(settings.redis, 8, 8, 20, Metrics())
         enrichment = enricher.enrich(user_ids, candidate_ids)
     """
 
@@ -122,6 +95,7 @@ class FeatureEnricher:
         settings: RedisSettings,
         user_dense_dim: int,
         item_dense_dim: int,
+        recent_cap: int,
         metrics: Metrics,
         client: redis.Redis | None = None,
     ) -> None:
@@ -142,9 +116,9 @@ class FeatureEnricher:
         ttl = settings.cache_ttl_s
         self._user_cache = _SlotCache(capacity, ttl)
         self._user_dense = np.zeros((self._user_cache.capacity, user_dense_dim), dtype=np.float32)
-        self._user_recent: list[npt.NDArray[np.int64]] = [
-            np.empty(0, np.int64)
-        ] * self._user_cache.capacity
+        self._recent_cap = recent_cap
+        self._user_recent = np.zeros((self._user_cache.capacity, recent_cap), dtype=np.int64)
+        self._user_recent_len = np.zeros(self._user_cache.capacity, dtype=np.int64)
         self._item_cache = _SlotCache(capacity, ttl)
         self._item_records = np.zeros(self._item_cache.capacity, dtype=self._item_dtype)
 
@@ -164,26 +138,35 @@ class FeatureEnricher:
 
         # Per unique id: cached values first, then what Redis returns; defaults stay elsewhere.
         user_found = user_slots >= 0
+        cached = user_slots[user_found]
         user_dense = np.zeros((len(users), self._user_dim), dtype=np.float32)
-        user_dense[user_found] = self._user_dense[user_slots[user_found]]
-        empty = np.empty(0, np.int64)
-        user_recent = [self._user_recent[s] if s >= 0 else empty for s in user_slots.tolist()]
+        user_dense[user_found] = self._user_dense[cached]
+        user_recent = np.zeros((len(users), self._recent_cap), dtype=np.int64)
+        user_recent[user_found] = self._user_recent[cached]
+        recent_len = np.zeros(len(users), dtype=np.int64)
+        recent_len[user_found] = self._user_recent_len[cached]
         item_found = item_slots >= 0
         items_out = np.zeros(len(items), dtype=self._item_dtype)
         items_out[item_found] = self._item_records[item_slots[item_found]]
 
         user_values, item_values = self._fetch(users[user_todo].tolist(), items[item_todo].tolist())
-        fetched_users = self._decode_users(user_todo, user_values, user_dense, user_recent)
+        fetched_users = self._decode_users(
+            user_todo, user_values, user_dense, user_recent, recent_len
+        )
         user_found[fetched_users] = True
         fetched_items = self._decode_items(item_todo, item_values, items_out)
         item_found[fetched_items] = True
-        self._remember(
-            users, items, fetched_users, fetched_items, user_dense, user_recent, items_out, now
+        self._remember_users(
+            users[fetched_users], fetched_users, user_dense, user_recent, recent_len, now
         )
+        self._remember_items(items[fetched_items], items_out[fetched_items], now)
 
+        event_recent_len = recent_len[user_inverse]
+        kept = np.arange(self._recent_cap)[None, :] < event_recent_len[:, None]
         return Enrichment(
             user_dense=user_dense[user_inverse],
-            user_recent=[user_recent[i] for i in user_inverse.tolist()],
+            user_recent_counts=event_recent_len,
+            user_recent_ids=user_recent[user_inverse][kept],
             user_missing=~user_found[user_inverse],
             item_category=items_out["category"][item_inverse],
             item_dense=items_out["dense"][item_inverse],
@@ -221,7 +204,8 @@ class FeatureEnricher:
         todo: npt.NDArray[np.int64],
         values: list[bytes | None],
         dense_out: npt.NDArray[np.float32],
-        recent_out: list[npt.NDArray[np.int64]],
+        recent_out: npt.NDArray[np.int64],
+        recent_len: npt.NDArray[np.int64],
     ) -> npt.NDArray[np.int64]:
         """Fill rows ``todo`` from Redis values; returns the positions that decoded."""
         dense_bytes = 4 * self._user_dim
@@ -237,7 +221,9 @@ class FeatureEnricher:
                 log.warning("non-finite user features (NaN/inf); using defaults")
                 continue
             dense_out[k] = dense
-            recent_out[k] = np.frombuffer(v, INT64, offset=dense_bytes)
+            recent = np.frombuffer(v, INT64, offset=dense_bytes)[: self._recent_cap]
+            recent_out[k, : len(recent)] = recent
+            recent_len[k] = len(recent)
             decoded.append(k)
         return np.asarray(decoded, dtype=np.int64)
 
@@ -269,25 +255,29 @@ class FeatureEnricher:
             out[positions] = records
         return positions
 
-    def _remember(
+    def _remember_users(
         self,
-        users: npt.NDArray[np.int64],
-        items: npt.NDArray[np.int64],
-        fetched_users: npt.NDArray[np.int64],
-        fetched_items: npt.NDArray[np.int64],
-        user_dense: npt.NDArray[np.float32],
-        user_recent: list[npt.NDArray[np.int64]],
-        items_out: npt.NDArray[np.void],
+        ids: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+        dense: npt.NDArray[np.float32],
+        recent: npt.NDArray[np.int64],
+        recent_len: npt.NDArray[np.int64],
         now: float,
     ) -> None:
-        """Cache what Redis returned (defaults after misses/outages are never cached)."""
-        if len(fetched_users):
-            keep = fetched_users[-self._user_cache.capacity :]
-            slots = self._user_cache.allocate(users[keep], now)
-            self._user_dense[slots] = user_dense[keep]
-            for slot, k in zip(slots.tolist(), keep.tolist(), strict=True):
-                self._user_recent[slot] = user_recent[k]
-        if len(fetched_items):
-            keep = fetched_items[-self._item_cache.capacity :]
-            slots = self._item_cache.allocate(items[keep], now)
-            self._item_records[slots] = items_out[keep]
+        """Cache the users Redis returned (defaults after misses/outages are never cached)."""
+        capacity = self._user_cache.capacity
+        ids, rows = ids[-capacity:], rows[-capacity:]
+        if len(ids):
+            slots = self._user_cache.allocate(ids, now)
+            self._user_dense[slots] = dense[rows]
+            self._user_recent[slots] = recent[rows]
+            self._user_recent_len[slots] = recent_len[rows]
+
+    def _remember_items(
+        self, ids: npt.NDArray[np.int64], records: npt.NDArray[np.void], now: float
+    ) -> None:
+        """Cache the items Redis returned."""
+        capacity = self._item_cache.capacity
+        ids, records = ids[-capacity:], records[-capacity:]
+        if len(ids):
+            self._item_records[self._item_cache.allocate(ids, now)] = records

@@ -1,46 +1,27 @@
-"""Publish: scored batches to the output topic, rejected messages to the dead-letter topic.
+"""Publish: one Recommendation per event of a scored batch to the output topic.
 
-Both sinks share the producer and take the :class:`~pipeline.stages.commit.Checkpoint` whose
-offsets a record guards: each produced record registers with ``checkpoint.expect_delivery()``,
-so the broker's acknowledgement flows back to the offsets it covers. The sinks never decide
-what is committed (that is :mod:`pipeline.stages.commit`).
-
-A dead-letter record keeps the original key, value and headers, and adds:
-
-=====================  =======================================================
-header                 value
-=====================  =======================================================
-``x-dlq-reason``       a :class:`pipeline.stages.decode.RejectReason` value
-``x-dlq-detail``       human-readable detail (truncated to 1 KiB)
-``x-source-topic``     topic the message was consumed from
-``x-source-partition`` its partition (decimal)
-``x-source-offset``    its offset (decimal)
-``x-dlq-time``         when it was dead-lettered, epoch milliseconds (decimal)
-=====================  =======================================================
+The sink is passive: it encodes the batch (one compiled call, :mod:`pipeline.avro.kernels`) and
+produces each record with its batch's :class:`~pipeline.records.Checkpoint` as the delivery
+callback (``checkpoint.expect_delivery()``), so the broker's acknowledgement flows back to the
+offsets it covers. What is committed, and when, is the commit stage's business.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
-from model.segments import offsets
-from pipeline.kafka_io import Headers, RecordProducer, produce
+from model.segments import offsets, starts
+from pipeline.avro.kernels import encode_recommendations
+from pipeline.kafka_io import RecordProducer
 from pipeline.metrics import Metrics
-from pipeline.stages.avro_kernels import encode_recommendations
-from pipeline.stages.batch import EventColumns
-from pipeline.stages.commit import Checkpoint
-from pipeline.stages.decode import RecordCodec, RejectedMessage
-from pipeline.stages.enrich import FallbackFeature
-from pipeline.stages.features import FallbackFlags, fallback_flags
-from pipeline.stages.score import PreparedBatch, ScoredBatch
+from pipeline.records import Enrichment, EventColumns, FallbackFeature, PreparedBatch, ScoredBatch
 
-log = logging.getLogger(__name__)
+__all__ = ["EncodedBatch", "FallbackFlags", "RecommendationSink", "fallback_flags"]
 
 _MAX_VARINT = 10
 _FALLBACK_NAMES = np.frombuffer(
@@ -50,9 +31,41 @@ _FALLBACK_OFFSETS = np.array(
     [0, len(FallbackFeature.USER.value), len(_FALLBACK_NAMES)], dtype=np.int64
 )
 
-REASON_HEADER = "x-dlq-reason"
-DETAIL_HEADER = "x-dlq-detail"
-_MAX_DETAIL = 1024
+
+@dataclass
+class FallbackFlags:
+    """Per event: which feature groups fell back to defaults (``fallback_features``)."""
+
+    user: npt.NDArray[np.bool_]
+    item: npt.NDArray[np.bool_]
+
+
+@dataclass
+class EncodedBatch:
+    """A batch's Recommendation records, ready to produce.
+
+    Attributes:
+        keys: per event, the record key (the user id, decimal).
+        values: per event, the encoded Recommendation.
+        flags: per event, the feature groups that fell back to defaults.
+        produced_at_ms: ``scored_at`` of every record, epoch milliseconds.
+    """
+
+    keys: list[bytes]
+    values: list[bytes]
+    flags: FallbackFlags
+    produced_at_ms: int
+
+
+def fallback_flags(events: EventColumns, enrichment: Enrichment) -> FallbackFlags:
+    """Per-event flags; an event's item flag is set when any of its candidates fell back."""
+    event_starts = starts(events.candidate_counts)
+    item_any = (
+        np.logical_or.reduceat(enrichment.item_missing, event_starts)
+        if len(event_starts)
+        else event_starts
+    )
+    return FallbackFlags(user=enrichment.user_missing.copy(), item=item_any.astype(bool))
 
 
 class RecommendationSink:
@@ -61,51 +74,59 @@ class RecommendationSink:
     Args:
         producer: shared with the dead-letter sink.
         topic: the output topic.
-        codec: Recommendation codec in the configured framing.
+        header: what precedes each Avro body (the Confluent header of the registered
+            Recommendation schema, or nothing in raw framing).
         metrics: events out, end-to-end latency, fallbacks, batch rows.
 
     Example::
 
-        sink = RecommendationSink(producer, "recommendations", codec, metrics)
-        latency_s = sink.publish(batch, scored, model_version="m-1")
+        sink = RecommendationSink(producer, "recommendations", codec.header, metrics)
+        latency_s = sink.publish(prepared, scored)
     """
 
     def __init__(
-        self, producer: RecordProducer, topic: str, codec: RecordCodec, metrics: Metrics
+        self, producer: RecordProducer, topic: str, header: bytes, metrics: Metrics
     ) -> None:
         self._producer = producer
         self._topic = topic
-        self._codec = codec
+        self._header = np.frombuffer(header, dtype=np.uint8)
         self._metrics = metrics
 
-    def publish(
-        self, batch: PreparedBatch, scored: ScoredBatch, model_version: str
-    ) -> npt.NDArray[np.float64]:
-        """Produce one Recommendation per event of ``batch``, guarding its checkpoint.
-
-        Args:
-            batch: the events, their enrichment and their checkpoint.
-            scored: the batch's top-K (flat, event-major, best first within each event).
-            model_version: of the model that scored the batch.
+    def publish(self, prepared: PreparedBatch, scored: ScoredBatch) -> npt.NDArray[np.float64]:
+        """:meth:`encode_batch` then :meth:`send`.
 
         Returns:
             float64[E] end-to-end latency of each event (event_time -> produced), seconds.
         """
-        events, checkpoint = batch.events, batch.checkpoint
-        flags = fallback_flags(events, batch.enrichment)
+        return self.send(prepared, self.encode_batch(prepared, scored))
+
+    def encode_batch(self, prepared: PreparedBatch, scored: ScoredBatch) -> EncodedBatch:
+        """The batch's records, encoded; nothing is produced yet (an error here leaves
+        nothing half-sent)."""
+        events = prepared.batch.events
+        flags = fallback_flags(events, prepared.enrichment)
         now_ms = int(time.time() * 1000)
-        values = self.encode(events, scored, flags, model_version, now_ms)
-        keys = [str(u).encode() for u in events.user_ids.tolist()]
-        for key, value in zip(keys, values, strict=True):
-            produce(
-                self._producer,
-                self._topic,
-                value,
-                key=key,
-                on_delivery=checkpoint.expect_delivery(),
-            )
-        latency_s: npt.NDArray[np.float64] = (now_ms - events.event_time_ms) / 1000.0
-        self._count(flags, events.num_events, events.num_rows, latency_s)
+        return EncodedBatch(
+            keys=[str(u).encode() for u in events.user_ids.tolist()],
+            values=self.encode(events, scored, flags, now_ms),
+            flags=flags,
+            produced_at_ms=now_ms,
+        )
+
+    def send(self, prepared: PreparedBatch, encoded: EncodedBatch) -> npt.NDArray[np.float64]:
+        """Produce the records, each guarding the batch's checkpoint.
+
+        Returns:
+            float64[E] end-to-end latency of each event (event_time -> produced), seconds.
+        """
+        events, checkpoint = prepared.batch.events, prepared.batch.checkpoint
+        produce = self._producer.produce
+        for key, value in zip(encoded.keys, encoded.values, strict=True):
+            produce(self._topic, value, key, on_delivery=checkpoint.expect_delivery())
+        latency_s: npt.NDArray[np.float64] = (
+            encoded.produced_at_ms - events.event_time_ms
+        ) / 1000.0
+        self._count(encoded.flags, events.num_events, events.num_rows, latency_s)
         return latency_s
 
     def encode(
@@ -113,31 +134,29 @@ class RecommendationSink:
         events: EventColumns,
         scored: ScoredBatch,
         flags: FallbackFlags,
-        model_version: str,
         now_ms: int,
     ) -> list[bytes]:
-        """The Recommendation value of every event of ``batch``, in event order.
+        """The Recommendation value of every event, in event order (one compiled call).
 
         Args:
             events: the batch's events (ids, user ids).
-            scored: their top-K (flat, event-major, best first within each event).
+            scored: their top-K (flat, event-major, best first within each event) and the
+                model version that scored them.
             flags: per event, the feature groups that fell back to defaults.
-            model_version: of the model that scored the batch.
             now_ms: ``scored_at``, epoch milliseconds.
 
         Returns:
             One encoded value per event (with the Confluent header when so framed).
         """
-        ids = [e.encode() for e in events.event_ids]
-        id_bytes = np.frombuffer(b"".join(ids), dtype=np.uint8)
-        id_offsets = offsets(np.fromiter(map(len, ids), np.int64, len(ids)))
-        version = np.frombuffer(model_version.encode(), dtype=np.uint8)
-        header = np.frombuffer(self._codec.header, dtype=np.uint8)
+        n = events.num_events
+        id_bytes, id_offsets = events.event_id_bytes, events.event_id_offsets
+        version = np.frombuffer(scored.model_version.encode(), dtype=np.uint8)
+        header = self._header
         per_event = len(header) + len(version) + 8 * _MAX_VARINT + 2 + len(_FALLBACK_NAMES)
-        capacity = len(id_bytes) + len(ids) * per_event
+        capacity = len(id_bytes) + n * per_event
         capacity += len(scored.item_ids) * (_MAX_VARINT + 8)
         out = np.empty(capacity + 16, dtype=np.uint8)
-        out_offsets = np.empty(len(ids) + 1, dtype=np.int64)
+        out_offsets = np.empty(n + 1, dtype=np.int64)
         encode_recommendations(
             header, id_bytes, id_offsets, events.user_ids.astype(np.int64, copy=False),
             offsets(scored.counts), scored.item_ids.astype(np.int64, copy=False),
@@ -163,57 +182,3 @@ class RecommendationSink:
             if count:
                 metrics.fallbacks.labels(feature=feature.value).inc(count)
         metrics.batch_rows.observe(rows)
-
-
-def dead_letter_headers(message: Message, rejection: RejectedMessage) -> Headers:
-    """The original headers plus the ``x-dlq-*``/``x-source-*`` ones."""
-    original = message.headers() or []
-    headers: Headers = list(original.items()) if isinstance(original, dict) else list(original)
-    headers += [
-        (REASON_HEADER, rejection.reason.value.encode()),
-        (DETAIL_HEADER, rejection.detail[:_MAX_DETAIL].encode("utf-8", "replace")),
-        ("x-source-topic", (message.topic() or "").encode()),
-        ("x-source-partition", str(message.partition()).encode()),
-        ("x-source-offset", str(message.offset()).encode()),
-        ("x-dlq-time", str(int(time.time() * 1000)).encode()),
-    ]
-    return headers
-
-
-class DeadLetterSink:
-    """Produces rejected messages, untouched, to the dead-letter topic.
-
-    Args:
-        producer: shared with the recommendation sink.
-        topic: the dead-letter topic.
-        metrics: counts dead letters by reason.
-
-    Example::
-
-        dlq = DeadLetterSink(producer, "user-events-dlq", metrics)
-        dlq.publish(message, rejection, checkpointer.open)
-    """
-
-    def __init__(self, producer: RecordProducer, topic: str, metrics: Metrics) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._metrics = metrics
-
-    def publish(self, message: Message, rejection: RejectedMessage, checkpoint: Checkpoint) -> None:
-        """Dead-letter ``message``; its record guards ``checkpoint`` (the open one)."""
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s",
-            message.topic(),
-            message.partition(),
-            message.offset(),
-            rejection,
-        )
-        produce(
-            self._producer,
-            self._topic,
-            message.value(),
-            key=message.key(),
-            headers=dead_letter_headers(message, rejection),
-            on_delivery=checkpoint.expect_delivery(),
-        )
-        self._metrics.dead_lettered.labels(reason=rejection.reason.value).inc()

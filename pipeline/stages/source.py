@@ -1,9 +1,9 @@
 """Source: messages from the input topic, the partitions this member owns, and its activity.
 
 :class:`KafkaSource` wraps the consumer for the loop: it polls a bounded number of messages
-into a backlog that the loop feeds to the batch one message at a time, keeps the assignment
-the rebalance callbacks report (:mod:`pipeline.stages.rebalance`), and remembers when input
-last arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
+into a backlog that the loop takes from in runs (to decode them together), keeps the assignment
+the rebalance callbacks report (:mod:`pipeline.rebalance`), and remembers when input last
+arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
 end-of-partition is ignored, a fatal error raises, anything else is logged.
 """
 
@@ -38,13 +38,13 @@ class KafkaSource:
         source = KafkaSource(consumer, "user-events", max_messages=500)
         source.subscribe(handler.on_assign, handler.on_revoke, handler.on_lost)
         source.poll(0.1)
-        while (message := source.next_message()) is not None:
-            ...
+        messages = source.take(500)
     """
 
     def __init__(self, consumer: SubscribingConsumer, topic: str, max_messages: int) -> None:
         self._consumer = consumer
-        self._topic = topic
+        self.topic = topic
+        """The input topic."""
         self._max_messages = max_messages
         self._backlog: deque[Message] = deque()
         self.assignment: set[Partition] = set()
@@ -65,7 +65,7 @@ class KafkaSource:
     ) -> None:
         """Join the consumer group on the input topic with these rebalance callbacks."""
         self._consumer.subscribe(
-            [self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
+            [self.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
         )
 
     @property
@@ -91,31 +91,22 @@ class KafkaSource:
             self._backlog.extend(messages)
         return len(messages)
 
-    def next_message(self) -> Message | None:
-        """The next message of the backlog that carries data (``None`` when it is empty).
+    def take(self, limit: int) -> list[Message]:
+        """Up to ``limit`` data-carrying messages from the head of the backlog, in order.
 
         Raises:
             KafkaException: a message carried a fatal client error.
         """
         backlog = self._backlog
-        while backlog:
+        out: list[Message] = []
+        while backlog and len(out) < limit:
             message = backlog.popleft()
             err = message.error()
             if err is None:
-                return message
-            self._client_error(err)
-        return None
-
-    def take(self, limit: int) -> list[Message]:
-        """Up to ``limit`` data-carrying messages from the head of the backlog, in order."""
-        out: list[Message] = []
-        while len(out) < limit and (message := self.next_message()) is not None:
-            out.append(message)
+                out.append(message)
+            else:
+                self._client_error(err)
         return out
-
-    def unread(self, messages: list[Message]) -> None:
-        """Put messages taken and not used back at the head of the backlog, in order."""
-        self._backlog.extendleft(reversed(messages))
 
     def assigned(self, partitions: set[Partition]) -> None:
         """Partitions were added to this member (incremental, cooperative-sticky)."""

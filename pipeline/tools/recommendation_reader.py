@@ -7,10 +7,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.avro.rules import epoch_millis
 from pipeline.config import Settings
 from pipeline.kafka_io import make_consumer
-from pipeline.stages.batch import epoch_millis
-from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 
 
 def read_recommendations(
@@ -53,7 +53,7 @@ def read_recommendations(
             for msg in messages:
                 if msg.error() is not None:
                     continue
-                record = codec.decode(msg.value())  # type: ignore[arg-type]
+                record = codec.decode(msg.value() or b"")
                 scored_at = record["scored_at"]
                 if not isinstance(scored_at, int):
                     record["scored_at"] = epoch_millis(scored_at)

@@ -17,15 +17,20 @@ import redis
 from confluent_kafka import Producer
 
 from model.synthetic import SyntheticWorld, WorldConfig, to_event_dicts
+from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import ensure_topics, make_producer, produce
-from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.tools.synthetic_settings import synthetic_settings
 
 
 def build_world(settings: Settings) -> SyntheticWorld:
-    """The world described by ``settings.synthetic`` with the model's dense widths."""
-    s = settings.synthetic
+    """The world described by ``settings.synthetic`` with the model's dense widths.
+
+    Raises:
+        ConfigError: ``[synthetic]`` holds an unknown key or a bad value.
+    """
+    s = synthetic_settings(settings)
     return SyntheticWorld(
         WorldConfig(
             num_users=s.num_users,

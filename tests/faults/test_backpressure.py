@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_a_full_producer_queue_pauses_the_input_and_loses_nothing(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
-    background_pipeline: Callable[[Settings], BackgroundPipeline],
+    background_pipeline: Callable[..., BackgroundPipeline],
 ) -> None:
     kafka = pipeline_settings.kafka.model_copy(
         update={"producer_extra": {"queue.buffering.max.messages": 20, "linger.ms": 50}}
@@ -31,5 +31,5 @@ def test_a_full_producer_queue_pauses_the_input_and_loses_nothing(
     counts = Counter(r["event_id"] for r in recs)
     assert set(counts) == sent.ids and max(counts.values()) == 1
     assert summary.events_out == 1500
-    stages = bp.pipeline._stages
-    assert stages is not None and stages.source.pauses > 0  # the queue really was full
+    run = bp.pipeline._run
+    assert run is not None and run.source.pauses > 0  # the queue really was full

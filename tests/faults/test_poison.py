@@ -1,54 +1,85 @@
-"""Fault (g): a processing failure for one event id, injected by the test hook, on the real
-broker and Redis: that event lands in the DLQ with ``processing_error``, the rest of its batch
-is scored, every offset is committed and nothing is scored twice."""
+"""Fault (g): a processing failure for one event, injected through the enricher or the scorer
+the pipeline takes as arguments (:mod:`tests.support.faults`), on the real broker and Redis:
+that event lands in the DLQ with ``processing_error``, the rest of its batch is scored, every
+offset is committed and nothing is scored twice."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer
 
+from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
-from pipeline.faults import FAULTS_ENV_VAR
-from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
+from pipeline.metrics import Metrics
+from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
+from pipeline.stages.enrich import FeatureEnricher
 from tests.faults.helpers import dead_letters
-from tests.integration.conftest import BackgroundPipeline, SentEvents, collect
+from tests.integration.conftest import (
+    BackgroundPipeline,
+    SentEvents,
+    checkpoint_scorer,
+    collect,
+)
+from tests.support.faults import FailingEnricher, FailingScorer
+
+POISON_RESULTS = 999  # num_results of the poison event (the scorer wrapper fails on it)
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("stage", ["features", "forward"])
+POISON_USER = 10**12  # a user of no other event (the enricher wrapper fails on it)
+
+
+@pytest.mark.parametrize("stage", ["enrich", "scoring"])
 def test_an_event_failing_after_decode_is_dead_lettered_and_its_batch_scored(
     stage: str,
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
-    background_pipeline: Callable[[Settings], BackgroundPipeline],
+    background_pipeline: Callable[..., BackgroundPipeline],
     consumer_factory: Callable[..., Consumer],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    sent = send_events(pipeline_settings, 300)
-    poison = sent.records[137]["event_id"]
-    monkeypatch.setenv(FAULTS_ENV_VAR, f"{stage}:{poison}")
-    dlq = consumer_factory(pipeline_settings.topics.dlq)
-    bp = background_pipeline(pipeline_settings)
-    recs = collect(pipeline_settings, expected=299)
+    settings = pipeline_settings
+    codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    first = send_events(settings, 1)
+    poison = {
+        **first.records[0],
+        "event_id": f"poison-{stage}",
+        "event_time": int(time.time() * 1000),
+        **({"user_id": POISON_USER} if stage == "enrich" else {"num_results": POISON_RESULTS}),
+    }
+    sent = send_events(settings, 300, extra_values=[codec.encode(poison)])
+    valid = first.ids | sent.ids
+    dlq = consumer_factory(settings.topics.dlq)
+    scorer = checkpoint_scorer(settings)
+    spec = scorer.spec
+    enricher = FeatureEnricher(
+        settings.redis, spec.user_dense_dim, spec.item_dense_dim, spec.recent_items_cap, Metrics()
+    )
+    bp = background_pipeline(
+        settings,
+        scorer=FailingScorer(scorer, {POISON_RESULTS}),
+        enricher=FailingEnricher(enricher, {POISON_USER}),
+    )
+    recs = collect(settings, expected=len(valid))
     dead = dead_letters(dlq, expected=1)
     summary = bp.stop()
 
     counts = Counter(r["event_id"] for r in recs)
-    assert set(counts) == sent.ids - {poison}
+    assert set(counts) == valid  # the poison event alone is missing
     assert max(counts.values()) == 1
     assert len(dead) == 1
     headers = dict(dead[0].headers())
     assert headers[REASON_HEADER] == b"processing_error"
-    assert f"InjectedFault: injected {stage} failure for event {poison}" in (
-        headers[DETAIL_HEADER].decode()
-    )
-    assert summary.events_out == 299 and summary.dead_lettered == 1
+    assert f"InjectedFault: injected {stage} failure" in headers[DETAIL_HEADER].decode()
+    assert codec.decode(dead[0].value())["event_id"] == poison["event_id"]
+    assert summary.events_out == 301 and summary.dead_lettered == 1
     assert summary.batches < 300  # the batch was bisected, not scored event by event
-    stages = bp.pipeline._stages
-    assert stages is not None  # every offset committed, as confirmed by the broker (on_commit)
-    assert sum(stages.checkpointer.committed.values()) == 300
-    assert stages.checkpointer.commit_failures == 0
+    run = bp.pipeline._run
+    assert run is not None  # every offset committed, as confirmed by the broker (on_commit)
+    checkpointer = run.checkpointer
+    assert sum(checkpointer.committed.values()) == 302
+    assert checkpointer.commit_failures == 0

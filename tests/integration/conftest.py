@@ -20,17 +20,19 @@ import redis
 
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.features import build_model_input
+from model.serving import Scorer, ScorerFactory
 from model.spec import FeatureSpec, SparseFeature
 from model.synthetic import SampledEvents, SyntheticWorld, feature_columns, to_event_dicts
 from model.train import train_ranker
-from pipeline.config import ModelSettings, Settings, SyntheticSettings
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.config import ModelSettings, Settings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import make_consumer, make_producer, produce
 from pipeline.loop import ScoringPipeline
-from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.stages.score import Scorer
+from pipeline.stages.enrich import BatchEnricher
 from pipeline.summary import RunSummary
 from pipeline.tools.synthetic_io import build_world, seed_world_features
+from pipeline.tools.synthetic_settings import SyntheticSettings
 
 WORLD = SyntheticSettings(
     num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40
@@ -144,12 +146,29 @@ def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
     return send
 
 
-class BackgroundPipeline:
-    """A ScoringPipeline running in a thread of the test process."""
+def checkpoint_scorer(settings: Settings) -> Scorer:
+    """The served model of ``settings`` (the checkpoint on the CPU), as ``run`` builds it."""
+    options = settings.model.serving_options(settings.batching.max_batch_rows)
+    return ScorerFactory(options).create_scorer()
 
-    def __init__(self, settings: Settings) -> None:
+
+class BackgroundPipeline:
+    """A ScoringPipeline running in a thread of the test process.
+
+    Args:
+        settings: the run's settings.
+        scorer: the model (default: the settings' checkpoint).
+        enricher: the feature source (default: Redis as configured).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        scorer: Scorer | None = None,
+        enricher: BatchEnricher | None = None,
+    ) -> None:
         self.pipeline = ScoringPipeline(
-            settings, Scorer.from_checkpoint(settings.model.checkpoint, "cpu")
+            settings, scorer or checkpoint_scorer(settings), enricher=enricher
         )
         self.summary: RunSummary | None = None
         self.error: BaseException | None = None
@@ -176,11 +195,11 @@ class BackgroundPipeline:
 
 
 @pytest.fixture
-def background_pipeline() -> Iterator[Callable[[Settings], BackgroundPipeline]]:
+def background_pipeline() -> Iterator[Callable[..., BackgroundPipeline]]:
     started: list[BackgroundPipeline] = []
 
-    def start(settings: Settings) -> BackgroundPipeline:
-        bp = BackgroundPipeline(settings).start()
+    def start(settings: Settings, **wrappers: Any) -> BackgroundPipeline:
+        bp = BackgroundPipeline(settings, **wrappers).start()
         started.append(bp)
         return bp
 
@@ -215,9 +234,14 @@ def collect(settings: Settings, expected: int, timeout_s: float = 90.0) -> list[
 
 
 def run_cli(
-    settings: Settings, *args: str, extra_env: dict[str, object] | None = None, **popen: object
+    settings: Settings,
+    *args: str,
+    extra_env: dict[str, object] | None = None,
+    module: str = "pipeline.cli",
+    **popen: object,
 ) -> subprocess.Popen:
-    """``python -m pipeline.cli ARGS`` configured by environment variables only."""
+    """``python -m MODULE ARGS`` configured by environment variables only (``module``: the
+    real entry point, or a tests-only one wrapping it, e.g. ``tests.support.crash_rank``)."""
     env = {
         **os.environ,
         "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
@@ -234,7 +258,7 @@ def run_cli(
         **{k: str(v) for k, v in (extra_env or {}).items()},
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", module, *args],
         env=env,
         **popen,  # type: ignore[arg-type]
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
-from pipeline.launch import TEST_CRASH_ENV
 from tests.integration.conftest import SentEvents, collect
+from tests.support.crash_rank import CRASH_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -44,9 +44,11 @@ def test_rank_that_keeps_dying_degrades_3_ranks_to_2_without_losing_events(
         "2",
         "--exit-when-idle",
         "8",
-        # Test hook: rank 2 of every 3-rank attempt exits(1) 3 s after it starts scoring, so
-        # torchrun restarts once, gives up, and the launcher degrades to 2 ranks.
-        extra_env={TEST_CRASH_ENV: "2/3/3", "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"},
+        # The tests-only entry module wraps the real one: rank 2 of every 3-rank attempt
+        # exits(1) 3 s after it starts, so torchrun restarts once, gives up, and the launcher
+        # degrades to 2 ranks (which it starts through the same module).
+        extra_env={CRASH_ENV: "2/3/3", "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"},
+        module="tests.support.crash_rank",
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
     )

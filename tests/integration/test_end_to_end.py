@@ -14,14 +14,14 @@ from confluent_kafka import Consumer
 
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
-from pipeline.config import CodecSettings, RedisSettings, Settings
-from pipeline.stages.decode import (
+from pipeline.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
-    RejectReason,
 )
-from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
+from pipeline.config import CodecSettings, RedisSettings, Settings
+from pipeline.records import RejectReason
+from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,

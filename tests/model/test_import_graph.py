@@ -1,7 +1,7 @@
 """The single-process path never imports ``torchrec.distributed``: only model/distributed does.
 
-Checked on our own import graph (an AST scan of model/ and pipeline/config.py, following our
-modules transitively), not on ``sys.modules``: ``import torchrec`` itself may pull in
+Checked on our own import graph (an AST scan of module-level imports of model/ and pipeline/,
+following our modules transitively), not on ``sys.modules``: ``import torchrec`` itself may pull in
 ``torchrec.distributed``, which is TorchRec's business, not ours. Imports under
 ``if TYPE_CHECKING:`` do not run and are skipped.
 """
@@ -64,6 +64,8 @@ def _imports(path: Path) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 found.update(_with_parents(node.module))
                 found.update(_from_import(node.module, alias.name) for alias in node.names)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue  # runs only when called: see the subprocess test below
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
                     visit([child])
@@ -95,12 +97,18 @@ def _closure(start: str) -> set[str]:
     return seen
 
 
+#: The sharded serving strategy: imported by the model factory only for a multi-rank job.
+SHARDED = {"model.serving.sharded"}
 SINGLE_PROCESS = [
-    *sorted(n for n in OURS if n.startswith("model") and not n.startswith("model.distributed")),
+    *sorted(
+        n
+        for n in OURS
+        if n.startswith("model") and not n.startswith("model.distributed") and n not in SHARDED
+    ),
     "model.distributed.config",
     "pipeline.config",
-    "pipeline.stages.score",
-    "pipeline.stages.features",
+    "pipeline.loop",
+    "pipeline.serve",
 ]
 
 
@@ -115,7 +123,7 @@ def test_single_process_modules_do_not_import_torchrec_distributed(module: str) 
 
 def test_the_scan_sees_the_distributed_modules_import_it() -> None:
     assert any(n.startswith(FORBIDDEN) for n in _closure("model.distributed.runtime"))
-    assert any(n.startswith(FORBIDDEN) for n in _closure("pipeline.distributed"))
+    assert any(n.startswith(FORBIDDEN) for n in _closure("model.serving.sharded"))
 
 
 def test_distributed_package_exports_resolve_lazily() -> None:
@@ -123,3 +131,28 @@ def test_distributed_package_exports_resolve_lazily() -> None:
         assert getattr(model.distributed, name) is not None, name
     with pytest.raises(AttributeError):
         _ = model.distributed.no_such_name
+
+
+def test_a_single_process_scorer_never_loads_the_sharded_strategy(tmp_path: Path) -> None:
+    """Function-level imports too: building a one-process scorer leaves our distributed modules
+    unimported (the factory imports the sharded strategy only for several ranks)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from pathlib import Path
+from model.checkpoint import save_checkpoint
+from model.ranker import build_ranker
+from model.serving import ScorerFactory, ServingOptions
+from tests.pipeline.factories import TINY_SPEC
+path = Path({str(tmp_path / "m")!r})
+save_checkpoint(build_ranker(TINY_SPEC, seed=0), TINY_SPEC, path)
+ScorerFactory(ServingOptions(path, device="cpu", batch_rows=8)).create_scorer()
+prefixes = ("model.serving.sharded", "model.distributed.")
+print(sorted(m for m in sys.modules if m.startswith(prefixes)))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] in ("[]", "['model.distributed.config']")

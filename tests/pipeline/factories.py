@@ -10,16 +10,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from model.features import build_model_input
 from model.ranker import build_ranker
+from model.serving import Scorer
 from model.spec import FeatureSpec, SparseFeature, TableSpec
+from model.transfer import StagedInput
+from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec, records_to_columns
 from pipeline.config import CodecSettings
-from pipeline.stages.batch import to_columns
-from pipeline.stages.commit import Checkpoint
-from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.stages.enrich import Enrichment
+from pipeline.records import Batch, Checkpoint, Enrichment, EventColumns, PreparedBatch
 from pipeline.stages.features import build_feature_columns
-from pipeline.stages.score import PreparedBatch, Scorer
-from pipeline.stages.transfer import StagedInput
 from tests.pipeline.fakes import FakeMessage
 
 TINY_SPEC = FeatureSpec(
@@ -90,7 +89,8 @@ class DefaultsEnricher:
         events, rows = len(user_ids), len(item_ids)
         return Enrichment(
             user_dense=np.zeros((events, self._spec.user_dense_dim), np.float32),
-            user_recent=[np.empty(0, np.int64)] * events,
+            user_recent_counts=np.zeros(events, np.int64),
+            user_recent_ids=np.zeros(0, np.int64),
             user_missing=np.ones(events, bool),
             item_category=np.zeros(rows, np.int64),
             item_dense=np.zeros((rows, self._spec.item_dense_dim), np.float32),
@@ -98,16 +98,27 @@ class DefaultsEnricher:
         )
 
 
+def columns(records: list[dict[str, Any]]) -> EventColumns:
+    """``records`` (UserEvent dicts) as the decode stage's columns."""
+    return records_to_columns(records)
+
+
+def batch_of(records: list[dict[str, Any]], checkpoint: Checkpoint | None = None) -> Batch:
+    """``records`` as a closed batch (fake source messages, one per event)."""
+    events = records_to_columns(records)
+    messages = event_messages("in", encode_events(records))
+    return Batch(events, messages, checkpoint or Checkpoint())  # type: ignore[arg-type]
+
+
 def prepared_batch(
     records: list[dict[str, Any]],
     scorer: Scorer | None = None,
     checkpoint: Checkpoint | None = None,
 ) -> PreparedBatch:
-    """``records`` as the loop hands them to the forward executor (default features)."""
+    """``records`` as the processor hands them to the forward (default features)."""
     scorer = scorer or tiny_scorer()
-    events = to_columns(records)
+    batch = batch_of(records, checkpoint)
+    events = batch.events
     enrichment = DefaultsEnricher(scorer.spec).enrich(events.user_ids, events.candidate_ids)
     features = build_feature_columns(events, enrichment, scorer.spec)
-    return PreparedBatch(
-        events, enrichment, checkpoint or Checkpoint(), StagedInput(scorer.model_input(features))
-    )
+    return PreparedBatch(batch, enrichment, StagedInput(build_model_input(features, scorer.spec)))

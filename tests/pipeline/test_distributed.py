@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from pipeline.distributed import step_stats
+from model.rank import RankContext
+from pipeline.distributed import step_stats, summary_path
 from pipeline.metrics import STEP_AGREE, Metrics
 
 
-def test_step_stats_sum_steps_and_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "1")
-    metrics = Metrics()
+def test_step_stats_sum_steps_and_collectives() -> None:
+    metrics = Metrics(rank=RankContext(rank=1, world_size=2))
     assert step_stats(metrics) == {
         "steps": 0.0,
         "step_seconds": 0.0,
@@ -28,3 +30,11 @@ def test_step_stats_sum_steps_and_collectives(monkeypatch: pytest.MonkeyPatch) -
     assert stats["step_mean_ms"] == pytest.approx(20.0)
     assert stats["collective_seconds"] == pytest.approx(0.01)
     assert stats["collective_share"] == pytest.approx(0.2)  # 0.01 / (0.04 + 0.01)
+
+
+def test_rank_summaries_get_a_file_each() -> None:
+    path = Path("run.json")
+    assert summary_path(path, RankContext()) == path
+    assert summary_path(path, RankContext(rank=0, world_size=2)) == path
+    assert summary_path(path, RankContext(rank=1, world_size=2)) == Path("run.rank1.json")
+    assert summary_path(None, RankContext(rank=1, world_size=2)) is None

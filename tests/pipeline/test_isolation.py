@@ -1,21 +1,24 @@
 """Poison isolation on fake Kafka clients: a batch that fails after decode is bisected, the
-failing events are dead-lettered with ``processing_error``, the rest scored, all committed."""
+failing events are dead-lettered with ``processing_error``, the rest scored, all committed.
+
+Failures are injected through the enricher and scorer the pipeline takes as arguments
+(:mod:`tests.support.faults`)."""
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import pytest
 
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import BatchingSettings, MetricsSettings, Settings, TopicsSettings
-from pipeline.faults import FAULTS_ENV_VAR, FaultInjector, InjectedFault
+from pipeline.isolation import bisect, is_isolatable
 from pipeline.kafka_io import KafkaClients
 from pipeline.loop import ScoringPipeline
-from pipeline.stages.commit import DeliveryFailed
-from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.stages.isolate import bisect, is_isolatable
-from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
-from pipeline.stepping import StepDecision
+from pipeline.records import DeliveryFailed
+from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
+from pipeline.stepping import StepDecision, Stepper
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,
@@ -24,15 +27,25 @@ from tests.pipeline.factories import (
     user_event,
 )
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
+from tests.support.faults import FailingEnricher, FailingScorer, InjectedFault
 
 IN, OUT, DLQ = "in", "out", "dlq"
+POISON_USER = 9_999
+POISON_RESULTS = 999
+
+
+def _records(n: int, enrich_poison: set[int], score_poison: set[int]) -> list[dict[str, Any]]:
+    records = [user_event(candidates=3) for _ in range(n)]
+    for i in enrich_poison:
+        records[i]["user_id"] = POISON_USER
+    for i in score_poison:
+        records[i]["num_results"] = POISON_RESULTS
+    return records
 
 
 def _run(
-    monkeypatch: pytest.MonkeyPatch, faults: str, overlap: bool, n: int = 24
-) -> tuple[list[str], list[str], FakeProducer, FakeConsumer]:
-    monkeypatch.setenv(FAULTS_ENV_VAR, faults)
-    records = [user_event(candidates=3) for _ in range(n)]
+    records: list[dict[str, Any]], overlap: bool = False, stepper: Stepper | None = None
+) -> tuple[list[str], FakeProducer, FakeConsumer]:
     consumer = FakeConsumer(
         messages=deque(event_messages(IN, encode_events(records))), partitions=[(IN, 0)]
     )
@@ -44,8 +57,9 @@ def _run(
     )
     pipeline = ScoringPipeline(
         settings,
-        tiny_scorer(),
-        enricher=DefaultsEnricher(),
+        FailingScorer(tiny_scorer(), {POISON_RESULTS}),
+        enricher=FailingEnricher(DefaultsEnricher(), {POISON_USER}),
+        stepper=stepper,
         clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
     )
     pipeline.batcher.max_delay_s = 60  # one batch: the stop closes it
@@ -53,31 +67,35 @@ def _run(
     pipeline.run()
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, OUT)
     scored = [codec.decode(r.value() or b"")["event_id"] for r in producer.on_topic(OUT)]
-    return [r["event_id"] for r in records], scored, producer, consumer
+    return scored, producer, consumer
 
 
-@pytest.mark.parametrize("stage", ["features", "forward"])
+@pytest.mark.parametrize("stage", ["enrich", "scoring"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_poison_event_is_dead_lettered_and_the_rest_of_its_batch_scored(
-    monkeypatch: pytest.MonkeyPatch, stage: str, overlap: bool
+    stage: str, overlap: bool
 ) -> None:
-    monkeypatch.setattr("tests.pipeline.factories._event_ids", iter(range(10**6)))
-    sent, scored, producer, consumer = _run(monkeypatch, f"{stage}:ev-7", overlap)
-    assert "ev-7" in sent
-    assert scored == [e for e in sent if e != "ev-7"]  # the rest, in order, once each
+    records = _records(
+        24, {7} if stage == "enrich" else set(), {7} if stage == "scoring" else set()
+    )
+    scored, producer, consumer = _run(records, overlap)
+    poison = records[7]["event_id"]
+    assert scored == [r["event_id"] for r in records if r["event_id"] != poison]  # in order, once
     (dead,) = producer.on_topic(DLQ)
     headers = dict(dead.headers() or [])
     assert headers[REASON_HEADER] == b"processing_error"
-    assert f"injected {stage} failure for event ev-7".encode() in headers[DETAIL_HEADER]
-    assert consumer.committed == {(IN, 0): len(sent)}
+    assert f"InjectedFault: injected {stage} failure".encode() in headers[DETAIL_HEADER]
+    assert dead.value() == encode_events([records[7]])[0]  # the source message, untouched
+    assert consumer.committed == {(IN, 0): len(records)}
 
 
-def test_two_poison_events_in_different_stages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tests.pipeline.factories._event_ids", iter(range(10**6)))
-    sent, scored, producer, consumer = _run(monkeypatch, "features:ev-3,forward:ev-20", False)
-    assert scored == [e for e in sent if e not in ("ev-3", "ev-20")]
+def test_two_poison_events_in_different_stages() -> None:
+    records = _records(24, {3}, {20})
+    scored, producer, consumer = _run(records)
+    bad = {records[3]["event_id"], records[20]["event_id"]}
+    assert scored == [r["event_id"] for r in records if r["event_id"] not in bad]
     assert len(producer.on_topic(DLQ)) == 2
-    assert consumer.committed == {(IN, 0): len(sent)}
+    assert consumer.committed == {(IN, 0): len(records)}
 
 
 def test_bisect_finds_each_failing_record_in_few_attempts() -> None:
@@ -108,12 +126,13 @@ def test_an_outage_during_bisection_propagates() -> None:
     assert is_isolatable(InjectedFault("x"))
 
 
-def test_the_fault_hook_is_off_unless_asked_and_rejects_typos() -> None:
-    assert FaultInjector.from_env({}) is None
-    with pytest.raises(ValueError, match="unknown stage"):
-        FaultInjector.from_env({FAULTS_ENV_VAR: "enrich:ev-1"})
-    with pytest.raises(ValueError, match="stage:event_id"):
-        FaultInjector.from_env({FAULTS_ENV_VAR: "features"})
+def test_device_and_communication_errors_are_not_poison() -> None:
+    import torch
+    import torch.distributed as dist
+
+    assert not is_isolatable(torch.AcceleratorError("CUDA error: an illegal memory access"))
+    assert not is_isolatable(dist.DistBackendError("NCCL error"))
+    assert is_isolatable(RuntimeError("shape mismatch"))
 
 
 class _RankStepper:
@@ -125,45 +144,15 @@ class _RankStepper:
         return StepDecision(run=ready or stop_requested, rows=rows, stop=stop_requested or idle)
 
 
-def _run_as_rank(
-    monkeypatch: pytest.MonkeyPatch, faults: str
-) -> tuple[list[str], list[str], FakeProducer, FakeConsumer]:
-    monkeypatch.setenv(FAULTS_ENV_VAR, faults)
-    monkeypatch.setattr("tests.pipeline.factories._event_ids", iter(range(10**6)))
-    records = [user_event(candidates=3) for _ in range(16)]
-    consumer = FakeConsumer(
-        messages=deque(event_messages(IN, encode_events(records))), partitions=[(IN, 0)]
-    )
-    producer = FakeProducer(ack_every_poll=True)
-    pipeline = ScoringPipeline(
-        Settings(
-            topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
-            batching=BatchingSettings(max_batch_rows=1000, max_delay_ms=5),
-            metrics=MetricsSettings(enabled=False),
-        ),
-        tiny_scorer(),
-        enricher=DefaultsEnricher(),
-        stepper=_RankStepper(),
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
-    )
-    pipeline.batcher.max_delay_s = 60
-    pipeline.stop()
-    pipeline.run()
-    codec = RecordCodec(Settings().codec, RECOMMENDATION_SCHEMA_FILE, OUT)
-    scored = [codec.decode(r.value() or b"")["event_id"] for r in producer.on_topic(OUT)]
-    return [r["event_id"] for r in records], scored, producer, consumer
-
-
-def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sent, scored, producer, consumer = _run_as_rank(monkeypatch, "features:ev-5")
-    assert scored == [e for e in sent if e != "ev-5"]
+def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest() -> None:
+    records = _records(16, {5}, set())
+    scored, producer, consumer = _run(records, stepper=_RankStepper())
+    assert scored == [r["event_id"] for i, r in enumerate(records) if i != 5]
     (dead,) = producer.on_topic(DLQ)
     assert dict(dead.headers() or [])[REASON_HEADER] == b"processing_error"
-    assert consumer.committed == {(IN, 0): len(sent)}
+    assert consumer.committed == {(IN, 0): len(records)}
 
 
-def test_a_rank_lets_a_forward_failure_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_lets_a_scoring_failure_propagate() -> None:
     with pytest.raises(InjectedFault):  # a collective forward cannot be retried by one rank
-        _run_as_rank(monkeypatch, "forward:ev-5")
+        _run(_records(16, set(), {5}), stepper=_RankStepper())

@@ -12,9 +12,7 @@ import pytest
 
 from pipeline.launch import (
     DEGRADATIONS_ENV,
-    TEST_CRASH_ENV,
     Launch,
-    arm_test_crash,
     supervise,
     torchrun_command,
 )
@@ -90,15 +88,9 @@ def test_supervisor_does_not_degrade_a_job_stopped_on_purpose() -> None:
     assert signal.getsignal(signal.SIGTERM) == before
 
 
-def test_crash_hook_matches_only_its_rank_and_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TEST_CRASH_ENV, raising=False)
-    assert not arm_test_crash(1, 3)
-    monkeypatch.setenv(TEST_CRASH_ENV, "1/3/3600")
-    assert not arm_test_crash(0, 3) and not arm_test_crash(1, 2)
-    code = (
-        "import os, time; from pipeline.launch import arm_test_crash; "
-        "assert arm_test_crash(1, 3); time.sleep(30)"
-    )
-    env = {**os.environ, TEST_CRASH_ENV: "1/3/0.2"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=False)
-    assert done.returncode == 1
+def test_ranks_run_the_entry_module_the_launcher_was_started_as() -> None:
+    code = "from pipeline.launch import entry_module; print(entry_module())"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert plain.stdout.strip() == "pipeline.cli"  # the streamrank script has no module spec
+    command = torchrun_command(Launch(2), ["run"], module="tests.support.crash_rank")
+    assert command[-3:] == ["-m", "tests.support.crash_rank", "run"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import BatchingSettings, MetricsSettings, Settings, TopicsSettings
 from pipeline.kafka_io import KafkaClients
 from pipeline.loop import ScoringPipeline
-from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from model.rank import RankContext
 from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
-from pipeline.stages.decode import RejectReason
-from pipeline.stages.enrich import FallbackFeature
+from pipeline.records import FallbackFeature, RejectReason
 from pipeline.stepping import CollectiveStepper
 
 EXPORTED = {
@@ -67,18 +67,12 @@ def test_known_label_values_exist_at_zero_before_any_event() -> None:
     assert set(FALLBACK_FEATURES) == {f.value for f in FallbackFeature}
 
 
-def test_rank_and_world_size_come_from_torchrun_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("RANK", "3")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("STREAMRANK_DEGRADATIONS", "2")
-    metrics = Metrics()
+def test_rank_and_world_size_come_from_the_rank_context() -> None:
+    metrics = Metrics(rank=RankContext(rank=3, world_size=4), degradations=2)
     metrics.record_step(0.02)
     get = metrics.registry.get_sample_value
     assert get("streamrank_world_size") == 4
     assert get("streamrank_degradations") == 2
-    monkeypatch.delenv("STREAMRANK_DEGRADATIONS")
     assert Metrics().registry.get_sample_value("streamrank_degradations") == 0
     assert get("streamrank_rank_step_duration_seconds_count", {"rank": "3"}) == 1
     assert get("streamrank_rank_step_duration_seconds_sum", {"rank": "3"}) == pytest.approx(0.02)

@@ -1,9 +1,10 @@
 """``streamrank bench codec``: fastavro per event vs the columnar kernels, decode and encode.
 
 No stack needed: synthetic events are encoded once, then each round decodes them in batches of
-``batch_events`` with (a) ``UserEventDecoder`` per message + ``to_columns`` (the reference) and
-(b) ``ColumnarDecoder``; and encodes their Recommendations with (a) one dict + fastavro per
-event and (b) the columnar encoder. CPU time of this thread, µs per event.
+``batch_events`` with (a) ``ReferenceDecoder`` per message + ``records_to_columns`` (the
+reference) and (b) the decode stage's kernels (``MessageDecoder``); and encodes their
+Recommendations with (a) one dict + fastavro per event and (b) the columnar encoder. CPU time
+of this thread, µs per event.
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import Settings
-from pipeline.metrics import Metrics
-from pipeline.stages.batch import EventColumns, to_columns
-from pipeline.stages.columnar import ColumnarDecoder
-from pipeline.stages.decode import (
+from pipeline.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
-    UserEventDecoder,
+    ReferenceDecoder,
+    records_to_columns,
 )
-from pipeline.stages.features import FallbackFlags
-from pipeline.stages.publish import RecommendationSink
-from pipeline.stages.score import ScoredBatch
+from pipeline.config import Settings
+from pipeline.metrics import Metrics
+from pipeline.records import EventColumns, ScoredBatch
+from pipeline.stages.decode import MessageDecoder
+from pipeline.stages.publish import FallbackFlags, RecommendationSink
 from pipeline.tools.synthetic_io import build_world, to_event_dicts
 
 
@@ -39,15 +39,16 @@ def _us_per_event(work: Callable[[], object], events: int) -> float:
 def _top10(events: EventColumns) -> ScoredBatch:
     counts = np.minimum(events.candidate_counts, 10)
     rows = int(counts.sum())
-    return ScoredBatch(counts=counts, item_ids=np.arange(rows), scores=np.full(rows, 0.5))
+    return ScoredBatch(
+        counts=counts, item_ids=np.arange(rows), scores=np.full(rows, 0.5), model_version="m-1"
+    )
 
 
 def _fastavro_encode(codec: RecordCodec, events: EventColumns, scored: ScoredBatch) -> list[bytes]:
-    flags = FallbackFlags(np.zeros(events.num_events, bool), np.zeros(events.num_events, bool))
     bounds = np.concatenate([[0], np.cumsum(scored.counts)]).tolist()
     values = []
     for e, (event_id, user_id) in enumerate(
-        zip(events.event_ids, events.user_ids.tolist(), strict=True)
+        zip(events.event_ids(), events.user_ids.tolist(), strict=True)
     ):
         items = range(bounds[e], bounds[e + 1])
         record = {
@@ -56,7 +57,7 @@ def _fastavro_encode(codec: RecordCodec, events: EventColumns, scored: ScoredBat
             "items": [{"item_id": i, "score": 0.5} for i in items],
             "model_version": "m-1",
             "scored_at": 0,
-            "fallback_features": flags.names(e),
+            "fallback_features": [],
         }
         values.append(codec.encode(record))
     return values
@@ -77,17 +78,17 @@ def bench_codec(
     world = build_world(settings)
     user_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, "bench-events")
     records = list(to_event_dicts(world.sample_events(events, np.random.default_rng(0)), world))
-    values: list[bytes | None] = [user_codec.encode({**r, "event_time": 0}) for r in records]
+    values: list[bytes | None] = [user_codec.encode(r) for r in records]
     batches = [values[i : i + batch_events] for i in range(0, len(values), batch_events)]
     cap = settings.model.recent_items_cap
     reference, columnar = (
-        UserEventDecoder(settings.codec, cap),
-        ColumnarDecoder(settings.codec, cap),
+        ReferenceDecoder(settings.codec, cap),
+        MessageDecoder(settings.codec, cap),
     )
-    decoded = [columnar.decode(b).columns for b in batches]
+    decoded = [columnar.decode_values(b)[0] for b in batches]
     scored = [_top10(cols) for cols in decoded]
     rec_codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, "bench-recs")
-    sink = RecommendationSink(None, "bench-recs", rec_codec, Metrics())  # type: ignore[arg-type]
+    sink = RecommendationSink(None, "bench-recs", rec_codec.header, Metrics())  # type: ignore[arg-type]
     no_flags = [
         FallbackFlags(np.zeros(c.num_events, bool), np.zeros(c.num_events, bool)) for c in decoded
     ]
@@ -96,11 +97,12 @@ def bench_codec(
     for _ in range(rounds):
         out["decode_fastavro"].append(
             _us_per_event(
-                lambda: [to_columns([reference.decode(v) for v in b]) for b in batches], events
+                lambda: [records_to_columns([reference.decode(v) for v in b]) for b in batches],
+                events,
             )
         )
         out["decode_columnar"].append(
-            _us_per_event(lambda: [columnar.decode(b) for b in batches], events)
+            _us_per_event(lambda: [columnar.decode_values(b) for b in batches], events)
         )
         out["encode_fastavro"].append(
             _us_per_event(
@@ -113,7 +115,7 @@ def bench_codec(
         out["encode_columnar"].append(
             _us_per_event(
                 lambda: [
-                    sink.encode(c, s, f, "m-1", 0)
+                    sink.encode(c, s, f, 0)
                     for c, s, f in zip(decoded, scored, no_flags, strict=True)
                 ],
                 events,

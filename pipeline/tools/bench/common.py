@@ -16,11 +16,11 @@ import torch
 from model.features import FeatureColumns
 from model.model_input import ModelInput
 from model.ranker import build_ranker
+from model.serving import Scorer, ScorerFactory
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.config import Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
-from pipeline.stages.score import Scorer
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
         A :class:`Scorer`; its ``model_version`` is ``"untrained"`` without a checkpoint.
     """
     if (settings.model.checkpoint / "meta.json").exists():
-        return Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
+        options = settings.model.serving_options(settings.batching.max_batch_rows)
+        return ScorerFactory(options).create_scorer()
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
     return Scorer(

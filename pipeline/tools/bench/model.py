@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from model.features import build_model_input
+from model.serving import Scorer
 from model.synthetic import SyntheticWorld
-from pipeline.stages.score import Scorer
 from pipeline.tools.bench.common import batch_of_rows, time_forward_rows
 
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from model.ranker import build_ranker
+from model.serving import Scorer
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import MetricsSettings, Settings
 from pipeline.kafka_io import make_consumer, make_producer, produce
 from pipeline.loop import ScoringPipeline
-from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.stages.score import Scorer
 from pipeline.tools.bench.common import fresh_topics, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
@@ -105,9 +105,10 @@ def tiny_scorer(settings: Settings) -> Scorer:
 
 def _run_settings(settings: Settings) -> Settings:
     topics, tag = fresh_topics(settings)
-    run = settings.model_copy(update={"topics": topics, "metrics": MetricsSettings(enabled=False)})
-    run.kafka = settings.kafka.model_copy(update={"group_id": f"bench-overhead-{tag}"})
-    return run
+    kafka = settings.kafka.model_copy(update={"group_id": f"bench-overhead-{tag}"})
+    return settings.model_copy(
+        update={"topics": topics, "kafka": kafka, "metrics": MetricsSettings(enabled=False)}
+    )
 
 
 def passthrough(settings: Settings, events: int, value_bytes: int) -> tuple[float, float]:
@@ -155,25 +156,25 @@ def recommendation_size(settings: Settings, items: int = 10) -> int:
 
 
 def _instrument(pipeline: ScoringPipeline, clock: StageClock) -> None:
-    clock.wrap(pipeline, "_feed", "decode")
-    clock.wrap(pipeline, "_score", "features")
+    clock.wrap(pipeline.decoder, "decode", "decode")
     clock.wrap(pipeline.enricher, "enrich", "enrich")
+    clock.wrap(pipeline.scorer, "stage", "features")
     clock.wrap(pipeline.scorer, "forward", "forward")
     clock.wrap(pipeline.scorer, "top_k", "topk")
-    assemble = pipeline._assemble
+    start = pipeline._start
 
-    def assemble_timed() -> Any:
-        stages = assemble()
-        clock.wrap(stages.source, "poll", "consume")
-        clock.wrap(stages.sink, "publish", "produce")
-        clock.wrap(stages.sink, "encode", "encode")
-        clock.wrap(stages.dead_letters, "publish", "produce")
-        clock.wrap(stages.checkpointer, "commit_ready", "commit")
-        clock.wrap(stages.checkpointer, "seal", "commit")
-        clock.wrap(stages.checkpointer, "flush_and_commit", "commit")
-        return stages
+    def start_timed() -> Any:
+        run = start()
+        clock.wrap(run.source, "poll", "consume")
+        clock.wrap(run.processor, "_prepare", "features")
+        clock.wrap(run.processor._sink, "encode_batch", "encode")
+        clock.wrap(run.processor._sink, "send", "produce")
+        clock.wrap(run.dead_letters, "publish", "produce")
+        clock.wrap(run.checkpointer, "commit_ready", "commit")
+        clock.wrap(run.checkpointer, "flush_and_commit", "commit")
+        return run
 
-    pipeline._assemble = assemble_timed  # type: ignore[method-assign]
+    pipeline._start = start_timed  # type: ignore[method-assign]
 
 
 def pipeline_run(settings: Settings, scorer: Scorer, events: int) -> tuple[float, StageClock]:

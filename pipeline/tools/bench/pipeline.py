@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from model.serving import Scorer
 from model.synthetic import SyntheticWorld
 from pipeline.config import MetricsSettings, Settings
 from pipeline.loop import ScoringPipeline
-from pipeline.stages.score import Scorer
 from pipeline.tools.bench.common import fresh_topics, load_or_build_scorer, seeded_world
 from pipeline.tools.bench.model import bench_model
 from pipeline.tools.synthetic_io import produce_events
@@ -78,9 +78,9 @@ def _run_pipeline_once(
             "topics": topics,
             "batching": settings.batching.model_copy(update={"max_batch_rows": max_batch_rows}),
             "metrics": MetricsSettings(enabled=False),
+            "kafka": settings.kafka.model_copy(update={"group_id": f"bench-{tag}"}),
         }
     )
-    run_settings.kafka = settings.kafka.model_copy(update={"group_id": f"bench-{tag}"})
     produce_events(run_settings, world, events)
     pipeline = ScoringPipeline(run_settings, scorer)
     summary = pipeline.run(exit_when_idle_s=2.0, max_events=None)

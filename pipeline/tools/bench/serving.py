@@ -14,8 +14,8 @@ from model.model_input import ModelInput
 from model.options import Precision
 from model.quantize import compare_quantized, quantize_ranker
 from model.ranker import Ranker
+from model.serving import Scorer
 from pipeline.config import Settings
-from pipeline.stages.score import Scorer
 from pipeline.tools.bench.common import batch_of_rows, plain_scorer, time_forward_rows
 from pipeline.tools.synthetic_io import build_world
 
@@ -48,7 +48,7 @@ def bench_quantization(
         bench_quantization(settings, 1024, 3.0)[0]["bytes_ratio"]
     """
     scorer, inp = _baseline(settings, batch_rows)
-    ranker = scorer.ranker
+    ranker = scorer.module
     assert isinstance(ranker, Ranker)
     rows = []
     for dtype in dtypes:
@@ -91,7 +91,7 @@ def bench_compile(
         bench_compile(settings, 4096, 3.0, 3)["compiled_over_eager_median"]
     """
     eager, inp = _baseline(settings, batch_rows)
-    compiled_module = maybe_compile(copy.deepcopy(eager.ranker), True)
+    compiled_module = maybe_compile(copy.deepcopy(eager.module), True)
     compiled = Scorer(compiled_module, eager.spec, eager.model_version, eager.device)
     start = time.perf_counter()
     compiled_probs = compiled.forward(inp)
@@ -144,7 +144,7 @@ def bench_precision(
     compile_s: dict[str, float] = {}
     for precision in Precision:
         for compiled in (False, True) if compile_too else (False,):
-            module = reference.ranker
+            module = reference.module
             if compiled:
                 module = maybe_compile(
                     copy.deepcopy(module), True, mode=settings.model.compile_mode

@@ -116,3 +116,15 @@ def test_report_with_unreachable_prometheus(run_cli: CliRunner, tmp_path: Path) 
 def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
     result = run_cli("report", "--out", str(tmp_path / "r"), "--since", "soon")
     _assert_one_line_user_error(result, "--since", "soon")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "key"),
+    [("STREAMRANK_MODEL__QUANTIZE", "int8", "model.quantize"),
+     ("STREAMRANK_MODEL__COMPILE", "true", "model.compile")],
+)  # fmt: skip
+def test_an_option_several_ranks_cannot_serve_is_refused_before_any_rank_starts(
+    run_cli: CliRunner, variable: str, value: str, key: str
+) -> None:
+    result = run_cli("run", "--nproc", "2", env={variable: value})
+    _assert_one_line_user_error(result, key, "--nproc 1")

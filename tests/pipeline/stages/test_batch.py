@@ -1,34 +1,26 @@
-"""MicroBatcher semantics and to_columns correctness."""
+"""MicroBatcher semantics: rows and delay bounds, admitting decoded messages in order."""
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-from model.spec import string_to_id
+from pipeline.avro.reference import records_to_columns
+from pipeline.records import DecodedMessages, EventColumns, RejectedMessage, RejectReason
 from pipeline.stages import batch as batch_mod
-from pipeline.stages.batch import (
-    ARRAY_FIELDS,
-    EventColumns,
-    MicroBatcher,
-    categorical_id,
-    to_columns,
-)
-
-EventFactory = Callable[..., dict[str, Any]]
+from pipeline.stages.batch import MicroBatcher
+from tests.pipeline.fakes import FakeMessage
 
 
 def _event(n_candidates: int, i: int = 0) -> dict[str, Any]:
     return {
         "event_id": f"e{i}",
         "user_id": i,
-        "event_time": 0,
+        "event_time": 1_700_000_000_000,
         "context": {"device": "ios", "country": "DE"},
         "candidate_item_ids": list(range(i * 100, i * 100 + n_candidates)),
         "recent_item_ids": [],
@@ -37,30 +29,50 @@ def _event(n_candidates: int, i: int = 0) -> dict[str, Any]:
 
 
 def _cols(*events: dict[str, Any]) -> EventColumns:
-    return to_columns(list(events))
+    return records_to_columns(list(events))
 
 
-def _src(n: int) -> list[tuple[str, int]]:
-    return [("t", 0)] * n
+def _src(n: int, partition: int = 0) -> list[Any]:
+    return [FakeMessage("t", None, partition, i) for i in range(n)]
+
+
+def _decoded(events: list[dict[str, Any]], rejected: set[int] = frozenset()) -> DecodedMessages:  # type: ignore[assignment]
+    """Messages in order: one per event, plus a rejected one before each index in
+    ``rejected``."""
+    messages: list[Any] = []
+    event_message: list[int] = []
+    rejections: list[tuple[int, RejectedMessage]] = []
+    for i in range(len(events)):
+        if i in rejected:
+            rejections.append((len(messages), RejectedMessage(RejectReason.EMPTY, "x")))
+            messages.append(FakeMessage("t", b"", 0, len(messages)))
+        event_message.append(len(messages))
+        messages.append(FakeMessage("t", b"v", 0, len(messages)))
+    n = len(messages)
+    return DecodedMessages(
+        "t",
+        messages,
+        np.zeros(n, np.int64),
+        np.arange(n, dtype=np.int64),
+        _cols(*events),
+        np.asarray(event_message, np.int64),
+        rejections,
+    )
 
 
 def _drive(batcher: MicroBatcher, events: list[dict[str, Any]]) -> list[list[str]]:
-    """The loop's use: add what fits of the rest, hold when some does not, close when ready."""
+    """The loop's use: queue decoded messages, admit what fits, close when ready."""
     batches: list[list[str]] = []
-    rest = _cols(*events)
-    while rest.num_events:
-        fit = batcher.room(rest.candidate_counts)
-        batcher.add(rest.head(fit), _src(fit), now=0.0)
-        if fit < rest.num_events:
-            batcher.hold()
-        rest = rest.take(np.arange(fit, rest.num_events))
+    batcher.queue(_decoded(events))
+    while batcher.waiting:
+        batcher.admit(now=0.0)
         if batcher.ready(now=0.0):
             closed = batcher.close()
             assert closed is not None
-            batches.append(closed.event_ids)
+            batches.append(closed[0].event_ids())
     last = batcher.close()
     if last is not None:
-        batches.append(last.event_ids)
+        batches.append(last[0].event_ids())
     return batches
 
 
@@ -102,14 +114,31 @@ class TestMicroBatcher:
         assert batcher.full
         assert batcher.room(np.array([1])) == 0
 
-    def test_hold_completes_the_batch_until_close(self) -> None:
+    def test_an_event_that_does_not_fit_completes_the_batch_until_close(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
-        batcher.add(_cols(_event(6)), _src(1), now=0.0)
-        batcher.hold()
-        assert batcher.holding and batcher.ready(now=0.0)
+        batcher.queue(_decoded([_event(6), _event(5, 1)]))
+        admitted = batcher.admit(now=0.0)
+        assert admitted is not None and len(admitted) == 1
+        assert batcher.is_complete and batcher.ready(now=0.0)
         assert batcher.room(np.array([1])) == 0
+        assert batcher.admit(now=0.0) is None  # the waiting event waits for the next batch
         batcher.close()
-        assert not batcher.holding
+        assert not batcher.is_complete
+        assert batcher.admit(now=0.0) is not None and batcher.waiting == 0
+
+    def test_rejected_messages_are_admitted_in_order_with_the_events_around_them(self) -> None:
+        batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
+        batcher.queue(_decoded([_event(6), _event(5, 1), _event(1, 2)], rejected={1, 2}))
+        head = batcher.admit(now=0.0)
+        # event 0, then the reject before event 1; event 1 does not fit: it waits
+        assert head is not None and head.offsets.tolist() == [0, 1]
+        assert [i for i, _ in head.rejections] == [1]
+        batcher.close()
+        rest = batcher.admit(now=0.0)
+        assert rest is not None and rest.offsets.tolist() == [2, 3, 4]
+        assert [i for i, _ in rest.rejections] == [1]  # offset 3, indexed within ``rest``
+        closed = batcher.close()
+        assert closed is not None and closed[0].event_ids() == ["e1", "e2"]
 
     def test_oversized_event_forms_its_own_batch(self) -> None:
         events = [_event(2, 0), _event(9, 1), _event(2, 2)]
@@ -139,8 +168,9 @@ class TestMicroBatcher:
         batcher.add(_cols(_event(4)), _src(1), now=0.0)
         batcher.add(_cols(_event(6, 1)), _src(1), now=0.0)
         closed = batcher.close()
-        assert closed is not None and closed.event_ids == ["e0", "e1"]
-        assert closed.candidate_ids.tolist() == [0, 1, 2, 3, *range(100, 106)]
+        assert closed is not None and closed[0].event_ids() == ["e0", "e1"]
+        assert closed[0].candidate_ids.tolist() == [0, 1, 2, 3, *range(100, 106)]
+        assert len(closed[1]) == 2
         assert len(batcher) == 0
         assert batcher.rows == 0
         assert batcher.close() is None
@@ -148,11 +178,24 @@ class TestMicroBatcher:
 
     def test_drop_partitions_keeps_the_other_events(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
-        batcher.add(_cols(_event(2), _event(3, 1), _event(4, 2)), [("t", 0), ("t", 1), ("t", 0)])
+        sources = [*_src(1, 0), *_src(1, 1), *_src(1, 0)]
+        batcher.add(_cols(_event(2), _event(3, 1), _event(4, 2)), sources)
         assert batcher.drop_partitions({("t", 0)}) == 2
         assert batcher.rows == 3
         closed = batcher.close()
-        assert closed is not None and closed.candidate_ids.tolist() == [100, 101, 102]
+        assert closed is not None and closed[0].candidate_ids.tolist() == [100, 101, 102]
+
+    def test_drop_partitions_drops_waiting_events_too(self) -> None:
+        batcher = MicroBatcher(max_rows=4, max_delay_ms=20)
+        decoded = _decoded([_event(3), _event(3, 1), _event(3, 2)])
+        decoded.partitions[:] = [0, 1, 0]
+        batcher.queue(decoded)
+        batcher.admit(now=0.0)
+        assert batcher.waiting == 2
+        assert batcher.drop_partitions({("t", 0)}) == 2  # the open event 0, the waiting event 2
+        batcher.admit(now=0.0)
+        closed = batcher.close()
+        assert closed is not None and closed[0].event_ids() == ["e1"]
 
     def test_delay_uses_now_argument(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
@@ -189,107 +232,3 @@ class TestMicroBatcher:
         assert not batcher.due()
         clock[0] = 100.021
         assert batcher.due()
-
-
-def _record(make_event: EventFactory, i: int, **fields: Any) -> dict[str, Any]:
-    return make_event(event_id=f"e{i}", **fields)
-
-
-class TestToColumns:
-    def test_columns_match_records(self, make_event: EventFactory) -> None:
-        t0 = dt.datetime(2024, 1, 2, 3, 4, 5, 678_000, tzinfo=dt.UTC)
-        records = [
-            _record(
-                make_event,
-                0,
-                user_id=5,
-                candidate_item_ids=[10, 11, 12],
-                recent_item_ids=[1],
-                num_results=2,
-                context={"device": "ios", "country": "DE"},
-                event_time=t0,
-            ),
-            _record(
-                make_event,
-                1,
-                user_id=2**62,
-                candidate_item_ids=[20],
-                recent_item_ids=[],
-                num_results=1,
-                context={"device": "android", "country": "FR"},
-                event_time=t0 + dt.timedelta(milliseconds=1),
-            ),
-            _record(
-                make_event,
-                2,
-                user_id=0,
-                candidate_item_ids=[30, 31],
-                recent_item_ids=[3, 4, 5],
-                num_results=7,
-                context={"device": "web", "country": "DE"},
-                event_time=t0 + dt.timedelta(seconds=1),
-            ),
-        ]
-        cols = to_columns(records)
-        assert cols.num_events == 3
-        assert cols.num_rows == 6
-        assert cols.event_ids == ["e0", "e1", "e2"]
-        np.testing.assert_array_equal(cols.user_ids, [5, 2**62, 0])
-        np.testing.assert_array_equal(cols.candidate_counts, [3, 1, 2])
-        np.testing.assert_array_equal(cols.candidate_ids, [10, 11, 12, 20, 30, 31])
-        np.testing.assert_array_equal(cols.num_results, [2, 1, 7])
-        ms0 = 1_704_164_645_678
-        np.testing.assert_array_equal(cols.event_time_ms, [ms0, ms0 + 1, ms0 + 1000])
-        np.testing.assert_array_equal(
-            cols.device_ids, [string_to_id("ios"), string_to_id("android"), string_to_id("web")]
-        )
-        np.testing.assert_array_equal(
-            cols.country_ids, [string_to_id("DE"), string_to_id("FR"), string_to_id("DE")]
-        )
-        assert cols.recent_counts.tolist() == [1, 0, 3]
-        assert cols.recent_ids.tolist() == [1, 3, 4, 5]
-        for name in ARRAY_FIELDS:
-            assert getattr(cols, name).dtype == np.int64, name
-
-    def test_event_time_int_millis_passthrough(self, make_event: EventFactory) -> None:
-        cols = to_columns([make_event(event_time=1_700_000_000_123)])
-        assert cols.event_time_ms.tolist() == [1_700_000_000_123]
-
-    def test_event_time_exact_for_every_millisecond(self, make_event: EventFactory) -> None:
-        """Decoded ``timestamp-millis`` datetimes must map back to the exact epoch millis.
-
-        ``int(datetime.timestamp() * 1000)`` truncates a float: e.g. 544098626540 ms comes back
-        as 544098626539. These timestamps are chosen because the float path gets them wrong.
-        """
-        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-        millis = [544_098_626_540, 1_700_000_000_001, 1_715_948_445_123, 0, 1]
-        rng = np.random.default_rng(7)
-        millis += rng.integers(1_600_000_000_000, 1_800_000_000_000, 2000).tolist()
-        records = [make_event(event_time=epoch + dt.timedelta(milliseconds=ms)) for ms in millis]
-        cols = to_columns(records)
-        wrong = [
-            (ms, got)
-            for ms, got in zip(millis, cols.event_time_ms.tolist(), strict=True)
-            if ms != got
-        ]
-        assert not wrong, f"{len(wrong)} of {len(millis)} off, e.g. {wrong[:3]}"
-
-    def test_event_time_from_decoded_record(self, make_event: EventFactory) -> None:
-        from pipeline.config import CodecSettings
-        from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec, UserEventDecoder
-
-        codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "t")
-        decoder = UserEventDecoder(CodecSettings(), recent_cap=20)
-        record = decoder.decode(codec.encode(make_event(event_time=1_715_949_045_123)))
-        assert to_columns([record]).event_time_ms.tolist() == [1_715_949_045_123]
-
-    def test_single_event(self, make_event: EventFactory) -> None:
-        cols = to_columns([make_event(candidate_item_ids=[9])])
-        assert cols.num_events == 1
-        assert cols.candidate_ids.tolist() == [9]
-        assert cols.candidate_counts.tolist() == [1]
-
-    def test_categorical_id_cached_and_equal_to_spec(self) -> None:
-        for value in ("ios", "android", "", "ünïcode"):
-            assert categorical_id(value) == string_to_id(value)
-            assert categorical_id(value) == string_to_id(value)  # cached path

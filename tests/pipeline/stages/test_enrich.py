@@ -15,11 +15,13 @@ import redis
 from pipeline.config import RedisSettings
 from pipeline.feature_store import FeatureStoreWriter, item_key, user_key
 from pipeline.metrics import Metrics
+from pipeline.records import Enrichment
 from pipeline.stages import enrich as enrich_mod
-from pipeline.stages.enrich import Enrichment, FeatureEnricher
+from pipeline.stages.enrich import FeatureEnricher
 
 USER_DIM = 4
 ITEM_DIM = 3
+RECENT_CAP = 64  # above every stored list but one test's
 
 CountingRedis = Any  # tests/pipeline/conftest.py: redis.Redis that records its commands
 
@@ -70,13 +72,19 @@ class Features:
         return int(self.item_category[k]), self.item_dense[k]
 
 
+def recent_of(out: Enrichment, event: int) -> list[int]:
+    """The stored recent items of one event's user, from the flat columns."""
+    start = int(out.user_recent_counts[:event].sum())
+    return out.user_recent_ids[start : start + int(out.user_recent_counts[event])].tolist()
+
+
 def assert_enrichment(
     out: Enrichment, feats: Features, user_ids: list[int], item_ids: list[int]
 ) -> None:
     """Every row equals what was written, or defaults + missing flag for unknown ids."""
     assert out.user_dense.shape == (len(user_ids), USER_DIM)
     assert out.user_dense.dtype == np.float32
-    assert len(out.user_recent) == len(user_ids)
+    assert out.user_recent_counts.shape == (len(user_ids),)
     assert out.user_missing.dtype == np.bool_
     assert out.item_dense.shape == (len(item_ids), ITEM_DIM)
     assert out.item_dense.dtype == np.float32
@@ -85,11 +93,11 @@ def assert_enrichment(
         if u in feats.user_ids:
             dense, recent = feats.user(u)
             np.testing.assert_array_equal(out.user_dense[e], dense)
-            assert out.user_recent[e].tolist() == recent
+            assert recent_of(out, e) == recent
             assert not out.user_missing[e], f"user {u}"
         else:
             np.testing.assert_array_equal(out.user_dense[e], np.zeros(USER_DIM))
-            assert out.user_recent[e].tolist() == []
+            assert recent_of(out, e) == []
             assert out.user_missing[e], f"user {u}"
     for r, i in enumerate(item_ids):
         if i in feats.item_ids:
@@ -128,7 +136,9 @@ def make_enricher(
     def make(**overrides: Any) -> tuple[FeatureEnricher, Metrics]:
         settings = redis_settings.model_copy(update=overrides)
         metrics = Metrics()
-        enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, metrics, client=counting_redis)
+        enricher = FeatureEnricher(
+            settings, USER_DIM, ITEM_DIM, RECENT_CAP, metrics, client=counting_redis
+        )
         counting_redis.ping()  # connect now, so only enrich's commands are counted below
         counting_redis.reset()
         return enricher, metrics
@@ -201,7 +211,7 @@ def test_one_round_trip_seen_by_the_server(
     feats = Features()
     feats.write(admin, "sr")
     settings = redis_settings.model_copy(update={"url": server.url, "key_prefix": "sr"})
-    enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, Metrics())
+    enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, RECENT_CAP, Metrics())
     admin.config_resetstat()
     users = [1, 2, 3, 1]
     items = [*range(100, 150), 100, 101]
@@ -276,7 +286,7 @@ def test_misses_are_not_cached(
     assert out.user_missing.tolist() == [False]
     assert out.item_missing.tolist() == [False, False]
     np.testing.assert_array_equal(out.user_dense, user_dense)
-    assert out.user_recent[0].tolist() == [1, 2]
+    assert recent_of(out, 0) == [1, 2]
     assert out.item_category.tolist() == [feats.item(100)[0], 31]
     np.testing.assert_array_equal(out.item_dense[1], item_dense[0])
 
@@ -383,7 +393,7 @@ def test_user_without_recent_items_is_not_malformed(
     out = _enrich(enricher, [5], [100])
     assert out.user_missing.tolist() == [False]
     np.testing.assert_array_equal(out.user_dense[0], dense)
-    assert out.user_recent[0].tolist() == []
+    assert recent_of(out, 0) == []
 
 
 # --------------------------------------------------------------------------------- outages --
@@ -419,7 +429,7 @@ def outage_setup(
         return real_execute(self, *args, **options)
 
     monkeypatch.setattr(redis.Redis, "execute_command", recording_execute)
-    enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, Metrics())
+    enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, RECENT_CAP, Metrics())
     try:
         yield server, enricher, feats, sent
     finally:
@@ -443,7 +453,7 @@ def _assert_all_defaults(out: Enrichment) -> None:
     assert not out.user_dense.any()
     assert not out.item_dense.any()
     assert not out.item_category.any()
-    assert all(r.size == 0 for r in out.user_recent)
+    assert not out.user_recent_counts.any() and out.user_recent_ids.size == 0
 
 
 def test_outage_dead_server_serves_defaults_quickly(
@@ -508,3 +518,16 @@ def test_outage_defaults_are_not_cached(
     sent.clear()
     assert_enrichment(_enrich(enricher, USERS, ITEMS), feats, USERS, ITEMS)
     assert sent == []  # now cached
+
+
+def test_stored_recent_items_beyond_the_cap_are_dropped(
+    make_enricher: Any, redis_client: redis.Redis, redis_settings: RedisSettings
+) -> None:
+    settings = redis_settings.model_copy(update={"cache_ttl_s": 60.0})
+    writer = FeatureStoreWriter(redis_client, settings.key_prefix)
+    writer.write_users(np.array([321]), np.zeros((1, USER_DIM), np.float32), [list(range(100))])
+    enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, 5, Metrics())
+    for _ in range(2):  # from Redis, then from the cache
+        out = _enrich(enricher, [321, 321], [100])
+        assert out.user_recent_counts.tolist() == [5, 5]
+        assert out.user_recent_ids.tolist() == [0, 1, 2, 3, 4] * 2

@@ -5,24 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import CodecSettings
 from pipeline.metrics import Metrics
-from pipeline.stages.commit import Checkpoint
-from pipeline.stages.decode import (
-    RECOMMENDATION_SCHEMA_FILE,
-    RecordCodec,
-    RejectedMessage,
-    RejectReason,
-)
-from pipeline.stages.publish import (
-    DETAIL_HEADER,
-    REASON_HEADER,
-    DeadLetterSink,
-    RecommendationSink,
-)
-from pipeline.stages.score import ScoredBatch
+from pipeline.records import Checkpoint, ScoredBatch
+from pipeline.stages.publish import RecommendationSink, fallback_flags
 from tests.pipeline.factories import prepared_batch, user_event
-from tests.pipeline.fakes import FakeMessage, FakeProducer
+from tests.pipeline.fakes import FakeProducer
+from tests.pipeline.stages.test_features import EventFactory, _enrichment, _events
 
 
 @pytest.fixture
@@ -38,8 +28,9 @@ def test_one_recommendation_per_event_guarding_the_batch_checkpoint(codec: Recor
         counts=np.array([2, 1]),
         item_ids=np.array([102, 100, 101]),
         scores=np.array([0.9, 0.5, 0.7]),
+        model_version="m-3",
     )
-    latency = RecommendationSink(producer, "recs", codec, metrics).publish(batch, scored, "m-3")
+    latency = RecommendationSink(producer, "recs", codec.header, metrics).publish(batch, scored)
 
     assert latency.shape == (2,)
     assert checkpoint.pending == 2
@@ -53,19 +44,73 @@ def test_one_recommendation_per_event_guarding_the_batch_checkpoint(codec: Recor
     assert checkpoint.pending == 0
 
 
-def test_dead_letter_keeps_the_message_and_adds_reason_headers() -> None:
-    producer, metrics = FakeProducer(), Metrics()
-    message = FakeMessage("in", b"\x01garbage", 3, 17, _key=b"k", _headers=[("trace", b"t-1")])
-    checkpoint = Checkpoint()
-    rejection = RejectedMessage(RejectReason.UNDECODABLE, "x" * 5000)
-    DeadLetterSink(producer, "dlq", metrics).publish(message, rejection, checkpoint)  # type: ignore[arg-type]
+def test_a_failing_encode_sends_nothing(codec: RecordCodec) -> None:
+    producer = FakeProducer()
+    batch = prepared_batch([user_event(3), user_event(2)])
+    scored = ScoredBatch(  # counts that do not match the items: the encoder cannot run
+        counts=np.array([2, 5]),
+        item_ids=np.array([102, 100, 101]),
+        scores=np.array([0.9, 0.5, 0.7]),
+        model_version="m-3",
+    )
+    sink = RecommendationSink(producer, "recs", codec.header, Metrics())
+    with pytest.raises(Exception):  # noqa: B017 - whatever the encoder raises
+        sink.encode_batch(batch, scored)
+    assert producer.on_topic("recs") == [] and batch.batch.checkpoint.pending == 0
 
-    (record,) = producer.on_topic("dlq")
-    assert record.value() == b"\x01garbage" and record.key() == b"k"
-    headers = dict(record.headers() or [])
-    assert headers["trace"] == b"t-1"
-    assert headers[REASON_HEADER] == b"undecodable"
-    assert len(headers[DETAIL_HEADER] or b"") == 1024
-    assert headers["x-source-partition"] == b"3" and headers["x-source-offset"] == b"17"
-    assert checkpoint.pending == 1
-    assert metrics.dead_lettered.labels(reason="undecodable")._value.get() == 1
+
+# ---------------------------------------------------------------------------- fallback_flags --
+
+
+def test_item_flag_set_when_any_candidate_missing(make_event: EventFactory) -> None:
+    events = _events(make_event, [[1, 2], [3], [4, 5, 6], [7]])
+    enrichment = _enrichment(
+        4,
+        7,
+        user_missing=[False, True, False, True],
+        item_missing=[False, True, False, False, False, True, False],
+    )
+    flags = fallback_flags(events, enrichment)
+    assert flags.item.tolist() == [True, False, True, False]
+    assert flags.user.tolist() == [False, True, False, True]
+    assert flags.item.dtype == np.bool_
+
+
+def test_item_flag_first_and_last_rows(make_event: EventFactory) -> None:
+    events = _events(make_event, [[1, 2, 3], [4, 5]])
+    first = fallback_flags(events, _enrichment(2, 5, item_missing=[True] + [False] * 4))
+    assert first.item.tolist() == [True, False]
+    last = fallback_flags(events, _enrichment(2, 5, item_missing=[False] * 4 + [True]))
+    assert last.item.tolist() == [False, True]
+
+
+def test_no_fallback(make_event: EventFactory) -> None:
+    events = _events(make_event, [[1], [2, 3]])
+    flags = fallback_flags(events, _enrichment(2, 3))
+    assert not flags.user.any()
+    assert not flags.item.any()
+
+
+def test_single_event(make_event: EventFactory) -> None:
+    events = _events(make_event, [[1, 2, 3]])
+    flags = fallback_flags(events, _enrichment(1, 3, item_missing=[False, False, True]))
+    assert flags.item.tolist() == [True]
+
+
+def test_user_flags_are_a_copy(make_event: EventFactory) -> None:
+    events = _events(make_event, [[1], [2]])
+    enrichment = _enrichment(2, 2, user_missing=[True, False])
+    flags = fallback_flags(events, enrichment)
+    flags.user[:] = False
+    assert enrichment.user_missing.tolist() == [True, False]
+
+
+def test_flags_match_a_per_event_loop(make_event: EventFactory) -> None:
+    rng = np.random.default_rng(11)
+    counts = rng.integers(1, 6, 40).tolist()
+    events = _events(make_event, [list(range(c)) for c in counts])
+    missing = (rng.random(sum(counts)) < 0.1).tolist()
+    flags = fallback_flags(events, _enrichment(40, sum(counts), item_missing=missing))
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    expected = [any(missing[starts[e] : starts[e + 1]]) for e in range(40)]
+    assert flags.item.tolist() == expected

@@ -1,4 +1,4 @@
-"""The forward executor: batch order, overlap, padding, errors."""
+"""The score stage: forward and top-K of a batch, on the scoring thread, one in flight."""
 
 from __future__ import annotations
 
@@ -7,21 +7,24 @@ import threading
 import pytest
 import torch
 
+from model.serving import Scorer
 from pipeline.metrics import Metrics
-from pipeline.stages.score import ForwardExecutor, PreparedBatch, ScoredBatch, Scorer
+from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
 from tests.pipeline.factories import prepared_batch, tiny_scorer, user_event
 
 
 class GatedScorer(Scorer):
-    """A tiny scorer whose forward waits for :attr:`gate` (to observe overlap)."""
+    """A tiny scorer whose forward waits for :attr:`gate` (to observe the thread)."""
 
     def __init__(self) -> None:
         base = tiny_scorer()
-        super().__init__(base.ranker, base.spec, base.model_version, base.device)
+        super().__init__(base.module, base.spec, base.model_version, base.device)
         self.gate = threading.Event()
         self.padding_rows: list[int] = []
+        self.threads: set[str] = set()
 
     def forward(self, inp: object, pad_to: int | None = None) -> torch.Tensor:
+        self.threads.add(threading.current_thread().name)
         assert self.gate.wait(10)
         return super().forward(inp, pad_to)  # type: ignore[arg-type]
 
@@ -29,64 +32,50 @@ class GatedScorer(Scorer):
         self.padding_rows.append(rows)
 
 
-def _executor(
-    scorer: Scorer, overlap: bool, collective: bool = False
-) -> tuple[ForwardExecutor, list[tuple[PreparedBatch, ScoredBatch]]]:
-    published: list[tuple[PreparedBatch, ScoredBatch]] = []
-    executor = ForwardExecutor(
-        scorer, Metrics(), lambda b, s: published.append((b, s)), overlap, collective
-    )
-    return executor, published
-
-
-def test_without_overlap_submit_publishes_before_returning() -> None:
+def test_score_batch_gives_each_event_its_best_items_in_item_ids() -> None:
     scorer = tiny_scorer()
-    executor, published = _executor(scorer, overlap=False)
-    batch = prepared_batch([user_event(4, num_results=3), user_event(2)], scorer)
-    executor.submit(batch)
-    assert len(published) == 1
-    (got, scored) = published[0]
-    assert got is batch
+    prepared = prepared_batch([user_event(4, num_results=3), user_event(2)], scorer)
+    scored = score_batch(scorer, prepared)
     assert scored.counts.tolist() == [3, 2]
     assert set(scored.item_ids[:3].tolist()) <= {100, 101, 102, 103}
-    executor.shutdown()
+    assert scored.model_version == scorer.model_version
+    assert (scored.scores[:3][:-1] >= scored.scores[:3][1:]).all()  # best first
 
 
-def test_with_overlap_one_forward_in_flight_and_batches_published_in_order() -> None:
+def test_the_forward_runs_on_the_scoring_thread_and_is_taken_once() -> None:
     scorer = GatedScorer()
-    executor, published = _executor(scorer, overlap=True)
-    first = prepared_batch([user_event(3)], scorer)
-    second = prepared_batch([user_event(2)], scorer)
-    executor.submit(first)
-    executor.finish(wait=False)
-    assert published == []  # still running
-    scorer.gate.set()
-    executor.submit(second)  # publishes the first before starting the second
-    assert [b for b, _ in published] == [first]
-    executor.finish()
-    assert [b for b, _ in published] == [first, second]
-    executor.shutdown()
-
-
-def test_padding_only_forward_publishes_nothing() -> None:
-    scorer = GatedScorer()
-    executor, published = _executor(scorer, overlap=False, collective=True)
-    executor.submit_padding(64)
-    executor.finish()
-    assert scorer.padding_rows == [64]
-    assert published == []
-    executor.shutdown()
-
-
-def test_a_failed_forward_raises_in_finish() -> None:
-    scorer = tiny_scorer()
-    executor, published = _executor(scorer, overlap=True)
-    batch = prepared_batch([user_event(3)], scorer)
-    batch.staged.model_input.dense = batch.staged.model_input.dense[
-        :, :1
-    ]  # wrong width: the forward fails
-    executor.submit(batch)
+    executor = ForwardExecutor(scorer, Metrics())
+    prepared = prepared_batch([user_event(3)], scorer)
+    executor.start(prepared)
+    assert executor.busy and executor.take(wait=False) is None  # still running
     with pytest.raises(RuntimeError):
-        executor.finish()
-    assert published == []
+        executor.start(prepared)  # one batch in flight at most
+    scorer.gate.set()
+    done = executor.take(wait=True)
+    assert done is not None and done[0] is prepared and done[1].counts.tolist() == [2]
+    assert not executor.busy and executor.take(wait=True) is None
+    assert scorer.threads and all(name.startswith("forward") for name in scorer.threads)
+    executor.shutdown()
+
+
+def test_a_padding_forward_gives_nothing_to_publish() -> None:
+    scorer = GatedScorer()
+    executor = ForwardExecutor(scorer, Metrics())
+    executor.start(None, pad_rows=64)
+    assert executor.take(wait=True) is None
+    assert scorer.padding_rows == [64]
+    executor.shutdown()
+
+
+def test_a_failed_forward_is_raised_by_take_with_its_batch() -> None:
+    scorer = tiny_scorer()
+    executor = ForwardExecutor(scorer, Metrics())
+    prepared = prepared_batch([user_event(3)], scorer)
+    model_input = prepared.staged.model_input
+    model_input.dense = model_input.dense[:, :1]  # wrong width: the forward fails
+    executor.start(prepared)
+    with pytest.raises(ForwardFailed) as failed:
+        executor.take(wait=True)
+    assert failed.value.prepared is prepared and isinstance(failed.value.error, RuntimeError)
+    assert not executor.busy
     executor.shutdown()

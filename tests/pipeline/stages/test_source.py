@@ -29,10 +29,9 @@ def test_poll_fills_a_bounded_backlog_and_records_activity() -> None:
     first = source.first_input_at
     assert source.poll(0.0) == 2
     assert source.first_input_at == first
-    offsets = []
-    while (message := source.next_message()) is not None:
-        offsets.append(message.offset())
-    assert offsets == [0, 1, 2, 3, 4]
+    assert [m.offset() for m in source.take(3)] == [0, 1, 2]
+    assert [m.offset() for m in source.take(10)] == [3, 4]
+    assert source.take(1) == []
 
 
 def test_end_of_partition_is_skipped_and_other_errors_are_logged(
@@ -42,10 +41,9 @@ def test_end_of_partition_is_skipped_and_other_errors_are_logged(
     transient = FakeMessage(T, _error=KafkaError(KafkaError._TRANSPORT))
     source, _ = _source([eof, transient, FakeMessage(T, b"x", 0, 9)])
     source.poll(0.0)
-    message = source.next_message()
-    assert message is not None and message.offset() == 9
+    assert [m.offset() for m in source.take(10)] == [9]
     assert "consumer error" in caplog.text
-    assert source.next_message() is None
+    assert source.take(10) == []
 
 
 def test_fatal_client_error_raises() -> None:
@@ -53,7 +51,7 @@ def test_fatal_client_error_raises() -> None:
     source, _ = _source([fatal])
     source.poll(0.0)
     with pytest.raises(KafkaException):
-        source.next_message()
+        source.take(1)
 
 
 def test_revocation_drops_the_backlog_of_revoked_partitions_only() -> None:
@@ -63,9 +61,7 @@ def test_revocation_drops_the_backlog_of_revoked_partitions_only() -> None:
     source.poll(0.0)
     assert source.revoked({(T, 1)}) == 3
     assert source.assignment == {(T, 0)}
-    kept = []
-    while (message := source.next_message()) is not None:
-        kept.append((message.partition(), message.offset()))
+    kept = [(m.partition(), m.offset()) for m in source.take(10)]
     assert kept == [(0, 0), (0, 1), (0, 2)]
 
 
@@ -83,22 +79,3 @@ def test_subscribe_passes_the_rebalance_callbacks_and_close_closes() -> None:
     assert calls == ["revoke", "lost", "assign"]
     source.close()
     assert consumer.closed
-
-
-def test_take_then_unread_gives_the_same_messages_back_in_order() -> None:
-    source, _ = _source([FakeMessage(T, b"x", 0, i) for i in range(5)])
-    source.poll(0.0)
-    taken = source.take(4)
-    assert [m.offset() for m in taken] == [0, 1, 2, 3]
-    source.unread(taken[2:])
-    assert source.backlog == 3
-    assert [m.offset() for m in source.take(10)] == [2, 3, 4]
-    assert source.take(1) == []
-
-
-def test_unread_messages_of_a_revoked_partition_are_dropped() -> None:
-    source, _ = _source([FakeMessage(T, b"x", p, 0) for p in (0, 1)])
-    source.poll(0.0)
-    source.unread(source.take(2))
-    assert source.revoked({(T, 1)}) == 1
-    assert [m.partition() for m in source.take(2)] == [0]

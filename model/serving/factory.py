@@ -1,0 +1,69 @@
+"""Building the served model (TorchRec's ``PredictFactory`` counterpart): one factory in front
+of the single-process and the sharded path.
+
+:meth:`ScorerFactory.create_scorer` checks the options against the job (an option a path cannot
+honour is refused, never dropped), picks the device, loads the model through one strategy
+(:mod:`model.serving.single` or :mod:`model.serving.sharded`), applies the precision and warms
+the model up at the batch size, so that both paths are ready before the consumer joins the
+group.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from model.device import serving_device
+from model.rank import RankContext
+from model.serving.options import ServingOptions
+from model.serving.scorer import Scorer
+from model.serving.single import load_single
+
+__all__ = ["ScorerFactory"]
+
+log = logging.getLogger(__name__)
+
+
+class ScorerFactory:
+    """Builds the :class:`~model.serving.scorer.Scorer` of this process.
+
+    Args:
+        options: what to serve and how.
+        rank: this process's place in the job (several ranks: the model is sharded, and every
+            rank must call :meth:`create_scorer` together).
+
+    Example::
+
+        scorer = ScorerFactory(ServingOptions(Path("artifacts/model"))).create_scorer()
+        scorer = ScorerFactory(options, RankContext.from_env()).create_scorer()  # each rank
+    """
+
+    def __init__(self, options: ServingOptions, rank: RankContext | None = None) -> None:
+        self.options = options
+        self.rank = rank or RankContext()
+
+    def create_scorer(self) -> Scorer:
+        """Load, shard or quantize, compile, and warm up the model.
+
+        Returns:
+            The scorer, warmed up at ``options.batch_rows`` and half of it.
+
+        Raises:
+            UnsupportedOption: an option this job cannot serve (e.g. quantized tables on
+                several ranks).
+            ValueError: a device that does not exist here, or a checkpoint that does not fit.
+            FileNotFoundError: no checkpoint at ``options.checkpoint``.
+        """
+        options, rank = self.options, self.rank
+        options.check(rank.world_size)
+        device = serving_device(options.device, rank.local_rank)
+        if rank.distributed:
+            # Imported here: the single-process path never imports torchrec.distributed.
+            from model.serving.sharded import load_sharded_model
+
+            module, meta = load_sharded_model(options, device, rank)
+        else:
+            module, meta = load_single(options, device)
+        scorer = Scorer(module, meta.spec, meta.model_version, device, options.precision)
+        rows = options.batch_rows
+        scorer.warm_up((rows, max(1, rows // 2)))
+        return scorer

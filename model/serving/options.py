@@ -1,0 +1,72 @@
+"""What to serve and how: the options one :class:`~model.serving.factory.ScorerFactory` builds.
+
+Plain data, no torch import, so configuration code can build and check them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.distributed.config import ShardingConfig
+from model.options import CompileMode, Precision
+from model.quant_dtype import QuantDtype
+
+__all__ = ["ServingOptions", "UnsupportedOption"]
+
+
+class UnsupportedOption(ValueError):
+    """An option the chosen serving path cannot honour (e.g. quantized tables on several
+    ranks). The CLI reports it in one line; nothing is silently dropped."""
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How to serve a model.
+
+    Attributes:
+        checkpoint: the checkpoint directory (single-process or DCP).
+        device: ``auto`` (``cuda:{local_rank}`` with a GPU, else ``cpu``), ``cpu`` or
+            ``cuda:N``.
+        quantize: embedding storage, ``fp32``/``fp16``/``int8``/``int4`` (one process only).
+        compile: ``torch.compile`` the model (one process only).
+        compile_mode: a :class:`~model.options.CompileMode`.
+        precision: forward precision, ``fp32``/``tf32``/``bf16`` (every path).
+        sharding: table placement when the job has several ranks.
+        batch_rows: the largest batch; warm-up runs at it and at half of it.
+
+    Example::
+
+        options = ServingOptions(Path("artifacts/model"), precision=Precision.BF16)
+        options.check(world_size=2)
+    """
+
+    checkpoint: Path
+    device: str = "auto"
+    quantize: QuantDtype = QuantDtype.FP32
+    compile: bool = False
+    compile_mode: CompileMode = CompileMode.DEFAULT
+    precision: Precision = Precision.FP32
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    batch_rows: int = 4096
+
+    def check(self, world_size: int) -> None:
+        """Refuse what a job of ``world_size`` ranks cannot serve.
+
+        Raises:
+            UnsupportedOption: naming the option and what to do instead.
+        """
+        if world_size <= 1:
+            return
+        if QuantDtype(self.quantize) is not QuantDtype.FP32:
+            raise UnsupportedOption(
+                f"model.quantize = {QuantDtype(self.quantize).value} serves in one process only "
+                "(TorchRec shards quantized tables within one process, not across ranks): use "
+                "--nproc 1, or model.quantize = fp32 with several ranks"
+            )
+        if self.compile:
+            raise UnsupportedOption(
+                "model.compile = true serves in one process only (a compiled "
+                "DistributedModelParallel forward is not supported here): use --nproc 1, or "
+                "model.compile = false with several ranks"
+            )

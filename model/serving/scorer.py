@@ -1,0 +1,122 @@
+"""The served model (TorchRec's ``PredictModule`` counterpart): forward and top-K of a batch.
+
+A :class:`Scorer` is built by :class:`~model.serving.factory.ScorerFactory` (load, shard,
+quantize, compile, warm up); it only runs batches. The same scorer serves one process and the
+ranks of a sharded model (its module is then a ``DistributedModelParallel``: every rank calls
+:meth:`Scorer.forward` together, padding to the agreed row count).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from model.features import FeatureColumns, build_model_input
+from model.inference import score_probabilities
+from model.memory import embedding_bytes
+from model.model_input import ModelInput, padding_input, warm_up_input
+from model.options import Precision
+from model.spec import FeatureSpec
+from model.topk import TopK, top_k_per_event
+from model.transfer import DeviceTransfer, StagedInput
+
+__all__ = ["Scorer"]
+
+log = logging.getLogger(__name__)
+
+
+class Scorer:
+    """Runs the ranker on batches.
+
+    Args:
+        module: the model: a :class:`~model.ranker.Ranker` (maybe quantized or compiled), or a
+            ``DistributedModelParallel``-wrapped one; ``forward(dense, sparse) -> logits``.
+        spec: its feature spec.
+        model_version: written into every Recommendation.
+        device: where the forward runs (the module is already there).
+        precision: forward precision (:mod:`model.precision`).
+
+    Example::
+
+        scorer = ScorerFactory(options).create_scorer()
+        probs = scorer.forward(scorer.stage(feature_columns).ready_input())
+        top = scorer.top_k(probs, candidate_counts, num_results)
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        spec: FeatureSpec,
+        model_version: str,
+        device: torch.device,
+        precision: Precision | str = Precision.FP32,
+    ) -> None:
+        self.module = module.eval()
+        self.spec = spec
+        self.model_version = model_version
+        self.device = device
+        self.precision = Precision(precision)
+        self._transfer = DeviceTransfer(device) if device.type == "cuda" else None
+
+    def stage(self, features: FeatureColumns) -> StagedInput:
+        """Feature columns -> model input on its way to the model's device (on a GPU the copy
+        runs asynchronously on a copy stream: :mod:`model.transfer`)."""
+        inp = build_model_input(features, self.spec)
+        if self._transfer is not None:
+            return self._transfer.to_device(inp)
+        return StagedInput(inp if self.device.type == "cpu" else inp.to(self.device))
+
+    def forward(self, inp: ModelInput, pad_to: int | None = None) -> torch.Tensor:
+        """Click probabilities [R] of a batch on the model's device (one forward, no autograd).
+
+        Args:
+            inp: the batch.
+            pad_to: ranks of a sharded model pad to the agreed row count (padding scores are
+                dropped).
+        """
+        return score_probabilities(self.module, inp, pad_to, self.precision)
+
+    def forward_padding(self, rows: int) -> None:
+        """Join a collective forward with padding only (this rank has no events)."""
+        self.forward(padding_input(self.spec, rows, self.device))
+
+    def top_k(
+        self,
+        probs: torch.Tensor,
+        candidate_counts: npt.NDArray[np.int64],
+        num_results: npt.NDArray[np.int64],
+    ) -> TopK:
+        """The best ``min(num_results, candidates)`` rows of every event (on the device; one
+        synchronisation: :func:`model.topk.top_k_per_event`)."""
+        return top_k_per_event(probs, candidate_counts, num_results)
+
+    def warm_up(self, batch_rows: Sequence[int]) -> float:
+        """One forward and top-K per size (compiles, autotunes and initialises the device's
+        libraries) so that no consumed partition waits on it. Collective with several ranks.
+
+        Args:
+            batch_rows: row counts; two different ones let ``torch.compile`` settle on
+                dynamic shapes.
+
+        Returns:
+            Seconds it took.
+        """
+        start = time.perf_counter()
+        for rows in batch_rows:
+            probs = self.forward(warm_up_input(self.spec, rows).to(self.device))
+            counts = np.ones(rows, dtype=np.int64)
+            self.top_k(probs, counts, counts)
+        seconds = time.perf_counter() - start
+        if batch_rows:
+            log.info("warmed up on %s rows in %.1fs", list(batch_rows), seconds)
+        return seconds
+
+    def embedding_bytes(self) -> int:
+        """Bytes of embedding tables held by this process (quantized or not; its shards)."""
+        return embedding_bytes(self.module)

@@ -1,0 +1,217 @@
+"""One batch's path after batching: enrich -> features -> forward -> top-K -> publish.
+
+:class:`BatchProcessor` is the one place that runs these steps, in this order, for a closed
+batch and its checkpoint; the loop (:mod:`pipeline.loop`), the revocation handler
+(:mod:`pipeline.rebalance`) and poison isolation all go through it.
+
+- **prepare** (the loop's thread): one Redis round trip (:mod:`pipeline.stages.enrich`), the
+  feature columns (:mod:`pipeline.stages.features`) and the model input on its way to the
+  device (:meth:`model.serving.Scorer.stage`).
+- **score** (the scoring thread, :mod:`pipeline.stages.score`): one forward and the top-K.
+  With ``overlap`` the forward of batch n runs while the loop consumes and prepares batch
+  n+1; batches are always published in order, one forward in flight at most.
+- **publish** (the loop's thread, :mod:`pipeline.stages.publish`): one Recommendation per
+  event; then the batch's checkpoint is sealed (the commit stage commits it once delivered).
+
+A batch whose steps fail with an error that may come from its events is bisected
+(:mod:`pipeline.isolation`): the events that fail alone are dead-lettered with
+``processing_error``, the rest are scored. Ranks of a sharded model bisect only the steps
+before the forward (the forward is collective); a failing collective forward propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from pipeline.isolation import bisect, is_isolatable
+from pipeline.metrics import Metrics
+from pipeline.records import Batch, PreparedBatch, RejectedMessage, RejectReason, ScoredBatch
+from pipeline.stages.dead_letter import DeadLetterSink
+from pipeline.stages.enrich import BatchEnricher
+from pipeline.stages.features import build_feature_columns
+from pipeline.stages.publish import EncodedBatch, RecommendationSink
+from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
+from pipeline.summary import RunSummary
+
+__all__ = ["BatchProcessor"]
+
+log = logging.getLogger(__name__)
+
+
+class BatchProcessor:
+    """Enrich, featurise, score and publish closed batches (see the module docstring).
+
+    Args:
+        enricher: Redis features for a batch.
+        executor: the scoring thread (holds the served model).
+        sink: the output topic.
+        dead_letters: where a poison event goes.
+        metrics: stage timings.
+        summary: the run's counts and latencies.
+        overlap: keep one forward in flight while the loop goes on.
+        collective: ranks of a sharded model (every forward is collective: pad to the agreed
+            rows, never retry one alone).
+
+    Example::
+
+        processor = BatchProcessor(enricher, executor, sink, dlq, metrics, summary)
+        processor.submit(Batch(events, messages, checkpointer.cut()))
+        processor.collect(wait=True)
+    """
+
+    def __init__(
+        self,
+        enricher: BatchEnricher,
+        executor: ForwardExecutor,
+        sink: RecommendationSink,
+        dead_letters: DeadLetterSink,
+        metrics: Metrics,
+        summary: RunSummary,
+        *,
+        overlap: bool = False,
+        collective: bool = False,
+    ) -> None:
+        self._enricher = enricher
+        self._executor = executor
+        self._sink = sink
+        self._dead_letters = dead_letters
+        self._metrics = metrics
+        self._summary = summary
+        self._overlap = overlap
+        self._collective = collective
+
+    def submit(self, batch: Batch | None, pad_rows: int | None = None) -> None:
+        """Prepare a batch and start its forward, after publishing the one in flight.
+
+        Args:
+            batch: the closed batch; ``None``: this rank has nothing to score (ranks of a
+                sharded model still join the step's forward with ``pad_rows`` of padding).
+            pad_rows: the row count the ranks agreed on (ignored for a single process).
+        """
+        self.collect(wait=True)
+        pad = pad_rows if self._collective else None
+        prepared = self._prepare_or_isolate(batch) if batch is not None else None
+        if prepared is None:
+            if pad:
+                self._executor.start(None, pad)
+            return
+        self._executor.start(prepared, pad)
+        if not self._overlap:
+            self.collect(wait=True)
+
+    def collect(self, wait: bool = True) -> None:
+        """Publish the batch in flight once its forward is done.
+
+        Args:
+            wait: block until it is done; ``False`` publishes only if it already is.
+
+        Raises:
+            Exception: what the forward or the publishing raised, when it cannot come from the
+                batch's events (or the forward was collective).
+        """
+        try:
+            done = self._executor.take(wait)
+        except ForwardFailed as failed:
+            if failed.prepared is None or self._collective or not is_isolatable(failed.error):
+                raise failed.error from None
+            self._isolate(failed.prepared.batch, failed.error)
+            return
+        if done is not None:
+            self._publish_or_isolate(*done)
+
+    def process(self, batch: Batch) -> None:
+        """The whole path for ``batch`` now, on this thread (e.g. before a revocation)."""
+        self.submit(batch)
+        self.collect(wait=True)
+
+    def close(self) -> None:
+        """Stop the scoring thread."""
+        self._executor.shutdown()
+
+    def _prepare(self, batch: Batch) -> PreparedBatch:
+        """Enrich and featurise a batch; its model input starts on its way to the device."""
+        events, metrics = batch.events, self._metrics
+        with metrics.stage("enrich"):
+            enrichment = self._enricher.enrich(events.user_ids, events.candidate_ids)
+        with metrics.stage("features"):
+            scorer = self._executor.scorer
+            columns = build_feature_columns(events, enrichment, scorer.spec)
+            staged = scorer.stage(columns)
+        return PreparedBatch(batch, enrichment, staged)
+
+    def _publish(self, prepared: PreparedBatch, encoded: EncodedBatch) -> None:
+        """Produce the batch's Recommendations (encoded: nothing can fail for an event now)."""
+        with self._metrics.stage("produce"):
+            latency_s = self._sink.send(prepared, encoded)
+        events = prepared.batch.events
+        self._summary.record_batch(events.num_events, events.num_rows, latency_s)
+
+    def _run(self, batch: Batch) -> None:
+        """The whole path for ``batch`` on this thread, raising what fails (for bisection)."""
+        prepared = self._prepare(batch)
+        scored = score_batch(self._executor.scorer, prepared)
+        self._publish(prepared, self._sink.encode_batch(prepared, scored))
+
+    def _prepare_or_isolate(self, batch: Batch) -> PreparedBatch | None:
+        """:meth:`_prepare`; when it fails for some events, what is left to score (``None``:
+        nothing is left for the executor, or the batch was handled synchronously)."""
+        try:
+            return self._prepare(batch)
+        except Exception as exc:
+            if not is_isolatable(exc):
+                raise
+            if not self._collective:
+                self._isolate(batch, exc)
+                return None
+            return self._isolate_before_forward(batch, exc)
+
+    def _publish_or_isolate(self, prepared: PreparedBatch, scored: ScoredBatch) -> None:
+        """Encode the batch (bisected when that fails for some events), then produce it and
+        seal its checkpoint. A failure while producing is never retried here: the records
+        already sent would be sent twice; it propagates and the batch stays uncommitted."""
+        try:
+            encoded = self._sink.encode_batch(prepared, scored)
+        except Exception as exc:
+            if self._collective or not is_isolatable(exc):
+                raise
+            self._isolate(prepared.batch, exc)
+            return
+        self._publish(prepared, encoded)
+        prepared.batch.checkpoint.seal()
+
+    def _isolate(self, batch: Batch, error: Exception) -> None:
+        """Bisect the whole path on this thread: dead-letter the events that fail alone, score
+        the rest, seal the checkpoint (single process)."""
+        log.warning("batch of %d events failed (%s): isolating", batch.events.num_events, error)
+        found = bisect(
+            list(range(batch.events.num_events)), lambda g: self._run(_take(batch, g)), error
+        )
+        self._dead_letter(batch, found.failed)
+        batch.checkpoint.seal()
+
+    def _isolate_before_forward(self, batch: Batch, error: Exception) -> PreparedBatch | None:
+        """Ranks of a sharded model: bisect the local steps before the forward, dead-letter the
+        events that fail alone; the good ones join the agreed forward (``None``: none left)."""
+        log.warning("batch of %d events failed (%s): isolating", batch.events.num_events, error)
+        indices = list(range(batch.events.num_events))
+        found = bisect(indices, lambda g: self._prepare(_take(batch, g)), error)
+        self._dead_letter(batch, found.failed)
+        good = found.good_items
+        if good:
+            return self._prepare(_take(batch, good))
+        batch.checkpoint.seal()
+        return None
+
+    def _dead_letter(self, batch: Batch, failed: list[tuple[int, Exception]]) -> None:
+        for index, exc in failed:
+            rejection = RejectedMessage(
+                RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
+            )
+            self._dead_letters.publish(batch.messages[index], rejection, batch.checkpoint)
+            self._summary.dead_lettered += 1
+
+
+def _take(batch: Batch, group: list[int]) -> Batch:
+    return batch.take(np.asarray(group, dtype=np.int64))

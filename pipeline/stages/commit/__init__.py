@@ -1,0 +1,69 @@
+"""Commit: offsets are committed only after every record they guard is delivered.
+
+=================  ========================================================================
+module             job
+=================  ========================================================================
+``protocol``       :class:`Checkpointer`: the protocol, at-least-once (consumer commits,
+                   each result checked)
+``transactions``   :class:`TransactionalCheckpointer`: the same protocol, exactly-once
+                   (records and offsets in one Kafka transaction)
+=================  ========================================================================
+
+``delivery.guarantee`` picks one (:func:`make_checkpointer`); everything else uses the
+:class:`Checkpointer` interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from pipeline.delivery_settings import DeliverySettings, Guarantee
+from pipeline.kafka_io import KafkaClients
+from pipeline.shutdown import Shutdown
+from pipeline.stages.commit.protocol import Checkpointer
+from pipeline.stages.commit.transactions import TransactionalCheckpointer, transactional_kafka
+
+__all__ = ["Checkpointer", "TransactionalCheckpointer", "make_checkpointer", "transactional_kafka"]
+
+
+def make_checkpointer(
+    delivery: DeliverySettings,
+    clients: KafkaClients,
+    max_in_flight: int,
+    shutdown: Shutdown,
+    backpressure: Callable[[], AbstractContextManager[None]],
+) -> Checkpointer:
+    """The commit protocol ``delivery.guarantee`` asks for, over the loop's clients.
+
+    Args:
+        delivery: ``[delivery]`` (guarantee, transaction interval).
+        clients: the consumer and producer (transactional for exactly-once: see
+            :func:`transactional_kafka`).
+        max_in_flight: ``batching.max_in_flight_batches``.
+        shutdown: the run's stop request (every wait ends by its deadline).
+        backpressure: pauses the input while acknowledgements are awaited.
+
+    Returns:
+        A :class:`TransactionalCheckpointer` for exactly-once, else a :class:`Checkpointer`.
+
+    Example::
+
+        checkpointer = make_checkpointer(settings.delivery, clients, 4, shutdown, source.held_back)
+    """
+    if delivery.guarantee is Guarantee.EXACTLY_ONCE:
+        return TransactionalCheckpointer(
+            clients.consumer,
+            clients.producer,
+            delivery.commit_interval_ms / 1000,
+            max_in_flight,
+            shutdown=shutdown,
+        )
+    return Checkpointer(
+        clients.consumer,
+        clients.producer,
+        max_in_flight,
+        commit_results=clients.commit_results,
+        shutdown=shutdown,
+        backpressure=backpressure,
+    )

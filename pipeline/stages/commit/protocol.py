@@ -1,0 +1,300 @@
+"""The commit protocol (at-least-once): offsets are committed only after everything they caused
+is delivered.
+
+At-least-once, per input message: every consumed message leads to records on other topics (a
+Recommendation, or a dead-letter record). Its offset becomes committable only when all records
+produced for it, *and for every earlier message of its partition*, are acknowledged by the
+broker. The protocol, owned entirely by :class:`Checkpointer`:
+
+1. The loop registers consumed messages with :meth:`Checkpointer.consumed` (in poll order):
+   they join the open :class:`~pipeline.records.Checkpoint`.
+2. When a micro-batch closes, :meth:`Checkpointer.cut` ends the open checkpoint there: the batch
+   carries it (``Batch.checkpoint``), and what is consumed from then on joins the next one.
+3. Every record produced on behalf of consumed messages passes ``checkpoint.expect_delivery()``
+   as its ``on_delivery``: the sinks (:mod:`pipeline.stages.publish`,
+   :mod:`pipeline.stages.dead_letter`) see only the checkpoint of their records, never the
+   :class:`Checkpointer`. Once a batch's records are all produced its checkpoint is sealed
+   (``checkpoint.seal()``).
+4. :meth:`Checkpointer.commit_ready` commits, in order, the leading sealed checkpoints whose
+   records are all acknowledged (asynchronously, so the hot loop never waits on the broker);
+   while more than ``max_sealed`` wait for acknowledgements it holds the input back and waits.
+5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
+   acknowledgement and commits synchronously.
+
+Commit results are checked: with :class:`~pipeline.kafka_io.CommitResults` wired to the
+consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
+a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its
+offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later).
+
+A failed delivery poisons its checkpoint: :meth:`commit_ready` raises :class:`DeliveryFailed`
+and nothing at or after that checkpoint is committed, so a restart reprocesses those messages.
+
+Exactly-once (``delivery.guarantee``) is a flag of the same protocol: :mod:`.transactions`
+replaces *how* the sealed checkpoints are committed (Kafka transactions).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import numpy as np
+import numpy.typing as npt
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from pipeline.kafka_io import CommitResults, CommittingConsumer, PollingProducer
+from pipeline.records import Checkpoint, DeliveryFailed
+from pipeline.shutdown import Shutdown
+
+log = logging.getLogger(__name__)
+
+RETRY_COMMIT_S = 1.0
+"""Offsets of a failed commit are retried with the next commit, or after this long."""
+
+
+class Checkpointer:
+    """Owns the commit protocol described in the module docstring.
+
+    Args:
+        consumer: commits offsets (only ``commit`` is used).
+        producer: the producer every output/DLQ record goes through (only ``poll`` and
+            ``flush`` are used).
+        max_sealed: sealed-but-unacknowledged checkpoints allowed before :meth:`commit_ready`
+            waits.
+        commit_results: the consumer's ``on_commit`` (``None``: an asynchronous commit is
+            taken as done when it is sent).
+        shutdown: once a stop is requested, every wait ends by its deadline.
+        backpressure: held while :meth:`commit_ready` waits for acknowledgements (the source
+            pauses fetching: ``KafkaSource.held_back``).
+
+    Example::
+
+        ckpt = Checkpointer(consumer, producer)
+        ckpt.consumed("events", partitions, offsets)      # a poll's messages, in order
+        checkpoint = ckpt.cut()                          # the batch closes
+        producer.produce(..., on_delivery=checkpoint.expect_delivery())
+        checkpoint.seal()                                # its records are all produced
+        ckpt.commit_ready()
+    """
+
+    def __init__(
+        self,
+        consumer: CommittingConsumer,
+        producer: PollingProducer,
+        max_sealed: int = 4,
+        commit_results: CommitResults | None = None,
+        shutdown: Shutdown | None = None,
+        backpressure: Callable[[], AbstractContextManager[None]] = nullcontext,
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._max_sealed = max_sealed
+        self._open = self._new_checkpoint()
+        self._checkpoints: deque[Checkpoint] = deque()
+        """Cut checkpoints in commit order (sealed or still being produced)."""
+        self._confirmed = commit_results is not None
+        if commit_results is not None:
+            commit_results.listener = self.on_commit
+        self._retry: dict[tuple[str, int], int] = {}
+        self._retry_at = 0.0
+        self.committed: dict[tuple[str, int], int] = {}
+        """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
+        self.commit_failures = 0
+        self._shutdown = shutdown
+        self._backpressure = backpressure
+
+    @property
+    def deadline(self) -> float | None:
+        """``time.monotonic()`` by which every wait must end (``None`` until a stop)."""
+        return self._shutdown.deadline if self._shutdown is not None else None
+
+    def _new_checkpoint(self) -> Checkpoint:
+        return Checkpoint()
+
+    def consumed(
+        self, topic: str, partitions: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+    ) -> None:
+        """Messages were consumed (in poll order): the open checkpoint now covers them.
+
+        Args:
+            topic: their topic.
+            partitions / offsets: int64[M] each message's partition and offset.
+        """
+        if not len(partitions):
+            return
+        # The last message of each partition sets its next offset (poll order is offset order).
+        last = len(partitions) - 1 - np.unique(partitions[::-1], return_index=True)[1]
+        for partition, offset in zip(
+            partitions[last].tolist(), offsets[last].tolist(), strict=True
+        ):
+            self._open.next_offsets[(topic, partition)] = offset + 1
+
+    @property
+    def open(self) -> Checkpoint:
+        """The checkpoint that messages consumed now belong to (dead letters guard it)."""
+        return self._open
+
+    def cut(self) -> Checkpoint:
+        """End the open checkpoint here and queue it (commit order); it commits once it is
+        sealed (``checkpoint.seal()``: its records are all produced) and acknowledged.
+
+        For a batch whose records are produced later (its forward still running): what is
+        consumed from now on belongs to the next checkpoint.
+        """
+        checkpoint, self._open = self._open, self._new_checkpoint()
+        self._checkpoints.append(checkpoint)
+        return checkpoint
+
+    def seal_open(self) -> None:
+        """Cut and seal the open checkpoint when it holds anything (offsets of dead-lettered
+        messages alone, between batches)."""
+        if self._open.next_offsets or self._open.pending:
+            self.cut().seal()
+
+    def commit_ready(self) -> int:
+        """Commit the leading sealed checkpoints that are acknowledged (asynchronously); while
+        more than ``max_sealed`` wait for acknowledgements, hold the input back and wait.
+
+        Returns:
+            How many checkpoints were committed.
+
+        Raises:
+            DeliveryFailed: a record of a leading checkpoint failed (nothing from it on is
+                committed), or the shutdown deadline passed while waiting.
+        """
+        self._producer.poll(0)
+        count = self._commit_done(asynchronous=True)
+        if self._waiting() <= self._max_sealed:
+            return count
+        with self._backpressure():
+            while self._waiting() > self._max_sealed:
+                deadline = self.deadline
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
+                self._producer.poll(0.05)
+                count += self._commit_done(asynchronous=True)
+        return count
+
+    def _waiting(self) -> int:
+        """Sealed checkpoints at the head of the queue, waiting for acknowledgements."""
+        waiting = 0
+        for checkpoint in self._checkpoints:
+            if not checkpoint.sealed:
+                break
+            waiting += 1
+        return waiting
+
+    def _commit_done(self, asynchronous: bool) -> int:
+        """Commit the leading sealed checkpoints that are fully acknowledged."""
+        merged: dict[tuple[str, int], int] = {}
+        count = 0
+        while self._checkpoints and self._checkpoints[0].done:
+            checkpoint = self._checkpoints[0]
+            if checkpoint.error is not None:
+                self._commit(merged, asynchronous)
+                raise DeliveryFailed(checkpoint.error)
+            self._checkpoints.popleft()
+            merged.update(checkpoint.next_offsets)
+            count += 1
+        self._commit(merged, asynchronous)
+        return count
+
+    def flush_and_commit(self, timeout_s: float = 30.0) -> None:
+        """Seal, wait for every acknowledgement, and commit synchronously.
+
+        The wait ends at ``timeout_s`` or at :attr:`deadline`, whichever comes first; what is
+        acknowledged by then is still committed.
+
+        Raises:
+            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted).
+        """
+        self.seal_open()
+        self._flush_and_commit(timeout_s)
+
+    def _flush_and_commit(self, timeout_s: float) -> None:
+        deadline = self.deadline
+        if deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, deadline - time.monotonic()))
+        remaining = self._producer.flush(timeout_s)
+        self._commit_done(asynchronous=False)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s:.1f}s")
+
+    def commit_delivered(self, timeout_s: float = 30.0) -> None:
+        """Wait for every acknowledgement and commit the sealed checkpoints synchronously.
+
+        Unlike :meth:`flush_and_commit`, the open checkpoint stays open (its batch is not
+        produced yet).
+        """
+        self._flush_and_commit(timeout_s)
+
+    def forget_open(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced
+        and will be consumed again by the partitions' next owner)."""
+        for key in set(partitions) & self._open.next_offsets.keys():
+            del self._open.next_offsets[key]
+
+    def forget(self, partitions: list[tuple[str, int]]) -> None:
+        """Drop uncommitted offsets of partitions we no longer own (after a lost assignment)."""
+        lost = set(partitions)
+        for checkpoint in (*self._checkpoints, self._open):
+            for key in lost & checkpoint.next_offsets.keys():
+                del checkpoint.next_offsets[key]
+        for key in lost & self._retry.keys():
+            del self._retry[key]
+
+    @property
+    def in_flight(self) -> int:
+        """Records produced and not yet acknowledged."""
+        return self._open.pending + sum(c.pending for c in self._checkpoints)
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The consumer's ``on_commit``: advance :attr:`committed`, or keep failed offsets for
+        the next commit."""
+        offsets = {(tp.topic, tp.partition): tp.offset for tp in partitions}
+        if err is not None:
+            self._failed(offsets, str(err))
+            return
+        failed = {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.error}
+        if failed:
+            self._failed(failed, "; ".join(str(tp.error) for tp in partitions if tp.error))
+        self._advance({k: v for k, v in offsets.items() if k not in failed})
+
+    def _advance(self, offsets: dict[tuple[str, int], int]) -> None:
+        for key, offset in offsets.items():
+            if offset >= 0 and offset > self.committed.get(key, -1):
+                self.committed[key] = offset
+            if self._retry.get(key, -1) <= offset:
+                self._retry.pop(key, None)
+
+    def _failed(self, offsets: dict[tuple[str, int], int], reason: str) -> None:
+        self.commit_failures += 1
+        log.warning("offset commit failed (%s): will retry %s", reason, offsets)
+        for key, offset in offsets.items():
+            if offset > max(self.committed.get(key, -1), self._retry.get(key, -1)):
+                self._retry[key] = offset
+        self._retry_at = time.monotonic() + RETRY_COMMIT_S
+
+    def _commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> None:
+        if self._retry and (offsets or not asynchronous or time.monotonic() >= self._retry_at):
+            offsets = {**self._retry, **offsets}  # newer offsets supersede retried ones
+            self._retry_at = time.monotonic() + RETRY_COMMIT_S
+        if not offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if asynchronous:
+            self._consumer.commit(offsets=tps, asynchronous=True)
+            if not self._confirmed:
+                self._advance(offsets)
+            log.debug("committing %s", offsets)
+            return
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            self._failed(offsets, str(exc))
+            return
+        self.on_commit(None, result if result is not None else tps)
+        log.debug("committed %s", offsets)

@@ -1,0 +1,445 @@
+"""The commit protocol of Checkpointer, against small fakes of the consumer and producer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from pipeline.kafka_io import CommitResults
+from pipeline.records import DeliveryFailed
+from pipeline.shutdown import Shutdown
+from pipeline.stages.commit import Checkpointer
+from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
+
+T = "events"
+
+
+def _error() -> KafkaError:
+    return KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
+@pytest.fixture
+def consumer() -> FakeConsumer:
+    return FakeConsumer()
+
+
+@pytest.fixture
+def producer() -> FakeProducer:
+    return FakeProducer()
+
+
+@pytest.fixture
+def ckpt(consumer: FakeConsumer, producer: FakeProducer) -> Checkpointer:
+    return Checkpointer(consumer, producer)  # type: ignore[arg-type]
+
+
+def _produce(ckpt: Checkpointer, producer: FakeProducer, n: int = 1, error: bool = False) -> None:
+    for _ in range(n):
+        if error:
+            producer.failures.append(_error())
+        producer.produce("recs", b"", on_delivery=ckpt.open.expect_delivery())
+
+
+def test_commits_only_after_every_delivery_of_a_sealed_checkpoint(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    for offset in range(3):
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+    _produce(ckpt, producer, 3)
+    ckpt.seal_open()
+    assert ckpt.in_flight == 3
+    assert ckpt.commit_ready() == 0
+    producer.ack(1)
+    assert ckpt.commit_ready() == 0
+    producer.ack(1)
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+    producer.ack(1)
+    assert ckpt.in_flight == 0
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == [({(T, 0): 3}, True)]
+    assert ckpt.committed == {(T, 0): 3}
+    assert ckpt.commit_ready() == 0
+    assert len(consumer.commits) == 1  # nothing new: no empty commit
+
+
+def test_unsealed_checkpoint_is_never_committed(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer)
+    producer.ack()
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+    ckpt.seal_open()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets == [{(T, 0): 1}]
+
+
+def test_fifo_later_done_checkpoint_waits_for_earlier_pending(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    ckpt.consumed(T, np.array([1]), np.array([10]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    ckpt.consumed(T, np.array([2]), np.array([20]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+
+    producer.pending.pop()[0](None, FakeMessage("recs"))  # the LATER checkpoint is acked first
+    assert ckpt.commit_ready() == 0
+    assert consumer.commits == []
+
+    producer.pending.pop()[0](None, FakeMessage("recs"))
+    assert producer.pending == []
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2, (T, 1): 11, (T, 2): 21}]  # one merged commit
+
+
+def test_leading_done_checkpoints_commit_and_stop_at_first_pending(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    for offset in range(3):
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _produce(ckpt, producer)
+        ckpt.seal_open()
+    producer.ack(2)
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2}]
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets[-1] == {(T, 0): 3}
+
+
+def test_next_offset_is_last_plus_one_per_partition(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([5]))
+    ckpt.consumed(T, np.array([1]), np.array([9]))
+    ckpt.consumed(T, np.array([0]), np.array([6]))
+    ckpt.consumed("other", np.array([0]), np.array([0]))
+    ckpt.consumed(T, np.array([3]), np.array([0]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack()
+    ckpt.commit_ready()
+    assert consumer.offsets == [{(T, 0): 7, (T, 1): 10, ("other", 0): 1, (T, 3): 1}]
+
+
+def test_delivery_error_raises_and_does_not_commit(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer)
+    _produce(ckpt, producer, error=True)
+    ckpt.seal_open()
+    producer.ack()
+    with pytest.raises(DeliveryFailed, match="recs"):
+        ckpt.commit_ready()
+    assert consumer.commits == []
+    assert ckpt.committed == {}
+
+
+def test_delivery_error_commits_earlier_checkpoints_only(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    _produce(ckpt, producer, error=True)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([2]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack()
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    assert consumer.offsets == [{(T, 0): 1}]
+    # The poisoned checkpoint stays: nothing at or after it is ever committed.
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    with pytest.raises(DeliveryFailed):
+        ckpt.flush_and_commit(1.0)
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.committed == {(T, 0): 1}
+
+
+def test_error_is_reported_only_once_the_checkpoint_is_done(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer, error=True)
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack(1)  # the failed one; the other is still in flight
+    assert ckpt.commit_ready() == 0
+    producer.ack()
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    assert consumer.commits == []
+
+
+def test_forget_drops_partitions_from_open_and_sealed(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    ckpt.consumed(T, np.array([1]), np.array([0]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    ckpt.consumed(T, np.array([1]), np.array([1]))
+    ckpt.consumed(T, np.array([2]), np.array([5]))
+    _produce(ckpt, producer)
+    ckpt.forget([(T, 1), (T, 9)])
+    ckpt.seal_open()
+    producer.ack()
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2, (T, 2): 6}]
+
+
+def test_forget_everything_still_completes_checkpoint(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.forget([(T, 0)])
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == []
+
+
+def test_seal_with_nothing_is_a_noop(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.seal_open()
+    ckpt.seal_open()
+    assert producer.polls == []
+    assert ckpt.commit_ready() == 0
+    assert ckpt.in_flight == 0
+    assert consumer.commits == []
+    ckpt.flush_and_commit(1.0)
+    assert consumer.commits == []
+
+
+def test_commit_ready_polls_the_producer_without_blocking(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    ckpt.seal_open()
+    assert ckpt.commit_ready() == 1  # no records produced: done at once (e.g. all filtered)
+    assert producer.polls == [0]
+    assert consumer.offsets == [{(T, 0): 1}]
+
+
+def test_consumed_keeps_the_last_offset_of_each_partition(
+    ckpt: Checkpointer, consumer: FakeConsumer
+) -> None:
+    ckpt.consumed(T, np.array([0, 1, 0, 2, 1]), np.array([5, 9, 6, 0, 10]))
+    assert ckpt.open.next_offsets == {(T, 0): 7, (T, 1): 11, (T, 2): 1}
+
+
+def test_records_without_offsets_still_seal(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([4]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack(1)
+    assert ckpt.commit_ready() == 1
+    assert consumer.commits == []
+    producer.ack()
+    assert ckpt.commit_ready() == 1
+    assert consumer.offsets == [{(T, 0): 5}]
+
+
+def test_flush_and_commit_seals_flushes_and_commits_synchronously(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    ckpt.consumed(T, np.array([1]), np.array([3]))
+    _produce(ckpt, producer, 2)  # the open checkpoint is sealed by flush_and_commit
+    ckpt.flush_and_commit(7.5)
+    assert producer.flushes == [7.5]
+    assert consumer.commits == [({(T, 0): 2, (T, 1): 4}, False)]
+    assert ckpt.in_flight == 0
+
+
+def test_flush_and_commit_with_undelivered_records_raises(
+    consumer: FakeConsumer,
+) -> None:
+    producer = FakeProducer(stuck_on_flush=1)
+    ckpt = Checkpointer(consumer, producer)  # type: ignore[arg-type]
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer, 2)
+    with pytest.raises(DeliveryFailed, match="1 records still undelivered"):
+        ckpt.flush_and_commit(0.1)
+    assert consumer.commits == []
+
+
+def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=2)  # type: ignore[arg-type]
+    for offset in range(2):
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _produce(ckpt, producer)
+        ckpt.seal_open()
+    assert ckpt.commit_ready() == 0
+    assert producer.polls == [0]  # at the limit: no waiting
+    assert consumer.commits == []
+    ckpt.consumed(T, np.array([0]), np.array([2]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    assert ckpt.commit_ready() == 1  # 3 sealed > 2: waits for acks
+    assert [p for p in producer.polls if p > 0] == [0.05]
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.in_flight == 2
+
+
+def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer, 3)  # three acks needed before the first checkpoint is done
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    ckpt.commit_ready()
+    assert [p for p in producer.polls if p > 0] == [0.05, 0.05, 0.05]
+    assert consumer.offsets == [{(T, 0): 1}]
+    assert ckpt.in_flight == 1
+
+
+def test_back_pressure_surfaces_delivery_failure(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(acks_per_poll=1)
+    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _produce(ckpt, producer, error=True)
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    with pytest.raises(DeliveryFailed):
+        ckpt.commit_ready()
+    assert consumer.commits == []
+
+
+def test_callback_belongs_to_the_open_checkpoint_at_produce_time(
+    ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([0]))
+    cb_first = ckpt.open.expect_delivery()
+    ckpt.seal_open()
+    ckpt.consumed(T, np.array([0]), np.array([1]))
+    cb_second = ckpt.open.expect_delivery()
+    ckpt.seal_open()
+    cb_second(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    assert ckpt.commit_ready() == 0
+    cb_first(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    assert ckpt.commit_ready() == 2
+    assert consumer.offsets == [{(T, 0): 2}]
+
+
+def _confirmed(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> tuple[Checkpointer, CommitResults]:
+    results = CommitResults()
+    ckpt = Checkpointer(consumer, producer, commit_results=results)  # type: ignore[arg-type]
+    return ckpt, results
+
+
+def _commit_one(ckpt: Checkpointer, producer: FakeProducer, offset: int) -> None:
+    ckpt.consumed(T, np.array([0]), np.array([offset]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack()
+    ckpt.commit_ready()
+
+
+def test_committed_advances_only_when_the_broker_confirms(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    assert consumer.offsets == [{(T, 0): 5}]
+    assert ckpt.committed == {}  # sent, not confirmed
+    results(None, [TopicPartition(T, 0, 5)])
+    assert ckpt.committed == {(T, 0): 5}
+
+
+def test_a_failed_commit_is_counted_and_retried_with_the_next_commit(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    ckpt.consumed("other", np.array([3]), np.array([9]))
+    _commit_one(ckpt, producer, 4)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    assert ckpt.committed == {} and ckpt.commit_failures == 1
+    _commit_one(ckpt, producer, 7)  # the next commit carries the failed partitions too
+    assert consumer.offsets[-1] == {(T, 0): 8}
+    results(None, [TopicPartition(T, 0, 8)])
+    assert ckpt.committed == {(T, 0): 8}
+
+
+def test_a_failed_commit_of_an_idle_partition_is_retried_on_its_own(
+    consumer: FakeConsumer, producer: FakeProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert len(consumer.commits) == 1  # not before RETRY_COMMIT_S
+    monkeypatch.setattr("pipeline.stages.commit.protocol.RETRY_COMMIT_S", 0.0)
+    results(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert consumer.offsets[-1] == {(T, 0): 5} and len(consumer.commits) == 2
+    assert ckpt.commit_failures == 2
+    results(None, [TopicPartition(T, 0, 5)])
+    ckpt.commit_ready()
+    assert ckpt.committed == {(T, 0): 5} and len(consumer.commits) == 2
+
+
+def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -> None:
+    class FailingConsumer(FakeConsumer):
+        def commit(self, *args: Any, **kwargs: Any) -> None:
+            super().commit(*args, **kwargs)
+            raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+
+    consumer = FailingConsumer()
+    ckpt, _ = _confirmed(consumer, producer)
+    ckpt.consumed(T, np.array([0]), np.array([4]))
+    _produce(ckpt, producer)
+    producer.stuck_on_flush = 0
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert ckpt.committed == {} and ckpt.commit_failures == 1
+    ckpt.forget([(T, 0)])  # a lost partition's retry is dropped
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert len(consumer.commits) == 1
+
+
+def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
+    producer = FakeProducer(stuck_on_flush=1)  # the broker never acknowledges
+    shutdown = Shutdown(0.2)
+    ckpt = Checkpointer(consumer, producer, max_sealed=1, shutdown=shutdown)  # type: ignore[arg-type]
+    for offset in range(3):
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _produce(ckpt, producer)
+        ckpt.seal_open()
+    shutdown.request()
+    with pytest.raises(DeliveryFailed, match="shutdown deadline"):
+        ckpt.commit_ready()  # 3 sealed > 1: waits for acks that never come, until the deadline
+    with pytest.raises(DeliveryFailed, match="undelivered"):
+        ckpt.flush_and_commit(30.0)
+    assert producer.flushes[-1] == 0.0  # the deadline, not the 30 s, bounded the flush
