@@ -27,6 +27,7 @@ from model.distributed import (
     describe_plan,
     join_process_group,
     load_sharded,
+    local_world_size,
     plan_sharding,
     shard_ranker,
 )
@@ -107,6 +108,7 @@ def run_rank(
         device.type,
         settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
+        local_world_size=local_world_size(world_size),
     )
     if rank == 0:
         log.info("sharding plan:\n%s", describe_plan(plan, spec, world_size).render())
