@@ -83,8 +83,9 @@ _ROW_BUCKETS = tuple(float(2**k) for k in range(0, 17))
 class GpuCollector(Collector):
     """Reads the memory and utilisation of this rank's GPU from ``torch.cuda`` at scrape time.
 
-    Yields nothing unless this process has initialised CUDA (CPU runs export no GPU series).
-    The device is ``cuda:{LOCAL_RANK}``, the one :mod:`pipeline.distributed` binds each rank to.
+    Yields nothing unless this process has initialised CUDA and bound a GPU (CPU runs export
+    no GPU series). The device is the one the rank serves on (:func:`model.device.bound_device`),
+    not the scrape thread's current device nor a guess from ``LOCAL_RANK``.
 
     Args:
         rank: the ``rank`` label.
@@ -96,9 +97,13 @@ class GpuCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         import torch
 
+        from model.device import bound_device
+
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return []
-        device = int(os.environ.get("LOCAL_RANK", "0"))
+        device = bound_device()
+        if device is None:
+            return []
         memory = GaugeMetricFamily(
             "streamrank_gpu_memory_bytes",
             "GPU memory of this rank's device: allocated by tensors, reserved by the caching "
