@@ -80,9 +80,7 @@ _EXPORTS: dict[str, str] = {
         "config",
     ),
     **dict.fromkeys(("EBC_MODULE_PATH", "plan_sharding"), "planner"),
-    **dict.fromkeys(
-        ("default_backend", "join_process_group", "local_world_size"), "process_group"
-    ),
+    **dict.fromkeys(("default_backend", "join_process_group", "local_world_size"), "process_group"),
     **dict.fromkeys(("PlanReport", "RankBytes", "TablePlacement", "describe_plan"), "report"),
     **dict.fromkeys(("load_unsharded_state_dict", "make_sharder", "shard_ranker"), "runtime"),
 }

@@ -99,13 +99,13 @@ def join_process_group(
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     backend = backend or default_backend()
-    bind = {"device_id": device} if "nccl" in backend and device.type == "cuda" else {}
+    bound = device if "nccl" in backend and device.type == "cuda" else None
     dist.init_process_group(
         backend=backend,
         store=dist.PrefixStore(f"streamrank/attempt-{attempt}", store),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
-        **bind,
+        device_id=bound,
     )
     return device

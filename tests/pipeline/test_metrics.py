@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 import model.device
-
 from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.stages.decode import RejectReason
 from pipeline.stages.enrich import FallbackFeature
