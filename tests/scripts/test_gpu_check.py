@@ -123,7 +123,8 @@ def test_a_run_killed_midway_keeps_every_finished_section(tmp_path: Path) -> Non
     assert saved["parity"] == first["result"] and saved["parity"]["ok"]
     check = saved["check"]
     assert check["done"] == ["parity"] and not check["finished"]
-    assert check["running"] == "forward"  # where it died
+    # "forward" once it has started (the kill may come between the line and that write)
+    assert check["running"] in (None, "forward")
     assert "ok" not in saved and "forward" not in saved
     assert [p.name for p in tmp_path.iterdir()] == ["check.json"]  # no temporary file left
 
@@ -137,11 +138,12 @@ def test_unknown_sections_are_refused_in_one_line(tmp_path: Path) -> None:
         cwd=tmp_path,
         env=_env(),
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    # The last line: torch 2.11's FBGEMM may warn about its version table on import before it.
+    assert result.stderr.strip().splitlines()[-1] == (
         "gpu_check: unknown sections ['nope']; one of "
         "['parity', 'worker_transfer', 'forward', 'scoring_stage', 'nccl_2_ranks']"
-    ]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
