@@ -9,7 +9,8 @@ as the event producer do not pay for torch/torchrec unless they need them):
 - :mod:`model.recent_items`: the recent-items rule shared by serving and training data.
 - :mod:`model.ranker`: the DLRM ranker and its builder.
 - :mod:`model.inference`: the one scoring forward (``score_probabilities``).
-- :mod:`model.device`: which device a process or rank runs on.
+- :mod:`model.device`: which device a process or rank runs on; binding threads to it.
+- :mod:`model.transfer`: pinned, asynchronous host -> GPU copies of a batch's input.
 - :mod:`model.memory`: bytes of embedding tables held (plain, quantized, sharded).
 - :mod:`model.topk`: per-event top-K over a flat batch of scores.
 - :mod:`model.checkpoint`: checkpoint directories (``meta.json`` + ``model.pt``).
@@ -21,4 +22,5 @@ as the event producer do not pay for torch/torchrec unless they need them):
   that import ``torchrec.distributed``.
 - :mod:`model.quant_dtype` / :mod:`model.quantize`: quantized tables for single-process serving.
 - :mod:`model.compile`: optional ``torch.compile`` of the ranker.
+- :mod:`model.graph_shapes`: static batch shapes for the CUDA-graph compile modes.
 """

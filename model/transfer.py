@@ -1,12 +1,14 @@
 """Host -> GPU copies of a batch's model input, overlapped with the forward of the previous one.
 
-The loop builds batch n+1's input on the host while batch n's forward runs on the scoring
-thread. :class:`DeviceTransfer` copies it into reused page-locked staging buffers and from there
-to the GPU with non-blocking copies on a stream of its own; the forward of batch n+1 waits for
-that copy on the GPU (an event), never on the host. The batch's single synchronisation is the
-read of its top-K results (:func:`model.topk.top_k_per_event`).
+The serving loop builds batch n+1's input on the host while batch n's forward runs on the
+scoring thread. :class:`DeviceTransfer` copies it into reused page-locked staging buffers and
+from there to the GPU with non-blocking copies on a stream of its own; the forward of batch n+1
+waits for that copy on the GPU (an event), never on the host. The batch's single
+synchronisation is the read of its top-K results (:func:`model.topk.top_k_per_event`).
 
-On a CPU the input is used where it was built: :meth:`Scorer.stage` returns it unchanged.
+On a CPU there is nothing to copy: the input is used where it was built (``StagedInput(inp)``).
+Only torch and :mod:`model.model_input` are imported, so the GPU check can drive the transfer
+without the pipeline's dependencies.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from model.model_input import ModelInput, sparse_features
+
+__all__ = ["DeviceTransfer", "StagedInput"]
 
 
 @dataclass

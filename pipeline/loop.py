@@ -114,6 +114,7 @@ class ScoringPipeline:
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
         self.summary = RunSummary()
         self._clients = clients
+        self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
 
@@ -178,7 +179,7 @@ class ScoringPipeline:
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         processor = BatchProcessor(
             self.enricher,
-            ForwardExecutor(self.scorer, metrics),
+            ForwardExecutor(self.scorer, metrics, self._warm_up_rows),
             RecommendationSink(producer, settings.topics.output, codec.header, metrics),
             dead_letters,
             metrics,

@@ -83,22 +83,27 @@ _ROW_BUCKETS = tuple(float(2**k) for k in range(0, 17))
 class GpuCollector(Collector):
     """Reads the memory and utilisation of this rank's GPU from ``torch.cuda`` at scrape time.
 
-    Yields nothing unless this process has initialised CUDA (CPU runs export no GPU series).
+    Yields nothing unless this process has initialised CUDA and bound a GPU (CPU runs export
+    no GPU series). The device is the one the rank serves on (:func:`model.device.bound_device`),
+    not the scrape thread's current device nor a guess from ``LOCAL_RANK``.
+
     Args:
         rank: the ``rank`` label.
-        device: the index of this rank's GPU (its local rank).
     """
 
-    def __init__(self, rank: str, device: int) -> None:
+    def __init__(self, rank: str) -> None:
         self._rank = rank
-        self._device = device
 
     def collect(self) -> Iterable[Metric]:
         import torch
 
+        from model.device import bound_device
+
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return []
-        device = self._device
+        device = bound_device()
+        if device is None:
+            return []
         memory = GaugeMetricFamily(
             "streamrank_gpu_memory_bytes",
             "GPU memory of this rank's device: allocated by tensors, reserved by the caching "
@@ -223,7 +228,7 @@ class Metrics:
             registry=r,
         )
         self.degradations.set(degradations)
-        r.register(GpuCollector(self.rank, context.local_rank))
+        r.register(GpuCollector(self.rank))
         for reason in RejectReason:
             self.dead_lettered.labels(reason=reason.value)
         for feature in FALLBACK_FEATURES:

@@ -125,11 +125,12 @@ class ModelSettings(BaseModel):
         """The :class:`model.spec.FeatureSpec` these settings describe."""
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
 
-    def serving_options(self, batch_rows: int) -> ServingOptions:
+    def serving_options(self, batch_rows: int, max_event_rows: int = 1000) -> ServingOptions:
         """What :class:`~model.serving.ScorerFactory` builds from these settings.
 
         Args:
             batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
+            max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
         """
         return ServingOptions(
             checkpoint=self.checkpoint,
@@ -140,4 +141,5 @@ class ModelSettings(BaseModel):
             precision=self.precision,
             sharding=self.sharding.to_config(),
             batch_rows=batch_rows,
+            max_event_rows=max_event_rows,
         )

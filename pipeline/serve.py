@@ -58,7 +58,9 @@ def serve(
 
         summary, _ = serve(load_settings(), RankContext.from_env(), exit_when_idle_s=5)
     """
-    options = settings.model.serving_options(settings.batching.max_batch_rows)
+    options = settings.model.serving_options(
+        settings.batching.max_batch_rows, settings.codec.max_candidates
+    )
     scorer = ScorerFactory(options, rank).create_scorer()
     metrics = Metrics(rank=rank, degradations=degradations)
     metrics.embedding_bytes.set(scorer.embedding_bytes())

@@ -7,7 +7,8 @@ Modules, mirroring TorchRec's ``distributed`` package (each usable on its own):
 - :mod:`model.distributed.planner`: :func:`plan_sharding`, a config -> a TorchRec
   ``ShardingPlan``, without a process group.
 - :mod:`model.distributed.report`: :func:`describe_plan`, which rank holds what, in bytes.
-- :mod:`model.distributed.process_group`: :func:`join_process_group`, the one way to join.
+- :mod:`model.distributed.process_group`: :func:`join_process_group`, the one way to join;
+  :func:`local_world_size`, ranks per host.
 - :mod:`model.distributed.runtime`: :func:`shard_ranker` (``DistributedModelParallel``) and
   :func:`load_unsharded_state_dict`.
 - :mod:`model.distributed.checkpoint`: sharded checkpoints (``torch.distributed.checkpoint``).
@@ -17,10 +18,15 @@ The names below are re-exported lazily (on first attribute access), so importing
 
 Example::
 
-    from model.distributed import join_process_group, plan_sharding, shard_ranker
+    from model.distributed import (
+        join_process_group, local_world_size, plan_sharding, shard_ranker
+    )
 
     device = join_process_group()  # under torchrun
-    plan = plan_sharding(spec, dist.get_world_size(), device.type, ShardingConfig())
+    world = dist.get_world_size()
+    plan = plan_sharding(
+        spec, world, device.type, ShardingConfig(), local_world_size=local_world_size(world)
+    )
     dmp = shard_ranker(spec, plan, device)
     probs = score_probabilities(dmp, inp.to(device))
 """
@@ -48,7 +54,11 @@ if TYPE_CHECKING:
         TableShardingConfig,
     )
     from model.distributed.planner import EBC_MODULE_PATH, plan_sharding
-    from model.distributed.process_group import default_backend, join_process_group
+    from model.distributed.process_group import (
+        default_backend,
+        join_process_group,
+        local_world_size,
+    )
     from model.distributed.report import PlanReport, RankBytes, TablePlacement, describe_plan
     from model.distributed.runtime import load_unsharded_state_dict, make_sharder, shard_ranker
 
@@ -70,7 +80,7 @@ _EXPORTS: dict[str, str] = {
         "config",
     ),
     **dict.fromkeys(("EBC_MODULE_PATH", "plan_sharding"), "planner"),
-    **dict.fromkeys(("default_backend", "join_process_group"), "process_group"),
+    **dict.fromkeys(("default_backend", "join_process_group", "local_world_size"), "process_group"),
     **dict.fromkeys(("PlanReport", "RankBytes", "TablePlacement", "describe_plan"), "report"),
     **dict.fromkeys(("load_unsharded_state_dict", "make_sharder", "shard_ranker"), "runtime"),
 }
@@ -95,6 +105,7 @@ __all__ = [
     "load_ranker",
     "load_sharded",
     "load_unsharded_state_dict",
+    "local_world_size",
     "make_sharder",
     "plan_sharding",
     "save_sharded",

@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
@@ -233,8 +232,9 @@ def load_sharded(
     - a DCP checkpoint (:func:`save_sharded`) written by any world size and plan: every rank
       reads the parts of every tensor that its shards cover (DCP reshards);
     - a single-process checkpoint (:func:`model.checkpoint.save_checkpoint`, ``model.pt``):
-      every rank maps the whole file (weights digest verified) and copies its slices; the
-      mapping is page cache shared by the ranks, not a private copy per rank.
+      every rank maps the whole file on the host (weights digest verified) and copies only
+      the slices it owns to its device; the mapping is page cache shared by the ranks, not a
+      private copy per rank, and no full table is ever on a GPU.
 
     Also works for a plain :class:`Ranker` in a process without a process group.
 
@@ -275,9 +275,10 @@ def load_sharded(
         except Exception as exc:  # DCP wraps per-rank failures in CheckpointException
             raise ValueError(f"cannot load sharded checkpoint {path}: {exc}") from exc
     else:
-        device = _first_device(dmp)
-        # Mapped, not read: each rank copies its shards out of the shared page cache.
-        state = load_state_dict(path, map_location=device, mmap=True)
+        # Mapped on the host, never moved whole: the sharded modules' load hooks slice each
+        # full table to the shards this rank owns (views of the shared page cache), and only
+        # those slices are copied to the rank's device.
+        state = load_state_dict(path, map_location="cpu", mmap=True)
     try:
         result = dmp.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -288,13 +289,6 @@ def load_sharded(
             f"unexpected {result.unexpected_keys}"
         )
     return meta
-
-
-def _first_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        if not p.is_meta:
-            return p.device
-    return torch.device("cpu")
 
 
 def load_ranker(path: str | os.PathLike[str]) -> tuple[Ranker, CheckpointMeta]:

@@ -10,12 +10,33 @@ import torch.distributed as dist
 
 from model.device import rank_device
 
-__all__ = ["default_backend", "join_process_group"]
+__all__ = ["default_backend", "join_process_group", "local_world_size"]
 
 
 def default_backend() -> str:
     """``"nccl"`` when CUDA is available, else ``"gloo"``."""
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def local_world_size(world_size: int | None = None) -> int:
+    """Ranks per host: ``$LOCAL_WORLD_SIZE`` (torchrun sets it), else the whole world (one host).
+
+    The sharding plan needs it to place rank ``r``'s shards on ``cuda:{r % local_world_size}``,
+    the GPU that rank runs on (:func:`model.device.rank_device` of its ``LOCAL_RANK``).
+
+    Args:
+        world_size: the world size (default ``$WORLD_SIZE``, else 1).
+
+    Returns:
+        The number of ranks on each host.
+
+    Example::
+
+        plan = plan_sharding(spec, world, "cuda", local_world_size=local_world_size(world))
+    """
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
 
 
 def join_process_group(
@@ -34,6 +55,10 @@ def join_process_group(
     as current. Under torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE=True``) every rank
     is a client; otherwise rank 0 hosts the store.
 
+    An NCCL group is bound to this rank's GPU (``device_id``): its communicator is created
+    at once rather than at the first collective, and barriers use this GPU instead of guessing
+    one from the rank.
+
     Missing arguments come from the environment torchrun sets (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``); spawned ranks (tests) pass them and set ``MASTER_ADDR``/``MASTER_PORT``.
 
@@ -49,6 +74,7 @@ def join_process_group(
 
     Raises:
         KeyError: if the group does not exist yet and ``MASTER_ADDR``/``MASTER_PORT`` are unset.
+        model.device.DeviceUnavailableError: with CUDA, if this host has no GPU ``local_rank``.
 
     Example::
 
@@ -72,11 +98,14 @@ def join_process_group(
         timeout=timeout,
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    backend = backend or default_backend()
+    bound = device if "nccl" in backend and device.type == "cuda" else None
     dist.init_process_group(
-        backend=backend or default_backend(),
+        backend=backend,
         store=dist.PrefixStore(f"streamrank/attempt-{attempt}", store),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
+        device_id=bound,
     )
     return device

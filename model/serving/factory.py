@@ -3,9 +3,11 @@ of the single-process and the sharded path.
 
 :meth:`ScorerFactory.create_scorer` checks the options against the job (an option a path cannot
 honour is refused, never dropped), picks the device, loads the model through one strategy
-(:mod:`model.serving.single` or :mod:`model.serving.sharded`), applies the precision and warms
-the model up at the batch size, so that both paths are ready before the consumer joins the
-group.
+(:mod:`model.serving.single` or :mod:`model.serving.sharded`), and applies the precision
+(and, for a model that replays CUDA graphs, the static batch shapes: :mod:`model.graph_shapes`).
+The serving loop warms the scorer up on its scoring thread
+(:meth:`~model.serving.scorer.Scorer.warm_up`) before the consumer joins the group, on both
+paths.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from model.device import serving_device
+from model.graph_shapes import GraphShape, graph_shapes, records_cuda_graphs
 from model.rank import RankContext
 from model.serving.options import ServingOptions
 from model.serving.scorer import Scorer
@@ -42,10 +45,10 @@ class ScorerFactory:
         self.rank = rank or RankContext()
 
     def create_scorer(self) -> Scorer:
-        """Load, shard or quantize, compile, and warm up the model.
+        """Load, shard or quantize, and compile the model.
 
         Returns:
-            The scorer, warmed up at ``options.batch_rows`` and half of it.
+            The scorer (not warmed up: see :meth:`~model.serving.scorer.Scorer.warm_up`).
 
         Raises:
             UnsupportedOption: an option this job cannot serve (e.g. quantized tables on
@@ -63,7 +66,7 @@ class ScorerFactory:
             module, meta = load_sharded_model(options, device, rank)
         else:
             module, meta = load_single(options, device)
-        scorer = Scorer(module, meta.spec, meta.model_version, device, options.precision)
-        rows = options.batch_rows
-        scorer.warm_up((rows, max(1, rows // 2)))
-        return scorer
+        shapes: tuple[GraphShape, ...] = ()
+        if records_cuda_graphs(options.compile, options.compile_mode, device):
+            shapes = graph_shapes(meta.spec, max(options.batch_rows, options.max_event_rows))
+        return Scorer(module, meta.spec, meta.model_version, device, options.precision, shapes)

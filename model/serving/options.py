@@ -33,7 +33,9 @@ class ServingOptions:
         compile_mode: a :class:`~model.options.CompileMode`.
         precision: forward precision, ``fp32``/``tf32``/``bf16`` (every path).
         sharding: table placement when the job has several ranks.
-        batch_rows: the largest batch; warm-up runs at it and at half of it.
+        batch_rows: the usual largest batch; warm-up runs at it and at half of it.
+        max_event_rows: the most rows one event can bring (``codec.max_candidates``): an event
+            larger than ``batch_rows`` is a batch alone, so graph shapes must hold it too.
 
     Example::
 
@@ -49,6 +51,12 @@ class ServingOptions:
     precision: Precision = Precision.FP32
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     batch_rows: int = 4096
+    max_event_rows: int = 1000
+
+    @property
+    def warm_up_rows(self) -> tuple[int, ...]:
+        """The batch sizes to warm up at: ``batch_rows`` and half of it."""
+        return (self.batch_rows, max(1, self.batch_rows // 2))
 
     def check(self, world_size: int) -> None:
         """Refuse what a job of ``world_size`` ranks cannot serve.

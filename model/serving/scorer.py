@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from model.features import FeatureColumns, build_model_input
+from model.graph_shapes import GraphShape, pad_to_shape, shape_for
 from model.inference import score_probabilities
 from model.memory import embedding_bytes
 from model.model_input import ModelInput, padding_input, warm_up_input
@@ -41,6 +42,9 @@ class Scorer:
         model_version: written into every Recommendation.
         device: where the forward runs (the module is already there).
         precision: forward precision (:mod:`model.precision`).
+        graph_shapes: for a model that replays CUDA graphs (:mod:`model.graph_shapes`): every
+            batch is padded to the smallest of these shapes before its forward; empty: batches
+            keep their shapes.
 
     Example::
 
@@ -56,31 +60,45 @@ class Scorer:
         model_version: str,
         device: torch.device,
         precision: Precision | str = Precision.FP32,
+        graph_shapes: Sequence[GraphShape] = (),
     ) -> None:
         self.module = module.eval()
         self.spec = spec
         self.model_version = model_version
         self.device = device
         self.precision = Precision(precision)
+        self.graph_shapes = tuple(graph_shapes)
         self._transfer = DeviceTransfer(device) if device.type == "cuda" else None
 
     def stage(self, features: FeatureColumns) -> StagedInput:
         """Feature columns -> model input on its way to the model's device (on a GPU the copy
         runs asynchronously on a copy stream: :mod:`model.transfer`)."""
         inp = build_model_input(features, self.spec)
+        if self.graph_shapes:  # padded on the host: the copy has the graph's static shapes
+            inp = pad_to_shape(inp, shape_for(inp.num_rows, self.graph_shapes))
         if self._transfer is not None:
             return self._transfer.to_device(inp)
         return StagedInput(inp if self.device.type == "cpu" else inp.to(self.device))
 
-    def forward(self, inp: ModelInput, pad_to: int | None = None) -> torch.Tensor:
-        """Click probabilities [R] of a batch on the model's device (one forward, no autograd).
+    def forward(
+        self, inp: ModelInput, pad_to: int | None = None, rows: int | None = None
+    ) -> torch.Tensor:
+        """Click probabilities of a batch on the model's device (one forward, no autograd).
 
         Args:
-            inp: the batch.
+            inp: the batch (as :meth:`stage` made it).
             pad_to: ranks of a sharded model pad to the agreed row count (padding scores are
                 dropped).
+            rows: the batch's real rows when :meth:`stage` padded it to a graph shape (only
+                they are returned); ``None``: all of ``inp``'s.
+
+        Returns:
+            float32[rows] probabilities.
         """
-        return score_probabilities(self.module, inp, pad_to, self.precision)
+        if self.graph_shapes:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are read
+        probs = score_probabilities(self.module, inp, pad_to, self.precision)
+        return probs if rows is None else probs[:rows]
 
     def forward_padding(self, rows: int) -> None:
         """Join a collective forward with padding only (this rank has no events)."""
@@ -100,6 +118,10 @@ class Scorer:
         """One forward and top-K per size (compiles, autotunes and initialises the device's
         libraries) so that no consumed partition waits on it. Collective with several ranks.
 
+        Run it on the thread that will run the forwards (CUDA-graph trees are per thread). A
+        model that replays CUDA graphs warms up every graph shape instead, three forwards each
+        (eager warm-up, recording, one replay).
+
         Args:
             batch_rows: row counts; two different ones let ``torch.compile`` settle on
                 dynamic shapes.
@@ -108,8 +130,12 @@ class Scorer:
             Seconds it took.
         """
         start = time.perf_counter()
-        for rows in batch_rows:
-            probs = self.forward(warm_up_input(self.spec, rows).to(self.device))
+        sizes = [s.rows for s in self.graph_shapes for _ in range(3)] or list(batch_rows)
+        for rows in sizes:
+            inp = warm_up_input(self.spec, rows)
+            if self.graph_shapes:
+                inp = pad_to_shape(inp, shape_for(rows, self.graph_shapes))
+            probs = self.forward(inp.to(self.device), rows=rows)
             counts = np.ones(rows, dtype=np.int64)
             self.top_k(probs, counts, counts)
         seconds = time.perf_counter() - start

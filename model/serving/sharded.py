@@ -53,8 +53,13 @@ def load_sharded_model(
         backend="nccl" if device.type == "cuda" else "gloo",
     )
     spec = load_meta(options.checkpoint).spec
-    plan = plan_sharding(
-        spec, rank.world_size, device.type, options.sharding, batch_rows=options.batch_rows
+    plan = plan_sharding(  # shards land on cuda:{rank % local_world_size} = this rank's GPU
+        spec,
+        rank.world_size,
+        device.type,
+        options.sharding,
+        batch_rows=options.batch_rows,
+        local_world_size=rank.local_world_size,
     )
     if rank.rank == 0:
         log.info("sharding plan:\n%s", describe_plan(plan, spec, rank.world_size).render())

@@ -6,6 +6,8 @@ exceptions into one; the app (``pipeline.cli``) catches them in one place and pr
 
 from __future__ import annotations
 
+import sys
+
 import pydantic
 from pydantic_settings import SettingsError
 
@@ -59,7 +61,8 @@ def as_user_error(error: BaseException) -> UserError | None:
 
     Returns:
         ``error`` itself when it is a :class:`UserError`; one made from a configuration error
-        (unknown key, missing file, bad value); else ``None`` (it keeps its traceback).
+        (unknown key, missing file, bad value) or a launch error (more ranks than GPUs); else
+        ``None`` (it keeps its traceback).
     """
     if isinstance(error, UserError):
         return error
@@ -69,6 +72,9 @@ def as_user_error(error: BaseException) -> UserError | None:
         return UserError(str(error))
     if isinstance(error, SettingsError):
         return UserError(f"bad config value: {error}")
+    device = sys.modules.get("model.device")  # not imported: no such error (and no torch here)
+    if device is not None and isinstance(error, device.DeviceUnavailableError):
+        return UserError(str(error))  # a rank started for a GPU this host does not have
     return None
 
 

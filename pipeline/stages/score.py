@@ -15,8 +15,10 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from model.device import bind_thread
 from model.serving import Scorer
 from pipeline.metrics import Metrics
 from pipeline.records import PreparedBatch, ScoredBatch
@@ -38,7 +40,7 @@ def score_batch(
         The best ``min(num_results, candidates)`` items of every event, best first.
     """
     events = prepared.batch.events
-    probs = scorer.forward(prepared.staged.ready_input(), pad_rows)
+    probs = scorer.forward(prepared.staged.ready_input(), pad_rows, rows=events.num_rows)
     top = scorer.top_k(probs, events.candidate_counts, events.num_results)
     return ScoredBatch(
         counts=top.counts,
@@ -51,22 +53,35 @@ def score_batch(
 class ForwardExecutor:
     """Runs :func:`score_batch` on one scoring thread, one batch at a time.
 
+    The scoring thread binds the model's GPU first (:func:`model.device.bind_thread`: a new
+    thread's current device is ``cuda:0``) and warms the model up there (CUDA-graph trees are
+    per thread) before the constructor returns, i.e. before the consumer joins the group.
+
     Args:
         scorer: the served model.
         metrics: the ``forward`` stage time.
+        warm_up_rows: batch sizes to warm up at (:meth:`~model.serving.Scorer.warm_up`);
+            collective with several ranks.
 
     Example::
 
-        executor = ForwardExecutor(scorer, metrics)
+        executor = ForwardExecutor(scorer, metrics, warm_up_rows=(4096, 2048))
         executor.start(prepared, pad_rows=None)
         prepared, scored = executor.take(wait=True)
     """
 
-    def __init__(self, scorer: Scorer, metrics: Metrics) -> None:
+    def __init__(self, scorer: Scorer, metrics: Metrics, warm_up_rows: Sequence[int] = ()) -> None:
         self.scorer = scorer
         self._metrics = metrics
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="forward",
+            initializer=bind_thread,
+            initargs=(scorer.device,),
+        )
         self._inflight: tuple[PreparedBatch | None, Future[ScoredBatch | None]] | None = None
+        if warm_up_rows or scorer.graph_shapes:
+            self._pool.submit(scorer.warm_up, tuple(warm_up_rows)).result()
 
     @property
     def busy(self) -> bool:

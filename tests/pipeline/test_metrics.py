@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import socket
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
+import model.device
 from model.rank import RankContext
 from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.records import FallbackFeature, RejectReason
@@ -81,6 +84,42 @@ def test_rank_and_world_size_come_from_the_rank_context() -> None:
 
 
 def test_no_gpu_series_without_cuda() -> None:
+    assert not any(n.startswith("streamrank_gpu_") for n in _sample_names(Metrics()))
+
+
+def test_gpu_series_describe_the_gpu_the_rank_serves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LOCAL_RANK says 0, but this process serves on cuda:1 (model.device bound it): the
+    # scrape reads cuda:1, whatever the scrape thread's own current device is.
+    asked: list[object] = []
+
+    def per_device(value: int) -> Callable[[object], int]:
+        def read(device: object) -> int:
+            asked.append(device)
+            return value
+
+        return read
+
+    def no_nvml(device: object) -> int:
+        raise RuntimeError("pynvml not installed")
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(model.device, "_bound", [torch.device("cuda", 1)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", per_device(3))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", per_device(5))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: asked.append(device) or SimpleNamespace(total_memory=7),
+    )
+    monkeypatch.setattr(torch.cuda, "utilization", no_nvml)
+    registry = Metrics().registry
+    for kind, value in (("allocated", 3), ("reserved", 5), ("total", 7)):
+        labels = {"rank": "0", "kind": kind}
+        assert registry.get_sample_value("streamrank_gpu_memory_bytes", labels) == value
+    assert asked and set(asked) == {torch.device("cuda", 1)}
+    monkeypatch.setattr(model.device, "_bound", [])  # CUDA up but no GPU bound: no series
     assert not any(n.startswith("streamrank_gpu_") for n in _sample_names(Metrics()))
 
 

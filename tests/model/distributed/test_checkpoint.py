@@ -9,10 +9,14 @@ mixed row/column/table-row-wise/data-parallel plan (loads the 2-rank DCP, saves 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from model.checkpoint import (
     META_FILE,
@@ -188,3 +192,54 @@ def test_errors(tmp_path: Path, spec: FeatureSpec) -> None:
         checkpoint_format(tmp_path / "empty")
     with pytest.raises(FileExistsError):
         export_unsharded(tmp_path / "dcp", tmp_path / "dcp")
+
+
+class _ModelOnAGpu(nn.Module):
+    """What load_sharded sees of a (sharded) model on ``cuda:1``: its parameters' device and
+    its ``load_state_dict``, which keeps the state it is given (the sharded modules' load hooks
+    slice it to the rank's shards; tested by the reshard chain above)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def parameters(self, recurse: bool = True) -> Iterator[Any]:
+        yield SimpleNamespace(is_meta=False, device=torch.device("cuda", 1))
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        self.loaded = dict(state_dict)
+        return SimpleNamespace(missing_keys=[], unexpected_keys=[])
+
+
+def _file_mappings(path: Path) -> list[tuple[int, int]]:
+    """Address ranges at which this process maps ``path`` (Linux ``/proc/self/maps``)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[5]) == path.resolve():
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux /proc")
+def test_a_single_process_checkpoint_stays_mapped_on_the_host(
+    tmp_path: Path, spec: FeatureSpec
+) -> None:
+    # Before: the whole file was loaded onto the model's device (every full table on each
+    # rank's GPU) and sliced there. Now the state handed to the model is views of the mapped
+    # file on the host; the model copies only its own slices to its device.
+    ranker = build_ranker(spec, seed=4)
+    save_checkpoint(ranker, spec, tmp_path / "single")
+    on_gpu = _ModelOnAGpu()
+    load_sharded(on_gpu, tmp_path / "single")
+    expected = ranker.state_dict()
+    assert set(on_gpu.loaded) == set(expected)
+    mapped = _file_mappings(tmp_path / "single" / WEIGHTS_FILE)
+    assert mapped
+    for name, tensor in on_gpu.loaded.items():
+        assert tensor.device == torch.device("cpu"), name
+        assert torch.equal(tensor, expected[name]), name
+        if tensor.numel():
+            address = tensor.data_ptr()
+            assert any(start <= address < end for start, end in mapped), f"{name} was copied"

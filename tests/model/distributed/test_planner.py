@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from model.distributed import (
     EBC_MODULE_PATH,
@@ -130,3 +131,36 @@ def test_cuda_plan_needs_no_gpu() -> None:
     ]
     with pytest.raises(ValueError, match="local_world_size"):
         plan_sharding(spec, 4, local_world_size=3)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "table_wise",
+        "table_wise@3",
+        "column_wise",
+        "row_wise",
+        "table_row_wise",
+        "table_column_wise",
+        "balance=bytes",
+        "balance=planner",
+        MIXED_3_RANKS,  # a data-parallel table among them: replicas have no placement
+    ],
+)
+def test_every_cuda_shard_lands_on_the_gpu_its_rank_runs_on(config: str) -> None:
+    # Two hosts of two ranks: rank r runs on cuda:{r % 2} (its LOCAL_RANK), whoever places it
+    # (the planner or the hand generators).
+    spec = small_spec()
+    plan = plan_sharding(
+        spec, 4, device_type="cuda", config=ShardingConfig.parse(config), local_world_size=2
+    )
+    placements = [
+        shard.placement
+        for ps in plan.plan[EBC_MODULE_PATH].values()
+        if ps.sharding_spec is not None
+        for shard in ps.sharding_spec.shards
+    ]
+    assert placements
+    for placement in placements:
+        assert placement is not None
+        assert placement.device() == torch.device("cuda", placement.rank() % 2), placement

@@ -1,18 +1,24 @@
-"""The model factory: options -> served model (precision, warm-up before joining, refusals)."""
+"""The model factory: options -> served model (precision, graph shapes, refusals), and the
+warm-up the scoring thread runs before the consumer joins."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from model.checkpoint import save_checkpoint
+from model.graph_shapes import graph_shapes, shape_for
 from model.options import Precision
 from model.quant_dtype import QuantDtype
 from model.rank import RankContext
 from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOption
+from pipeline.metrics import Metrics
+from pipeline.stages.features import build_feature_columns
+from pipeline.stages.score import ForwardExecutor
 from tests.pipeline.factories import TINY_SPEC, prepared_batch, user_event
 
 
@@ -23,33 +29,52 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
-def _warm_ups(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    warmed: list[list[int]] = []
-    monkeypatch.setattr(Scorer, "warm_up", lambda self, rows: warmed.append(list(rows)) or 0.0)
-    return warmed
-
-
-def test_one_process_gets_the_precision_and_is_warmed_up_at_the_batch_size(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    warmed = _warm_ups(monkeypatch)
+def test_one_process_gets_the_precision(checkpoint: Path) -> None:
     options = ServingOptions(checkpoint, device="cpu", precision=Precision.BF16, batch_rows=512)
     scorer = ScorerFactory(options).create_scorer()
     assert scorer.precision is Precision.BF16
     assert scorer.device == torch.device("cpu")
-    assert warmed == [[512, 256]]
+    assert scorer.graph_shapes == ()  # no CUDA graphs on a CPU
 
 
-def test_a_compiled_quantized_model_is_served_in_one_process(
+def test_the_scoring_thread_warms_up_at_the_batch_size_before_returning(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    warmed = _warm_ups(monkeypatch)
+    warmed: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(
+        Scorer,
+        "warm_up",
+        lambda self, rows: warmed.append((threading.current_thread().name, list(rows))) or 0.0,
+    )
+    options = ServingOptions(checkpoint, device="cpu", batch_rows=512)
+    executor = ForwardExecutor(
+        ScorerFactory(options).create_scorer(), Metrics(), options.warm_up_rows
+    )
+    assert [rows for _, rows in warmed] == [[512, 256]]
+    assert warmed[0][0].startswith("forward")  # not the caller's thread
+    executor.shutdown()
+
+
+def test_a_compiled_quantized_model_is_served_in_one_process(checkpoint: Path) -> None:
     fp32 = ScorerFactory(ServingOptions(checkpoint, device="cpu")).create_scorer()
     options = ServingOptions(checkpoint, device="cpu", quantize=QuantDtype.INT8, compile=True)
     int8 = ScorerFactory(options).create_scorer()
     assert int8.embedding_bytes() < fp32.embedding_bytes()
     assert hasattr(int8.module, "_compiled_call_impl")  # nn.Module.compile() was applied
-    assert warmed == [[4096, 2048], [4096, 2048]]
+
+
+def test_batches_padded_to_graph_shapes_score_their_rows_as_before(checkpoint: Path) -> None:
+    plain = ScorerFactory(ServingOptions(checkpoint, device="cpu")).create_scorer()
+    shapes = graph_shapes(plain.spec, 64)
+    padded = Scorer(plain.module, plain.spec, "v", plain.device, graph_shapes=shapes)
+    prepared = prepared_batch([user_event(5), user_event(3)], plain)
+    features = build_feature_columns(prepared.batch.events, prepared.enrichment, plain.spec)
+    staged = padded.stage(features).ready_input()
+    assert staged.num_rows == shape_for(8, shapes).padded_rows  # a graph's static shape
+    want = plain.forward(prepared.staged.ready_input())
+    got = padded.forward(staged, rows=8)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert padded.warm_up([]) >= 0  # every shape, three times (eager, record, replay)
 
 
 @pytest.mark.parametrize(("option", "value"), [("quantize", QuantDtype.INT8), ("compile", True)])
@@ -69,7 +94,9 @@ def test_warm_up_runs_a_forward_per_size(checkpoint: Path) -> None:
     scorer = ScorerFactory(ServingOptions(checkpoint, device="cpu", batch_rows=8)).create_scorer()
     calls: list[int] = []
     forward = scorer.forward
-    scorer.forward = lambda inp, pad_to=None: calls.append(inp.num_rows) or forward(inp, pad_to)  # type: ignore[method-assign]
+    scorer.forward = lambda inp, pad_to=None, rows=None: (
+        calls.append(inp.num_rows) or forward(inp, pad_to, rows)
+    )  # type: ignore[method-assign]
     assert scorer.warm_up([64, 32]) >= 0
     assert calls == [64, 32]
 

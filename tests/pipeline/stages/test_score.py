@@ -23,10 +23,12 @@ class GatedScorer(Scorer):
         self.padding_rows: list[int] = []
         self.threads: set[str] = set()
 
-    def forward(self, inp: object, pad_to: int | None = None) -> torch.Tensor:
+    def forward(
+        self, inp: object, pad_to: int | None = None, rows: int | None = None
+    ) -> torch.Tensor:
         self.threads.add(threading.current_thread().name)
         assert self.gate.wait(10)
-        return super().forward(inp, pad_to)  # type: ignore[arg-type]
+        return super().forward(inp, pad_to, rows)  # type: ignore[arg-type]
 
     def forward_padding(self, rows: int) -> None:
         self.padding_rows.append(rows)

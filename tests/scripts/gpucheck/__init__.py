@@ -1,0 +1,1 @@
+"""Tests for the modules of scripts/gpucheck."""
