@@ -185,6 +185,7 @@ class ScoringPipeline:
                 settings.batching.max_in_flight_batches,
                 commit_results=clients.commit_results,
             )
+        metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         executor = ForwardExecutor(
             self.scorer,

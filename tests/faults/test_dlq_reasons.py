@@ -23,8 +23,11 @@ from confluent_kafka import Consumer
 from model.synthetic import SyntheticWorld
 from pipeline.config import CodecSettings, Framing, Settings
 from pipeline.faults import FAULTS_ENV_VAR
-from pipeline.stages.decode import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.stages.decode import RejectReason  # moves to pipeline/records.py (issue 14)
+from pipeline.stages.decode import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    RejectReason,  # moves to pipeline/records.py (issue 14)
+)
 from pipeline.stages.publish import DETAIL_HEADER, REASON_HEADER
 from pipeline.stages.schema_registry import SchemaLookup
 from tests.faults.helpers import dead_letters, seeded_settings
