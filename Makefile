@@ -11,8 +11,9 @@ DEMO_EVENTS ?= 5000
 install:
 	@scripts/install.sh
 
+# SECURE=1: Kafka SASL_SSL (SCRAM-SHA-512) + TLS, Redis TLS + password (scripts/stack_tls.sh).
 stack-up:
-	@scripts/stack_up.sh $(STACK_DIR)
+	@scripts/stack_up.sh $(if $(filter 1,$(SECURE)),--secure) $(STACK_DIR)
 
 stack-down:
 	@scripts/stack_down.sh $(STACK_DIR)
