@@ -194,6 +194,7 @@ class ScoringPipeline:
             self.shutdown,
             source.held_back,
         )
+        metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         rebalance = RebalanceHandler(source, self.batcher, checkpointer, processor, self.collective)
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
         return _Run(source, dead_letters, checkpointer, processor, rebalance)

@@ -22,6 +22,8 @@ metric                                             type       labels / meaning
 ``streamrank_feature_fallback_events_total``       counter    ``feature``: events served defaults
 ``streamrank_embedding_bytes``                     gauge      embedding bytes held by this rank
 ``streamrank_consumer_lag_messages``               gauge      ``topic``, ``partition``
+``streamrank_commit_failures_total``               counter    offset commits that failed (each is
+                                                              retried with the next commit)
 ``streamrank_rank_step_duration_seconds``          histogram  ``rank``: one scoring step
 ``streamrank_collective_duration_seconds``         histogram  ``rank``, ``op``: a collective call
 ``streamrank_rank_up``                             gauge      ``rank``: 1 while the rank serves
@@ -39,11 +41,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from model.rank import RankContext
@@ -127,6 +129,44 @@ class GpuCollector(Collector):
         util.add_metric([self._rank], busy / 100.0)
         out.append(util)
         return out
+
+
+class CommitFailures(Collector):
+    """``streamrank_commit_failures_total``: offset commits that failed, read at scrape time from
+    the committer's own count (``Checkpointer.commit_failures``), so the commit protocol needs
+    no reference to the metrics. Exported at 0 before a committer is watched.
+
+    Example::
+
+        metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
+    """
+
+    def __init__(self) -> None:
+        self._earlier = 0
+        self._counted: Callable[[], int] | None = None
+
+    def watch(self, counted: Callable[[], int]) -> None:
+        """Count what ``counted()`` returns from now on, on top of the committers watched before
+        (a new run of the loop builds a new committer; the counter never goes back).
+
+        Args:
+            counted: the failures the current committer has seen so far.
+        """
+        if self._counted is not None:
+            self._earlier += self._counted()
+        self._counted = counted
+
+    @property
+    def value(self) -> int:
+        """Failed commits of every committer watched so far."""
+        return self._earlier + (self._counted() if self._counted is not None else 0)
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "streamrank_commit_failures",
+            "Offset commits that failed (logged; the offsets are retried with the next commit).",
+            value=self.value,
+        )
 
 
 class Metrics:
@@ -229,6 +269,8 @@ class Metrics:
         )
         self.degradations.set(degradations)
         r.register(GpuCollector(self.rank))
+        self.commit_failures = CommitFailures()
+        r.register(self.commit_failures)
         for reason in RejectReason:
             self.dead_lettered.labels(reason=reason.value)
         for feature in FALLBACK_FEATURES:

@@ -3,20 +3,32 @@
 # Kafka 4.x broker (KRaft, combined broker+controller, jars from Maven Central)
 # and a real Redis, both on free 127.0.0.1 ports. No Docker needed.
 #
-# Usage: scripts/stack_up.sh [STACK_DIR]
+# Usage: scripts/stack_up.sh [--secure] [STACK_DIR]
 #   STACK_DIR defaults to $STREAMRANK_STACK_DIR, else <repo>/.stack.
 #   Several stacks can run at once in different STACK_DIRs.
+#   --secure (make stack-up SECURE=1): Kafka speaks only SASL_SSL (SCRAM-SHA-512 over TLS;
+#   its controller listener TLS), Redis only TLS with a password; a throw-away CA, the
+#   servers' certificate and random passwords are made by scripts/stack_tls.sh.
 #
 # On success STACK_DIR/env holds
 #   export STREAMRANK_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:<port>
 #   export STREAMRANK_REDIS__URL=redis://127.0.0.1:<port>/0
 #   export STREAMRANK_STACK_DIR=<STACK_DIR>
+# and with --secure (the file is then mode 600: it holds the passwords)
+#   export STREAMRANK_KAFKA__SECURITY_PROTOCOL=SASL_SSL
+#   export STREAMRANK_KAFKA__SASL_MECHANISM=SCRAM-SHA-512
+#   export STREAMRANK_KAFKA__SASL_USERNAME=streamrank
+#   export STREAMRANK_KAFKA__SASL_PASSWORD=<random>
+#   export STREAMRANK_KAFKA__SSL_CA_LOCATION=<STACK_DIR>/tls/ca.pem
+#   export STREAMRANK_REDIS__URL=rediss://:<random>@127.0.0.1:<port>/0
+#   export STREAMRANK_REDIS__SSL_CA_CERTS=<STACK_DIR>/tls/ca.pem
 # so `source STACK_DIR/env` points the pipeline at the stack.
 # Stop it with scripts/stack_down.sh [STACK_DIR].
 #
-# Idempotent: when STACK_DIR/env exists and both servers answer, it prints
-# "stack already up" and exits 0. Otherwise leftovers are stopped and the
-# stack is started from scratch (fresh Kafka data, new ports).
+# Idempotent: when STACK_DIR/env exists and both servers answer (in the mode
+# asked for), it prints "stack already up" and exits 0. Otherwise leftovers are
+# stopped and the stack is started from scratch (fresh Kafka data, new ports,
+# with --secure new certificates and passwords).
 #
 # Layout of STACK_DIR:
 #   env, ports                 connection settings (shell syntax)
@@ -26,6 +38,8 @@
 #   redis/, redis.out          Redis working dir and output
 #   kafka.pid, redis.pid       pids used by stack_down.sh
 #   kafka.cmd                  the broker's command line (scripts/kafka_ctl.sh)
+#   --secure only: tls/ (CA, certificates, keys), secrets (passwords, mode 600),
+#   redis.conf (mode 600: holds the Redis password)
 #
 # Environment knobs (all optional):
 #   STREAMRANK_CACHE_DIR            jar cache root (see kafka_fetch.sh)
@@ -37,6 +51,16 @@ set -euo pipefail
 START_TS=$SECONDS
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
+SECURE=0
+if [[ "${1:-}" == "--secure" ]]; then
+    SECURE=1
+    shift
+fi
+if [[ "${2:-}" == "--secure" ]]; then
+    SECURE=1
+    set -- "$1"
+fi
+[[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: stack_up.sh [--secure] [STACK_DIR]" >&2; exit 2; }
 STACK_DIR="${1:-${STREAMRANK_STACK_DIR:-$REPO_ROOT/.stack}}"
 mkdir -p "$STACK_DIR"
 STACK_DIR="$(cd "$STACK_DIR" && pwd)"
@@ -71,9 +95,13 @@ port_open() {
     timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
 }
 
-# redis_ping PORT: the Redis on PORT answers PING with PONG.
+# redis_ping PORT: the Redis on PORT answers PING with PONG (in --secure mode over TLS,
+# with the password from STACK_DIR/secrets, passed in the environment, not the command line).
 redis_ping() {
-    if command -v redis-cli >/dev/null 2>&1; then
+    if [[ "$SECURE" -eq 1 ]]; then
+        [[ "$(REDISCLI_AUTH="$(secret_value REDIS_PASSWORD)" timeout 2 redis-cli --tls \
+            --cacert "$STACK_DIR/tls/ca.pem" -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]
+    elif command -v redis-cli >/dev/null 2>&1; then
         [[ "$(timeout 2 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]
     else
         # Plain RESP over bash's /dev/tcp: "PING" -> "+PONG".
@@ -84,6 +112,11 @@ redis_ping() {
             IFS= read -r line <&3
             [[ "$line" == "+PONG"* ]]' _ "$1" 2>/dev/null
     fi
+}
+
+# secret_value NAME: NAME's value in STACK_DIR/secrets (written by stack_tls.sh).
+secret_value() {
+    sed -n "s/^$1=//p" "$STACK_DIR/secrets" 2>/dev/null
 }
 
 # launch PIDFILE OUTFILE CMD...: run CMD detached (own session, immune to
@@ -122,9 +155,14 @@ kafka_failed() {
 print_summary() {
     # shellcheck disable=SC1091
     source "$STACK_DIR/ports"
+    local kafka_mode="PLAINTEXT" redis_mode="plain"
+    if [[ "${SECURE:-0}" -eq 1 ]]; then
+        kafka_mode="SASL_SSL, SCRAM-SHA-512"
+        redis_mode="TLS + password"
+    fi
     cat <<EOF
-  kafka  127.0.0.1:$KAFKA_PORT (controller :$CONTROLLER_PORT, pid $(cat "$STACK_DIR/kafka.pid"), log $STACK_DIR/logs/server.log)
-  redis  127.0.0.1:$REDIS_PORT (pid $(cat "$STACK_DIR/redis.pid"), log $STACK_DIR/redis.out)
+  kafka  127.0.0.1:$KAFKA_PORT $kafka_mode (controller :$CONTROLLER_PORT, pid $(cat "$STACK_DIR/kafka.pid"), log $STACK_DIR/logs/server.log)
+  redis  127.0.0.1:$REDIS_PORT $redis_mode (pid $(cat "$STACK_DIR/redis.pid"), log $STACK_DIR/redis.out)
 use it:  source $STACK_DIR/env
 stop it: $SCRIPT_DIR/stack_down.sh $STACK_DIR
 EOF
@@ -138,16 +176,25 @@ exec 9>"$STACK_DIR/.lock"
 flock 9
 
 if [[ -f "$STACK_DIR/env" && -f "$STACK_DIR/ports" ]]; then
+    wanted_secure="$SECURE"
+    SECURE=0 # a ports file of an older stack_up.sh names no mode: it was plain
     # shellcheck disable=SC1091
     source "$STACK_DIR/ports"
-    if pidfile_alive "$STACK_DIR/kafka.pid" kafka.Kafka &&
+    running_secure="${SECURE:-0}"
+    SECURE="$wanted_secure"
+    if [[ "$running_secure" == "$wanted_secure" ]] &&
+        pidfile_alive "$STACK_DIR/kafka.pid" kafka.Kafka &&
         pidfile_alive "$STACK_DIR/redis.pid" redis-server &&
         port_open "${KAFKA_PORT:-0}" && redis_ping "${REDIS_PORT:-0}"; then
         echo "stack already up in $STACK_DIR"
         print_summary
         exit 0
     fi
-    log "stack in $STACK_DIR is not healthy; restarting it"
+    if [[ "$running_secure" != "$wanted_secure" ]]; then
+        log "stack in $STACK_DIR runs in the other mode (secure=$running_secure); restarting it"
+    else
+        log "stack in $STACK_DIR is not healthy; restarting it"
+    fi
 fi
 
 # ---------------------------------------------------------- prerequisites --
@@ -193,19 +240,55 @@ read -r KAFKA_PORT CONTROLLER_PORT REDIS_PORT <<<"$ports"
 
 # A used KRaft data dir cannot be formatted again: always start empty.
 rm -rf "$STACK_DIR/kafka-data" "$STACK_DIR/logs" "$STACK_DIR/redis" \
-    "$STACK_DIR/kafka.out" "$STACK_DIR/redis.out"
+    "$STACK_DIR/kafka.out" "$STACK_DIR/redis.out" "$STACK_DIR/tls" "$STACK_DIR/secrets" \
+    "$STACK_DIR/redis.conf" "$STACK_DIR/scram.args"
+# server.properties (the broker's SCRAM login), redis.conf and env hold passwords in
+# --secure mode: nobody else may read what this script writes.
+if [[ "$SECURE" -eq 1 ]]; then
+    umask 077
+fi
 mkdir -p "$STACK_DIR/kafka-data" "$STACK_DIR/logs" "$STACK_DIR/redis"
+
+if [[ "$SECURE" -eq 1 ]]; then
+    "$SCRIPT_DIR/stack_tls.sh" "$STACK_DIR" || die "could not make certificates and passwords"
+    TLS="$STACK_DIR/tls"
+    LISTENERS="$(cat <<EOF
+listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT
+listener.security.protocol.map=CONTROLLER:SSL,SASL_SSL:SASL_SSL
+inter.broker.listener.name=SASL_SSL
+
+# SASL_SSL: SCRAM-SHA-512 logins over TLS (the broker logs in to itself as the admin user;
+# the users' SCRAM credentials are written into the metadata by the storage format below).
+# The controller listener is TLS only (loopback: the broker talking to its own controller).
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$(secret_value KAFKA_ADMIN_USER)" password="$(secret_value KAFKA_ADMIN_PASSWORD)";
+ssl.keystore.type=PEM
+ssl.keystore.location=$TLS/kafka.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLS/ca.pem
+ssl.client.auth=none
+ssl.endpoint.identification.algorithm=https
+EOF
+)"
+else
+    LISTENERS="$(cat <<EOF
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+EOF
+)"
+fi
 
 cat >"$STACK_DIR/server.properties" <<EOF
 # Generated by scripts/stack_up.sh: single-node KRaft test broker.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+$LISTENERS
 log.dirs=$STACK_DIR/kafka-data
 
 # Topics. Everything is replication factor 1: with a higher RF the internal
@@ -251,8 +334,19 @@ TOOL_OPTS=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # Format the storage with a fresh cluster id (static voters => no --standalone).
 cluster_id="$("$JAVA" "${TOOL_OPTS[@]}" -cp "$KAFKA_CP" kafka.tools.StorageTool random-uuid | tail -n1)"
 [[ "$cluster_id" =~ ^[A-Za-z0-9_-]{22}$ ]] || die "StorageTool random-uuid returned '$cluster_id'"
+# --secure: the SCRAM users go in with the format, through a java @argfile (mode 600) so
+# their passwords never show on a command line.
+format_args=()
+if [[ "$SECURE" -eq 1 ]]; then
+    for user in ADMIN CLIENT; do
+        printf -- '--add-scram\nSCRAM-SHA-512=[name=%s,password=%s]\n' \
+            "$(secret_value "KAFKA_${user}_USER")" "$(secret_value "KAFKA_${user}_PASSWORD")"
+    done >"$STACK_DIR/scram.args"
+    format_args=("@$STACK_DIR/scram.args")
+fi
 if ! "$JAVA" "${TOOL_OPTS[@]}" -cp "$KAFKA_CP" kafka.tools.StorageTool format \
-    -t "$cluster_id" -c "$STACK_DIR/server.properties" >"$STACK_DIR/logs/format.out" 2>&1; then
+    -t "$cluster_id" -c "$STACK_DIR/server.properties" "${format_args[@]}" \
+    >"$STACK_DIR/logs/format.out" 2>&1; then
     cat "$STACK_DIR/logs/format.out" >&2
     die "kafka storage format failed"
 fi
@@ -269,10 +363,32 @@ KAFKA_CMD=("$JAVA" $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20
 printf '%q ' "${KAFKA_CMD[@]}" >"$STACK_DIR/kafka.cmd"
 launch "$STACK_DIR/kafka.pid" "$STACK_DIR/kafka.out" "${KAFKA_CMD[@]}"
 
-# Redis starts in milliseconds; launch it while Kafka boots.
-launch "$STACK_DIR/redis.pid" "$STACK_DIR/redis.out" \
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
-    --appendonly no --daemonize no --dir "$STACK_DIR/redis"
+rm -f "$STACK_DIR/scram.args"
+
+# Redis starts in milliseconds; launch it while Kafka boots. --secure: TLS only (no plain
+# port), clients need no certificate of their own, a password; all in a mode-600 config
+# file (a password on the command line would show in ps).
+if [[ "$SECURE" -eq 1 ]]; then
+    cat >"$STACK_DIR/redis.conf" <<EOF
+port 0
+tls-port $REDIS_PORT
+bind 127.0.0.1
+tls-cert-file $TLS/server.pem
+tls-key-file $TLS/server.key
+tls-ca-cert-file $TLS/ca.pem
+tls-auth-clients no
+requirepass $(secret_value REDIS_PASSWORD)
+save ""
+appendonly no
+daemonize no
+dir $STACK_DIR/redis
+EOF
+    launch "$STACK_DIR/redis.pid" "$STACK_DIR/redis.out" redis-server "$STACK_DIR/redis.conf"
+else
+    launch "$STACK_DIR/redis.pid" "$STACK_DIR/redis.out" \
+        redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize no --dir "$STACK_DIR/redis"
+fi
 
 # Wait for Kafka: the readiness line, then the listener.
 deadline=$((SECONDS + KAFKA_START_TIMEOUT))
@@ -302,13 +418,28 @@ cat >"$STACK_DIR/ports" <<EOF
 KAFKA_PORT=$KAFKA_PORT
 CONTROLLER_PORT=$CONTROLLER_PORT
 REDIS_PORT=$REDIS_PORT
+SECURE=$SECURE
 EOF
 # Written last and atomically: env existing means the stack is usable.
-cat >"$STACK_DIR/env.tmp" <<EOF
+if [[ "$SECURE" -eq 1 ]]; then
+    cat >"$STACK_DIR/env.tmp" <<EOF
+export STREAMRANK_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
+export STREAMRANK_KAFKA__SECURITY_PROTOCOL=SASL_SSL
+export STREAMRANK_KAFKA__SASL_MECHANISM=SCRAM-SHA-512
+export STREAMRANK_KAFKA__SASL_USERNAME=$(secret_value KAFKA_CLIENT_USER)
+export STREAMRANK_KAFKA__SASL_PASSWORD=$(secret_value KAFKA_CLIENT_PASSWORD)
+export STREAMRANK_KAFKA__SSL_CA_LOCATION=$TLS/ca.pem
+export STREAMRANK_REDIS__URL=rediss://:$(secret_value REDIS_PASSWORD)@127.0.0.1:$REDIS_PORT/0
+export STREAMRANK_REDIS__SSL_CA_CERTS=$TLS/ca.pem
+export STREAMRANK_STACK_DIR=$STACK_DIR
+EOF
+else
+    cat >"$STACK_DIR/env.tmp" <<EOF
 export STREAMRANK_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
 export STREAMRANK_REDIS__URL=redis://127.0.0.1:$REDIS_PORT/0
 export STREAMRANK_STACK_DIR=$STACK_DIR
 EOF
+fi
 mv "$STACK_DIR/env.tmp" "$STACK_DIR/env"
 started_ok=1
 

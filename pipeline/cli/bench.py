@@ -1,4 +1,5 @@
-"""``streamrank bench model|pipeline|quantize|compile|ranks``: the numbers of BENCHMARKS.md.
+"""``streamrank bench model|pipeline|quantize|compile|ranks|...|soak``: the numbers of
+BENCHMARKS.md and RELIABILITY.md.
 
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
@@ -7,15 +8,24 @@ model of the configured spec (same shapes, same speed; a warning says so); ``ran
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, command_settings, emit
+from pipeline.cli.common import (
+    CliState,
+    ConfigOption,
+    JsonOption,
+    apply_threads,
+    command_settings,
+    emit,
+)
 from pipeline.cli.common import err as console
 from pipeline.cli.errors import UserError
-from pipeline.config import Settings
+from pipeline.config import CONFIG_ENV_VAR, Settings
 
 bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
 
@@ -170,6 +180,7 @@ def bench_ranks_command(
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = _stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
+    _export_config_file(ctx, config)
     emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
 
 
@@ -201,3 +212,70 @@ def bench_codec_command(
 
     settings = command_settings(ctx, config)
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
+
+
+@bench_app.command("soak")
+def bench_soak_command(
+    ctx: typer.Context,
+    minutes: Annotated[float, typer.Option(help="How long to offer load.")] = 10.0,
+    load: Annotated[float, typer.Option(help="Fraction of the measured capacity to offer.")] = 0.5,
+    rate: Annotated[
+        float | None, typer.Option(help="Events/s to offer instead (skips the capacity run).")
+    ] = None,
+    capacity_events: Annotated[
+        int, typer.Option(help="Backlog scored to measure the capacity.")
+    ] = 20_000,
+    sample_s: Annotated[float, typer.Option(help="Seconds between samples.")] = 30.0,
+    warmup_s: Annotated[
+        float | None,
+        typer.Option(help="Samples before this are not checked (default: 60 s, at most 20%)."),
+    ] = None,
+    max_rss_growth: Annotated[
+        float, typer.Option(help="Largest RSS growth after warm-up that passes.")
+    ] = 0.05,
+    max_lag_s: Annotated[
+        float, typer.Option(help="Lag bound after warm-up, in seconds of offered input.")
+    ] = 10.0,
+    out: Annotated[Path, typer.Option(help="Directory for soak.json, soak.png and logs.")] = Path(
+        "artifacts/soak"
+    ),
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """A long run at a fraction of capacity: RSS, lag and p99 sampled and plotted; checks that
+    memory stays flat, lag stays bounded and nothing is lost (exit 1 when a check fails)."""
+    from pipeline.tools.bench.soak import SoakPlan, bench_soak
+
+    if minutes <= 0 or sample_s <= 0 or capacity_events < 1:
+        raise UserError("--minutes, --sample-s and --capacity-events must be positive")
+    if not 0 < load <= 1:
+        raise UserError(f"--load is a fraction of capacity in (0, 1], got {load}")
+    if rate is not None and rate <= 0:
+        raise UserError(f"--rate must be positive, got {rate}")
+    settings = _stack_settings(ctx, config)
+    require_checkpoint(settings.model.checkpoint)
+    _export_config_file(ctx, config)
+    plan = SoakPlan(
+        minutes=minutes,
+        load=load,
+        rate=rate,
+        capacity_events=capacity_events,
+        sample_s=sample_s,
+        warmup_s=min(60.0, minutes * 60 * 0.2) if warmup_s is None else warmup_s,
+        max_rss_growth=max_rss_growth,
+        max_lag_s=max_lag_s,
+    )
+    result = bench_soak(settings, plan, out, report=_report)
+    emit({k: v for k, v in result.items() if k != "samples"} if not as_json else result, as_json)
+    if not result["passed"]:
+        failed = [name for name, ok in result["checks"].items() if not ok]
+        console.print(f"soak checks failed: {', '.join(failed)} (see {result['json']})")
+        raise typer.Exit(1)
+
+
+def _export_config_file(ctx: typer.Context, config: ConfigOption) -> None:
+    """Hand the chosen ``--config`` file to the child processes a benchmark starts."""
+    state = ctx.find_object(CliState)
+    chosen = config if config is not None else (state.config_file if state else None)
+    if chosen is not None:
+        os.environ[CONFIG_ENV_VAR] = str(chosen.resolve())

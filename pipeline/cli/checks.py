@@ -64,7 +64,10 @@ def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOU
         require_redis(settings.redis)
     """
     client = redis.Redis.from_url(
-        settings.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+        settings.url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        **settings.client_kwargs(),
     )
     try:
         client.ping()

@@ -110,6 +110,7 @@ class FeatureEnricher:
             socket_timeout=settings.socket_timeout_ms / 1000,
             socket_connect_timeout=settings.connect_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0),
+            **settings.client_kwargs(),
         )
         self._down_until = 0.0
         capacity = settings.cache_max_entries

@@ -46,7 +46,9 @@ def build_world(settings: Settings) -> SyntheticWorld:
 
 
 def redis_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(settings.redis.url)
+    """A client of the configured Redis (TLS settings included), without timeouts: bulk
+    loads may take a while."""
+    return redis.Redis.from_url(settings.redis.url, **settings.redis.client_kwargs())
 
 
 def seed_world_features(world: SyntheticWorld, writer: FeatureStoreWriter) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from tests.integration.conftest import (
     SentEvents,
     checkpoint_scorer,
     collect,
+    spec_of,
 )
 from tests.support.faults import FailingEnricher, FailingScorer
 
@@ -55,7 +56,7 @@ def test_an_event_failing_after_decode_is_dead_lettered_and_its_batch_scored(
     valid = first.ids | sent.ids
     dlq = consumer_factory(settings.topics.dlq)
     scorer = checkpoint_scorer(settings)
-    spec = scorer.spec
+    spec = spec_of(settings)
     enricher = FeatureEnricher(
         settings.redis, spec.user_dense_dim, spec.item_dense_dim, spec.recent_items_cap, Metrics()
     )

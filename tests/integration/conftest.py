@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 
-from model.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpoint import load_checkpoint, load_meta, save_checkpoint
 from model.features import build_model_input
 from model.serving import Scorer, ScorerFactory
 from model.spec import FeatureSpec, SparseFeature
@@ -144,6 +144,11 @@ def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
         return SentEvents(sampled, records)
 
     return send
+
+
+def spec_of(settings: Settings) -> FeatureSpec:
+    """The feature spec of the checkpoint ``settings`` serve."""
+    return load_meta(settings.model.checkpoint).spec
 
 
 def checkpoint_scorer(settings: Settings) -> Scorer:

@@ -16,6 +16,7 @@ from pipeline.config import (
     ConfigFileNotFoundError,
     Framing,
     KafkaSettings,
+    RedisSettings,
     Settings,
     TopicsSettings,
     load_settings,
@@ -409,3 +410,15 @@ def test_missing_config_file_from_env_var_raises(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(CONFIG_ENV_VAR, "gone.toml")
     with pytest.raises(ConfigFileNotFoundError, match=r"gone\.toml"):
         load_settings()
+
+
+def test_redis_tls_ca_reaches_the_client_only_for_a_tls_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert RedisSettings().client_kwargs() == {}
+    monkeypatch.setenv("STREAMRANK_REDIS__URL", "rediss://:pw@127.0.0.1:6380/0")
+    monkeypatch.setenv("STREAMRANK_REDIS__SSL_CA_CERTS", "/stack/tls/ca.pem")
+    redis_settings = load_settings().redis
+    assert redis_settings.client_kwargs() == {"ssl_ca_certs": "/stack/tls/ca.pem"}
+    with pytest.raises(pydantic.ValidationError, match="needs a TLS URL"):
+        RedisSettings(url="redis://127.0.0.1:6379/0", ssl_ca_certs="/stack/tls/ca.pem")

@@ -10,12 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from confluent_kafka import KafkaError, TopicPartition
 
 import model.device
 from model.rank import RankContext
+from pipeline.kafka_io import CommitResults
 from pipeline.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.records import FallbackFeature, RejectReason
+from pipeline.stages.commit import Checkpointer
 from pipeline.stepping import CollectiveStepper
+from tests.pipeline.fakes import FakeConsumer, FakeProducer
 
 EXPORTED = {
     "streamrank_consumed_messages_total",
@@ -29,6 +33,7 @@ EXPORTED = {
     "streamrank_feature_fallback_events_total",
     "streamrank_embedding_bytes",
     "streamrank_consumer_lag_messages",
+    "streamrank_commit_failures_total",
     "streamrank_rank_step_duration_seconds",
     "streamrank_collective_duration_seconds",
     "streamrank_rank_up",
@@ -68,6 +73,27 @@ def test_known_label_values_exist_at_zero_before_any_event() -> None:
     for feature in FALLBACK_FEATURES:
         assert get("streamrank_feature_fallback_events_total", {"feature": feature}) == 0
     assert set(FALLBACK_FEATURES) == {f.value for f in FallbackFeature}
+
+
+def test_commit_failures_are_exported_from_the_committers_count() -> None:
+    metrics = Metrics()
+    get = metrics.registry.get_sample_value
+    assert get("streamrank_commit_failures_total") == 0  # before any committer exists
+    results = CommitResults()
+    first = Checkpointer(FakeConsumer(), FakeProducer(), commit_results=results)  # type: ignore[arg-type]
+    metrics.commit_failures.watch(lambda: first.commit_failures)
+    timed_out = KafkaError(KafkaError.REQUEST_TIMED_OUT)
+    results(timed_out, [TopicPartition("events", 0, 5)])
+    results(timed_out, [TopicPartition("events", 1, 3)])
+    assert first.commit_failures == 2
+    assert get("streamrank_commit_failures_total") == 2
+    # A new run of the loop builds a new committer: the counter keeps the earlier failures.
+    results = CommitResults()
+    second = Checkpointer(FakeConsumer(), FakeProducer(), commit_results=results)  # type: ignore[arg-type]
+    metrics.commit_failures.watch(lambda: second.commit_failures)
+    assert get("streamrank_commit_failures_total") == 2
+    results(timed_out, [TopicPartition("events", 0, 9)])
+    assert get("streamrank_commit_failures_total") == 3
 
 
 def test_rank_and_world_size_come_from_the_rank_context() -> None:

@@ -6,9 +6,16 @@ by a noisy machine drifting between separate runs.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,6 +105,77 @@ def fresh_topics(settings: Settings, partitions: int | None = None) -> tuple[Top
         replication_factor=settings.topics.replication_factor,
     )
     return topics, tag
+
+
+def child_env(topics: TopicsSettings, group_id: str, **overrides: str) -> dict[str, str]:
+    """The environment of a ``streamrank`` child process on ``topics`` with its own group.
+
+    This process's environment (the stack's ``STREAMRANK_*``, ``STREAMRANK_CONFIG``) with the
+    topics and the group on top, metrics off unless ``overrides`` say otherwise.
+
+    Args:
+        topics: the child's topics.
+        group_id: its consumer group.
+        overrides: more ``STREAMRANK_*`` variables, e.g. ``STREAMRANK_METRICS__PORT="9500"``.
+
+    Returns:
+        A complete environment for ``subprocess``.
+    """
+    return {
+        **os.environ,
+        "STREAMRANK_TOPICS__INPUT": topics.input,
+        "STREAMRANK_TOPICS__OUTPUT": topics.output,
+        "STREAMRANK_TOPICS__DLQ": topics.dlq,
+        "STREAMRANK_TOPICS__PARTITIONS": str(topics.partitions),
+        "STREAMRANK_KAFKA__GROUP_ID": group_id,
+        "STREAMRANK_METRICS__ENABLED": "false",
+        **overrides,
+    }
+
+
+def streamrank_command(*args: str) -> list[str]:
+    """``python -m pipeline.cli ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "pipeline.cli", *args]
+
+
+def score_backlog(
+    topics: TopicsSettings, group_id: str, nproc: int = 1, idle_s: float = 3.0
+) -> list[dict[str, Any]]:
+    """``streamrank run --nproc N`` over what is on ``topics.input``, until ``idle_s`` idle.
+
+    Args:
+        topics: the run's topics (the events already produced).
+        group_id: the run's consumer group.
+        nproc: ranks.
+        idle_s: ``--exit-when-idle``.
+
+    Returns:
+        Each rank's run summary (``streamrank run --summary-json``), rank 0 first.
+
+    Example::
+
+        events_per_s = score_backlog(topics, "bench-1")[0]["events_per_s"]
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        cmd = streamrank_command(
+            "run",
+            "--nproc",
+            str(nproc),
+            "--exit-when-idle",
+            str(idle_s),
+            "--summary-json",
+            str(summary),
+        )
+        subprocess.run(
+            cmd,
+            env=child_env(topics, group_id),
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        files = [summary] + [summary.with_suffix(f".rank{r}.json") for r in range(1, nproc)]
+        return [json.loads(f.read_text()) for f in files]
 
 
 def seeded_world(settings: Settings) -> SyntheticWorld:

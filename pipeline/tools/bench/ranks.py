@@ -5,18 +5,12 @@ histograms, which each rank writes into its run summary as ``rank_steps``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from model.synthetic import SyntheticWorld
 from pipeline.config import Settings
-from pipeline.tools.bench.common import fresh_topics, seeded_world
+from pipeline.tools.bench.common import fresh_topics, score_backlog, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
 
@@ -27,34 +21,7 @@ def _run_ranks_once(
     topics, tag = fresh_topics(settings, max(settings.topics.partitions, nproc))
     run_settings = settings.model_copy(update={"topics": topics})
     produce_events(run_settings, world, events)
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = Path(tmp) / "summary.json"
-        env = {
-            **os.environ,
-            "STREAMRANK_TOPICS__INPUT": topics.input,
-            "STREAMRANK_TOPICS__OUTPUT": topics.output,
-            "STREAMRANK_TOPICS__DLQ": topics.dlq,
-            "STREAMRANK_TOPICS__PARTITIONS": str(topics.partitions),
-            "STREAMRANK_KAFKA__GROUP_ID": f"bench-{tag}",
-            "STREAMRANK_METRICS__ENABLED": "false",
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "run",
-            "--nproc",
-            str(nproc),
-            "--exit-when-idle",
-            "3",
-            "--summary-json",
-            str(summary),
-        ]
-        subprocess.run(
-            cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        files = [summary] + [summary.with_suffix(f".rank{r}.json") for r in range(1, nproc)]
-        parts = [json.loads(f.read_text()) for f in files]
+    parts = score_backlog(topics, f"bench-{tag}", nproc)
     rows = sum(p["rows_scored"] for p in parts)
     out = sum(p["events_out"] for p in parts)
     if out < events:

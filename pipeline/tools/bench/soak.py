@@ -1,0 +1,385 @@
+"""``streamrank bench soak``: a long run at a fraction of capacity; memory, lag and latency must
+stay flat and nothing may be lost.
+
+1. **capacity**: unless a rate is given, ``capacity_events`` events are produced to fresh topics
+   and scored by ``streamrank run`` (a child process, like the soak's pipeline) until idle; its
+   events/s is the capacity.
+2. **soak**: on fresh topics, ``streamrank run`` runs as a child process with metrics on a free
+   port, and a separate ``streamrank produce --rate`` process offers ``load`` x capacity events/s
+   for ``minutes``. Every ``sample_s`` the soak samples the pipeline process's RSS, its group's
+   consumer lag and the p99 end-to-end latency of the events scored since the previous sample
+   (:mod:`pipeline.tools.bench.soak_probe`).
+3. **drain and audit**: once the producer is done, samples continue until every event is
+   scored or the lag is 0 (at most ``drain_s``); the pipeline gets SIGTERM (it commits what it
+   scored); the lag is measured once more; every event id on the input topic must have a
+   Recommendation on the output topic.
+4. **checks**: RSS growth from the first sample after ``warmup_s`` to the last one under load
+   below ``max_rss_growth``; lag after warm-up at most ``max_lag_s`` seconds of input; lag 0
+   after the pipeline stopped; nothing missing; both children exit 0. The lag of the last
+   sample before the stop (``idle_lag``: offsets still uncommitted while the input is idle) is
+   reported, not checked.
+
+Writes ``soak.json`` (plan, samples, checks), ``soak.png`` (:mod:`~.soak_plot`) and the
+children's logs to ``out_dir``.
+
+Example::
+
+    result = bench_soak(settings, SoakPlan(minutes=10, load=0.5), Path("artifacts/soak"))
+    result["passed"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from model.synthetic import SyntheticWorld
+from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.config import Settings, TopicsSettings
+from pipeline.kafka_io import ensure_topics
+from pipeline.tools.bench.common import (
+    child_env,
+    fresh_topics,
+    score_backlog,
+    seeded_world,
+    streamrank_command,
+)
+from pipeline.tools.bench.soak_plot import plot_soak
+from pipeline.tools.bench.soak_probe import (
+    MetricsScrape,
+    consumer_lag,
+    rss_bytes,
+    topic_event_ids,
+    window_quantile,
+)
+from pipeline.tools.synthetic_io import produce_events
+
+START_TIMEOUT_S = 300.0
+"""How long the pipeline may take to serve metrics (model load, group join)."""
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    """How long, how hard, how often, and the pass marks of a soak."""
+
+    minutes: float = 10.0
+    load: float = 0.5
+    """Fraction of the measured capacity to offer."""
+    rate: float | None = None
+    """Events per second to offer; ``None``: ``load`` x the measured capacity."""
+    capacity_events: int = 20_000
+    sample_s: float = 30.0
+    warmup_s: float = 60.0
+    """Samples before this are not checked (model, caches and allocator warming up)."""
+    max_rss_growth: float = 0.05
+    max_lag_s: float = 10.0
+    """Lag bound after warm-up, in seconds of input at the offered rate."""
+    drain_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample: seconds since the producer started, and what was measured."""
+
+    t_s: float
+    phase: str
+    """``load`` while the producer runs, ``drain`` after."""
+    rss_bytes: int
+    lag: int
+    p99_ms: float | None
+    recommendations: float
+
+
+@dataclass
+class SoakRun:
+    """What the soak observed, for :func:`evaluate`."""
+
+    samples: list[Sample] = field(default_factory=list)
+    missing: int = 0
+    duplicates: int = 0
+    events_on_input: int = 0
+    pipeline_exit: int | None = None
+    producer_exit: int | None = None
+    lag_after_stop: int | None = None
+
+
+def evaluate(plan: SoakPlan, rate: float, run: SoakRun) -> dict[str, Any]:
+    """The soak's figures and pass/fail checks.
+
+    Args:
+        plan: the pass marks.
+        rate: events/s offered.
+        run: the samples and the audit.
+
+    Returns:
+        ``rss_*``, ``max_lag_after_warmup``, ``lag_bound``, ``idle_lag``, ``lag_after_stop``,
+        ``p99_ms_max_after_warmup``, ``checks`` (name -> bool) and ``passed``.
+
+    Example::
+
+        evaluate(SoakPlan(warmup_s=60), 500.0, run)["checks"]["rss_growth"]
+    """
+    loaded = [s for s in run.samples if s.phase == "load" and s.t_s >= plan.warmup_s]
+    base = loaded[0].rss_bytes if loaded else None
+    end = loaded[-1].rss_bytes if loaded else None
+    growth = (end - base) / base if base and end is not None else None
+    lag_bound = plan.max_lag_s * rate
+    max_lag = max((s.lag for s in loaded), default=None)
+    p99s = [s.p99_ms for s in loaded if s.p99_ms is not None]
+    checks = {
+        "rss_growth": growth is not None and growth < plan.max_rss_growth,
+        "lag_bounded": max_lag is not None and max_lag <= lag_bound,
+        "drained": run.lag_after_stop == 0,
+        "nothing_lost": run.events_on_input > 0 and run.missing == 0,
+        "clean_exit": run.pipeline_exit == 0 and run.producer_exit == 0,
+    }
+    return {
+        "samples_after_warmup": len(loaded),
+        "rss_base_bytes": base,
+        "rss_end_bytes": end,
+        "rss_growth": None if growth is None else round(growth, 4),
+        "max_lag_after_warmup": max_lag,
+        "lag_bound": round(lag_bound, 1),
+        "idle_lag": run.samples[-1].lag if run.samples else None,
+        "lag_after_stop": run.lag_after_stop,
+        "p99_ms_max_after_warmup": max(p99s) if p99s else None,
+        "events_on_input": run.events_on_input,
+        "missing": run.missing,
+        "duplicates": run.duplicates,
+        "pipeline_exit": run.pipeline_exit,
+        "producer_exit": run.producer_exit,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+
+
+def measure_capacity(settings: Settings, world: SyntheticWorld, events: int) -> float:
+    """Events/s of ``streamrank run`` scoring a backlog of ``events`` on fresh topics."""
+    topics, tag = fresh_topics(settings)
+    produce_events(settings.model_copy(update={"topics": topics}), world, events)
+    summary = score_backlog(topics, f"soak-capacity-{tag}", idle_s=2.0)[0]
+    if summary["events_out"] < events:
+        raise RuntimeError(f"capacity run scored {summary['events_out']} of {events} events")
+    return float(summary["events_per_s"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(args: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a child (and anything it started) that is still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def _first_scrape(pipeline: subprocess.Popen[bytes], port: int) -> MetricsScrape:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if pipeline.poll() is not None:
+            raise RuntimeError(f"the pipeline exited with {pipeline.returncode} at start-up")
+        try:
+            return MetricsScrape.fetch(port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no metrics after {START_TIMEOUT_S:.0f}s") from None
+            time.sleep(0.5)
+
+
+class _Sampler:
+    """Takes :class:`Sample` s of one running pipeline."""
+
+    def __init__(
+        self, settings: Settings, group_id: str, pid: int, port: int, first: MetricsScrape
+    ) -> None:
+        self._settings, self._group, self._pid, self._port = settings, group_id, pid, port
+        self._last = first
+        self.started = time.monotonic()
+
+    def take(self, phase: str) -> Sample:
+        try:
+            scrape = MetricsScrape.fetch(self._port)
+        except OSError:
+            scrape = self._last  # a missed scrape: this window folds into the next
+        p99 = window_quantile(0.99, self._last, scrape)
+        self._last = scrape
+        return Sample(
+            t_s=round(time.monotonic() - self.started, 1),
+            phase=phase,
+            rss_bytes=rss_bytes(self._pid),
+            lag=consumer_lag(self._settings.kafka, self._group, self._settings.topics.input),
+            p99_ms=None if p99 is None else round(p99 * 1000, 2),
+            recommendations=scrape.recommendations,
+        )
+
+
+def _sample_until(
+    sampler: _Sampler,
+    done: Callable[[Sample | None], bool],
+    every_s: float,
+    phase: str,
+    run: SoakRun,
+    report: Callable[[str], None],
+) -> None:
+    """Sample every ``every_s`` until ``done(last sample)`` (checked every 0.5 s too) or the
+    pipeline is gone."""
+    next_at = time.monotonic() + every_s
+    last: Sample | None = None
+    while not done(last):
+        if time.monotonic() < next_at:
+            time.sleep(min(0.5, max(0.0, next_at - time.monotonic())))
+            continue
+        next_at += every_s
+        try:
+            last = sampler.take(phase)
+        except ProcessLookupError:
+            return
+        run.samples.append(last)
+        report(
+            f"{phase} t={last.t_s:.0f}s rss={last.rss_bytes / 2**20:.1f} MiB lag={last.lag} "
+            f"p99={last.p99_ms} ms"
+        )
+
+
+def _soak(
+    settings: Settings,
+    plan: SoakPlan,
+    rate: float,
+    events: int,
+    out_dir: Path,
+    report: Callable[[str], None],
+) -> SoakRun:
+    """Phases 2 and 3 up to the pipeline's exit (the module docstring), children's output to
+    ``pipeline.log`` / ``producer.log``; ``streamrank run`` writes ``pipeline-summary.json``."""
+    topics = settings.topics
+    group, port = f"soak-{topics.input}", _free_port()
+    metrics_env = {
+        "STREAMRANK_METRICS__ENABLED": "true",
+        "STREAMRANK_METRICS__HOST": "127.0.0.1",
+        "STREAMRANK_METRICS__PORT": str(port),
+    }
+    summary = out_dir / "pipeline-summary.json"
+    summary.unlink(missing_ok=True)
+    run = SoakRun()
+    with (
+        (out_dir / "pipeline.log").open("wb") as plog,
+        (out_dir / "producer.log").open("wb") as log,
+    ):
+        pipeline = _start(
+            streamrank_command("run", "--summary-json", str(summary)),
+            child_env(topics, group, **metrics_env),
+            plog,
+        )
+        producer: subprocess.Popen[bytes] | None = None
+        try:
+            first = _first_scrape(pipeline, port)
+            sampler = _Sampler(settings, group, pipeline.pid, port, first)
+            report(f"soak: {events} events at {rate:,.1f} events/s for {plan.minutes:g} min")
+            produce = ("produce", "--events", str(events), "--rate", f"{rate:.3f}")
+            producer = _start(streamrank_command(*produce), child_env(topics, f"{group}-p"), log)
+            sampler.started = time.monotonic()
+
+            def loaded(_: Sample | None, producer: subprocess.Popen[bytes] = producer) -> bool:
+                return producer.poll() is not None or pipeline.poll() is not None
+
+            _sample_until(sampler, loaded, plan.sample_s, "load", run, report)
+            drain_until = time.monotonic() + plan.drain_s
+
+            def drained(last: Sample | None) -> bool:
+                if pipeline.poll() is not None:
+                    return True
+                if last is None:
+                    return False
+                scored = last.recommendations >= events
+                return scored or last.lag == 0 or time.monotonic() > drain_until
+
+            _sample_until(sampler, drained, min(plan.sample_s, 5.0), "drain", run, report)
+            if pipeline.poll() is None:
+                pipeline.send_signal(signal.SIGTERM)
+            run.pipeline_exit = pipeline.wait(settings.shutdown.timeout_s + 60)
+            run.producer_exit = producer.poll()
+            run.lag_after_stop = consumer_lag(settings.kafka, group, topics.input)
+        finally:
+            for child in (producer, pipeline):
+                if child is not None:
+                    _stop_group(child)
+    return run
+
+
+def _audit(settings: Settings, topics: TopicsSettings, run: SoakRun) -> None:
+    """Compare the event ids on the input and output topics."""
+    events = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, topics.input)
+    recs = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, topics.output)
+    sent = topic_event_ids(settings.kafka, topics.input, lambda v: events.decode(v)["event_id"])
+    out = topic_event_ids(settings.kafka, topics.output, lambda v: recs.decode(v)["event_id"])
+    run.events_on_input = sent.records
+    run.missing = len(set(sent.counts) - set(out.counts))
+    run.duplicates = out.records - len(out.counts)
+
+
+def bench_soak(
+    settings: Settings,
+    plan: SoakPlan,
+    out_dir: Path,
+    report: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the soak described in the module docstring.
+
+    Args:
+        settings: the stack, the model checkpoint and the pipeline's configuration (children
+            get the same through the environment; ``STREAMRANK_CONFIG`` for a config file).
+        plan: duration, load and pass marks.
+        out_dir: where ``soak.json``, ``soak.png`` and the logs go (created).
+        report: called with one line of progress per phase and sample.
+
+    Returns:
+        The plan, the rate, every sample, :func:`evaluate`'s figures and checks, the
+        pipeline's run summary and the paths written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    world = seeded_world(settings)
+    capacity = None
+    if plan.rate is None:
+        capacity = measure_capacity(settings, world, plan.capacity_events)
+        report(f"capacity: {capacity:,.0f} events/s")
+    rate = plan.rate or plan.load * (capacity or 0.0)
+    if rate <= 0:
+        raise RuntimeError("the capacity run measured no throughput")
+    events = max(1, round(rate * plan.minutes * 60))
+    topics, _ = fresh_topics(settings)
+    soak_settings = settings.model_copy(update={"topics": topics})
+    ensure_topics(settings.kafka, topics)
+    run = _soak(soak_settings, plan, rate, events, out_dir, report)
+    _audit(soak_settings, topics, run)
+    summary_path = out_dir / "pipeline-summary.json"
+    result: dict[str, Any] = {
+        "plan": asdict(plan),
+        "capacity_events_per_s": None if capacity is None else round(capacity, 1),
+        "rate": round(rate, 3),
+        "events": events,
+        **evaluate(plan, rate, run),
+        "pipeline_summary": json.loads(summary_path.read_text()) if summary_path.exists() else None,
+        "samples": [asdict(s) for s in run.samples],
+        "json": str(out_dir / "soak.json"),
+        "plot": str(out_dir / "soak.png"),
+    }
+    plot_soak(run.samples, plan, result, Path(result["plot"]))
+    Path(result["json"]).write_text(json.dumps(result, indent=2) + "\n")
+    return result

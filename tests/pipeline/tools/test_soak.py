@@ -1,0 +1,167 @@
+"""``streamrank bench soak``: its measurements and checks without servers, then a smoke run of
+the real command on the stack with tiny sizes (seconds, not the full 10 minutes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from pipeline.metrics import Metrics
+from pipeline.tools.bench.soak import Sample, SoakPlan, SoakRun, evaluate
+from pipeline.tools.bench.soak_plot import plot_soak
+from pipeline.tools.bench.soak_probe import MetricsScrape, bucket_quantile, window_quantile
+from tests.conftest import REPO_ROOT, LocalStack
+from tests.integration.conftest import WORLD, trained_checkpoint  # noqa: F401  (fixture)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MIB = 2**20
+
+
+def test_bucket_quantile_interpolates_like_promql() -> None:
+    buckets = [(0.1, 0.0), (0.2, 10.0), (math.inf, 10.0)]
+    assert bucket_quantile(0.5, buckets) == pytest.approx(0.15)
+    assert bucket_quantile(0.99, [(0.1, 5.0), (math.inf, 10.0)]) == 0.1  # +Inf: largest bound
+    assert bucket_quantile(0.5, [(0.1, 4.0), (math.inf, 4.0)]) == pytest.approx(0.05)
+    assert bucket_quantile(0.99, [(0.1, 0.0), (math.inf, 0.0)]) is None
+
+
+def test_window_quantile_sees_only_the_events_between_two_scrapes() -> None:
+    metrics = Metrics()
+    for _ in range(1000):
+        metrics.end_to_end_seconds.observe(0.003)
+    metrics.events_out.inc(1000)
+    earlier = MetricsScrape.parse(generate_latest(metrics.registry).decode())
+    for _ in range(100):
+        metrics.end_to_end_seconds.observe(0.3)
+    metrics.events_out.inc(100)
+    later = MetricsScrape.parse(generate_latest(metrics.registry).decode())
+
+    assert later.recommendations == 1100 and earlier.recommendations == 1000
+    assert later.latency_buckets[-1] == (math.inf, 1100)
+    p99 = window_quantile(0.99, earlier, later)
+    assert p99 is not None and 0.25 < p99 <= 0.5  # the window's bucket, not the 3 ms mass
+    assert window_quantile(0.99, later, later) is None  # nothing scored in between
+    assert window_quantile(0.99, later, earlier) is None  # counters went back: a restart
+
+
+def _samples(rss_mib: list[float], lags: list[int], phases: list[str] | None = None) -> SoakRun:
+    phases = phases or ["load"] * len(rss_mib)
+    samples = [
+        Sample(t_s=10.0 * i, phase=phase, rss_bytes=int(r * MIB), lag=lag, p99_ms=50.0,
+               recommendations=100.0 * i)
+        for i, (r, lag, phase) in enumerate(zip(rss_mib, lags, phases, strict=True))
+    ]  # fmt: skip
+    return SoakRun(samples, events_on_input=500, pipeline_exit=0, producer_exit=0, lag_after_stop=0)
+
+
+def test_evaluate_checks_growth_and_lag_only_after_the_warm_up() -> None:
+    plan = SoakPlan(warmup_s=20.0, max_rss_growth=0.05, max_lag_s=2.0)
+    # RSS doubles during warm-up (t < 20 s), then grows 4 %; lag spikes only in warm-up.
+    run = _samples([100, 150, 200, 204, 208], [900, 10, 20, 15, 0])
+    result = evaluate(plan, rate=100.0, run=run)
+    assert result["rss_base_bytes"] == 200 * MIB and result["rss_end_bytes"] == 208 * MIB
+    assert result["rss_growth"] == pytest.approx(0.04)
+    assert result["max_lag_after_warmup"] == 20 and result["lag_bound"] == 200.0
+    assert result["samples_after_warmup"] == 3
+    assert result["passed"] and all(result["checks"].values())
+
+    grown = evaluate(plan, 100.0, _samples([100, 150, 200, 205, 212], [0] * 5))
+    assert grown["rss_growth"] == pytest.approx(0.06) and not grown["checks"]["rss_growth"]
+    lagging = evaluate(plan, 100.0, _samples([100] * 5, [0, 0, 0, 201, 0]))
+    assert not lagging["checks"]["lag_bounded"] and not lagging["passed"]
+
+
+def test_evaluate_fails_a_lost_event_an_undrained_lag_a_bad_exit_and_no_samples() -> None:
+    plan = SoakPlan(warmup_s=0.0)
+    ok = _samples([100] * 3, [0] * 3)
+    assert evaluate(plan, 100.0, ok)["passed"]
+    for change, check in (
+        ({"missing": 1}, "nothing_lost"),
+        ({"lag_after_stop": 7}, "drained"),
+        ({"pipeline_exit": 1}, "clean_exit"),
+        ({"producer_exit": -9}, "clean_exit"),
+    ):
+        run = _samples([100] * 3, [0] * 3)
+        for name, value in change.items():
+            setattr(run, name, value)
+        result = evaluate(plan, 100.0, run)
+        assert not result["checks"][check] and not result["passed"], change
+    # Only drain samples (the load ended before the warm-up did): nothing to judge RSS by.
+    early = evaluate(SoakPlan(warmup_s=100.0), 100.0, _samples([100] * 3, [0] * 3))
+    assert early["rss_growth"] is None and not early["checks"]["rss_growth"]
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    plan = SoakPlan(warmup_s=10.0)
+    run = _samples([100, 101, 101, 102], [5, 3, 4, 0], ["load", "load", "load", "drain"])
+    result = {"rate": 100.0, "missing": 0, "duplicates": 0, **evaluate(plan, 100.0, run)}
+    path = plot_soak(run.samples, plan, result, tmp_path / "soak.png")
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "bench", "soak", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("args", [("--load", "1.5"), ("--minutes", "0")])
+def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
+    done = _cli(*args, env={})
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_soak_smoke_run_on_the_stack(
+    local_stack: LocalStack,
+    trained_checkpoint: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    env = {
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers,
+        "STREAMRANK_REDIS__URL": local_stack.redis_url,
+        "STREAMRANK_REDIS__KEY_PREFIX": f"soak-{tmp_path.name}",
+        "STREAMRANK_MODEL__CHECKPOINT": str(trained_checkpoint),
+        "STREAMRANK_MODEL__DEVICE": "cpu",
+        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
+        **{f"STREAMRANK_SYNTHETIC__{k.upper()}": str(v) for k, v in WORLD.model_dump().items()},
+    }
+    out = tmp_path / "soak"
+    args = ("--minutes", "0.2", "--sample-s", "2", "--warmup-s", "4", "--capacity-events", "300")
+    done = _cli(*args, "--out", str(out), "--json", env=env)
+
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["passed"] is (done.returncode == 0), done.stderr[-2000:]
+    assert json.loads((out / "soak.json").read_text()) == result
+    assert (out / "soak.png").read_bytes().startswith(PNG_MAGIC)
+    assert (out / "pipeline.log").stat().st_size > 0 and (out / "producer.log").exists()
+    capacity = result["capacity_events_per_s"]
+    assert capacity > 0 and result["rate"] == pytest.approx(0.5 * capacity, rel=1e-3)
+    assert abs(result["events"] - result["rate"] * 12) <= 1
+    # Nothing lost, everything committed once the pipeline stopped, both children exit 0.
+    assert result["events_on_input"] == result["events"] and result["missing"] == 0
+    assert result["pipeline_summary"]["events_out"] >= result["events"]
+    assert result["lag_after_stop"] == 0
+    assert result["pipeline_exit"] == 0 and result["producer_exit"] == 0
+    samples = result["samples"]
+    assert {s["phase"] for s in samples} >= {"load"} and len(samples) >= 3
+    assert all(s["rss_bytes"] > 0 and s["lag"] >= 0 for s in samples)
+    loaded = [s for s in samples if s["phase"] == "load" and s["t_s"] >= 4]
+    assert result["rss_base_bytes"] == loaded[0]["rss_bytes"]
+    assert result["rss_end_bytes"] == loaded[-1]["rss_bytes"]
