@@ -50,7 +50,10 @@ class RetrievalConfig:
             ``min(items, max(64 * nlist, 65536))``.
         query_features: event-side tables summed into the query vector (a subset of
             :data:`QUERY_FEATURES`).
-        threads: Faiss (OpenMP) threads for this process; 0 keeps Faiss's default.
+        threads: Faiss (OpenMP) threads for this process (a process-wide setting); 0 keeps
+            Faiss's default, one per core. 1 (default) keeps index builds and searches off
+            the cores the forward uses (on a 2-core machine shared with other work, 2 threads
+            trained a small index 7x slower than 1: OpenMP workers spin while they wait).
         seed: seed of the k-means/PQ training sample and of Faiss's clustering.
 
     Example::
@@ -68,7 +71,7 @@ class RetrievalConfig:
     refine_factor: int = 4
     train_size: int = 0
     query_features: tuple[SparseFeature, ...] = (SparseFeature.USER_ID,)
-    threads: int = 0
+    threads: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:

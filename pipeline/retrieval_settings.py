@@ -71,8 +71,9 @@ class RetrievalSettings(BaseModel):
     """Vectors the IVF/PQ training sees; 0: min(items, max(64 x nlist, 65536))."""
     query_features: list[SparseFeature] = Field(default_factory=lambda: [SparseFeature.USER_ID])
     """Event-side embeddings summed into the query: user_id, recent_items, device, country."""
-    threads: int = 0
-    """Faiss (OpenMP) threads; 0 keeps Faiss's default."""
+    threads: int = 1
+    """Faiss (OpenMP) threads, process-wide; 1 keeps builds and searches off the forward's
+    cores; 0: one per core."""
     catalogue: CatalogueSource = CatalogueSource.REDIS
     catalogue_path: Path | None = None
     """With ``catalogue = "file"``: the ids (``.npy`` int64, or one per line)."""
