@@ -12,7 +12,14 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, command_settings, emit
+from pipeline.cli.common import (
+    ConfigOption,
+    JsonOption,
+    apply_threads,
+    command_settings,
+    emit,
+    with_checkpoint,
+)
 from pipeline.cli.common import err as console
 from pipeline.cli.errors import UserError
 from pipeline.config import Settings
@@ -169,7 +176,7 @@ def bench_ranks_command(
     if not nprocs or min(nprocs) < 1:
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = _stack_settings(ctx, config)
-    require_checkpoint(settings.model.checkpoint)
+    settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
 
 

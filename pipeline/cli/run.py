@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, apply_threads, command_settings, err
+from pipeline.cli.common import (
+    ConfigOption,
+    apply_threads,
+    command_settings,
+    err,
+    with_checkpoint,
+)
 from pipeline.cli.errors import UserError
 from pipeline.config import Settings
 
@@ -20,6 +26,11 @@ if TYPE_CHECKING:
     from pipeline.summary import RunSummary
 
 log = logging.getLogger("streamrank")
+
+SERVED_CHECKPOINT_ENV = "STREAMRANK_SERVED_CHECKPOINT"
+"""Set by the launcher for the ranks it starts: the checkpoint directory all of them serve
+(a versions directory's current version, resolved once), so that a promotion during start-up
+cannot give the ranks of one job different versions."""
 
 
 def run(
@@ -63,7 +74,8 @@ def run(
     from pipeline.launch import Launch, supervise
 
     settings = command_settings(ctx, config)
-    require_checkpoint(settings.model.checkpoint)
+    pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
+    served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     apply_threads(settings)
@@ -73,7 +85,11 @@ def run(
         except ValueError as exc:
             raise UserError(str(exc)) from exc
         if launch.distributed:
+            os.environ[SERVED_CHECKPOINT_ENV] = str(served)
             raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+    if served != settings.model.checkpoint:
+        log.info("serving model version %s of %s", served.name, settings.model.checkpoint)
+        settings = with_checkpoint(settings, served)
     rank_steps: dict[str, float] = {}
     if in_torchrun():
         summary, rank_steps = run_rank(settings, exit_when_idle, max_events)
@@ -130,6 +146,7 @@ def _run_single(
         metrics.serve(settings.metrics.host, settings.metrics.port)
     scorer = Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
     metrics.embedding_bytes.set(scorer.embedding_bytes())
+    metrics.model_info.info({"model_version": scorer.model_version})
     pipeline = ScoringPipeline(settings, scorer, metrics)
     pipeline.stop_on_signals()
     log.info(

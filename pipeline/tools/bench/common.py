@@ -18,6 +18,7 @@ from model.model_input import ModelInput
 from model.ranker import build_ranker
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
+from model.versions import NoCurrentVersionError, resolve_checkpoint
 from pipeline.config import Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.stages.score import Scorer
@@ -53,7 +54,8 @@ def batch_of_rows(
 
 
 def load_or_build_scorer(settings: Settings) -> Scorer:
-    """The configured checkpoint's model, or a fresh (untrained) one from the configured spec.
+    """The configured checkpoint's model (a versions directory's current version), or a fresh
+    (untrained) one from the configured spec.
 
     Args:
         settings: ``settings.model`` names the checkpoint, device, quantization and compile.
@@ -61,8 +63,13 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
     Returns:
         A :class:`Scorer`; its ``model_version`` is ``"untrained"`` without a checkpoint.
     """
-    if (settings.model.checkpoint / "meta.json").exists():
-        return Scorer.from_settings(settings.model, settings.batching.max_batch_rows)
+    try:
+        checkpoint = resolve_checkpoint(settings.model.checkpoint)  # a versions dir: current
+    except (FileNotFoundError, NoCurrentVersionError):
+        checkpoint = None
+    if checkpoint is not None:
+        model = settings.model.model_copy(update={"checkpoint": checkpoint})
+        return Scorer.from_settings(model, settings.batching.max_batch_rows)
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
     return Scorer(
