@@ -7,6 +7,7 @@ model of the configured spec (same shapes, same speed; a warning says so); ``ran
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -208,3 +209,43 @@ def bench_codec_command(
 
     settings = command_settings(ctx, config)
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
+
+
+@bench_app.command("retrieval")
+def bench_retrieval_command(
+    ctx: typer.Context,
+    items: Annotated[
+        int, typer.Option(help="Catalogue size (0: the model's item table rows).")
+    ] = 0,
+    queries: Annotated[int, typer.Option(help="Users queried.")] = 1000,
+    batch: Annotated[int, typer.Option(help="Queries per search call.")] = 64,
+    k: Annotated[int, typer.Option("--k", help="Results per query (recall@k).")] = 100,
+    nprobe: Annotated[
+        str, typer.Option(help="IVF cells scanned, e.g. 16,32,64 (default retrieval.nprobe).")
+    ] = "",
+    threads: Annotated[
+        int | None, typer.Option(help="Faiss threads (default retrieval.threads).")
+    ] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """IVFPQ vs exact inner-product search: recall@k, ms per event, index build time (no stack)."""
+    from pipeline.retrieval_settings import RetrievalSettings
+    from pipeline.tools.bench.retrieval import bench_retrieval
+
+    settings = _model_settings(ctx, config)
+    try:
+        nprobes = tuple(int(n) for n in nprobe.split(",")) if nprobe else ()
+    except ValueError as exc:
+        raise UserError(f"--nprobe takes cell counts like 16,32,64; got {nprobe!r}") from exc
+    if min((items, queries - 1, batch - 1, k - 1, *nprobes), default=0) < 0 or 0 in nprobes:
+        raise UserError("--items must be >= 0; --queries, --batch, --k and --nprobe >= 1")
+    # The [retrieval] section once Settings has it (issue 18's integration), else its defaults.
+    retrieval: RetrievalSettings = getattr(settings, "retrieval", None) or RetrievalSettings()
+    retrieval_config = retrieval.to_config()
+    if threads is not None:
+        try:
+            retrieval_config = dataclasses.replace(retrieval_config, threads=threads)
+        except ValueError as exc:
+            raise UserError(f"--threads: {exc}") from exc
+    emit(bench_retrieval(settings, retrieval_config, items, queries, batch, k, nprobes), as_json)
