@@ -23,4 +23,9 @@ as the event producer do not pay for torch/torchrec unless they need them):
 - :mod:`model.quant_dtype` / :mod:`model.quantize`: quantized tables for single-process serving.
 - :mod:`model.compile`: optional ``torch.compile`` of the ranker.
 - :mod:`model.graph_shapes`: static batch shapes for the CUDA-graph compile modes.
+- :mod:`model.versions` (with :mod:`model.version_info`, :mod:`model.durable_files`): versions
+  directories, a pointer to the served version, switched atomically.
+- :mod:`model.tables`: embedding tables read from a checkpoint (either format) as numpy.
+- :mod:`model.retrieval` (config in :mod:`model.retrieval_config`): the Faiss inner-product
+  index over item vectors; :mod:`model.candidates`: retrieved candidates into a batch.
 """

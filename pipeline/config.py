@@ -43,6 +43,7 @@ from pydantic_settings import (
 from pipeline.delivery_settings import DeliverySettings, ShutdownSettings
 from pipeline.kafka_settings import KafkaSettings
 from pipeline.model_settings import ModelSettings
+from pipeline.retrieval_settings import ModelSwapSettings, RetrievalSettings
 
 ENV_PREFIX = "STREAMRANK_"
 ENV_NESTED_DELIMITER = "__"
@@ -195,6 +196,8 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    model_swap: ModelSwapSettings = Field(default_factory=ModelSwapSettings)
     synthetic: dict[str, Any] = Field(default_factory=dict)
     """``[synthetic]``, the tools' section (``seed-features``, ``produce``, ``init-model``):
     kept as written and validated only by the tools that read it

@@ -33,6 +33,11 @@ metric                                             type       labels / meaning
 ``streamrank_gpu_memory_bytes``                    gauge      ``rank``, ``kind`` (allocated,
                                                               reserved, total); GPU ranks only
 ``streamrank_gpu_utilization_ratio``               gauge      ``rank``; GPU ranks with NVML only
+``streamrank_model_info``                         info       ``model_version``: the served version
+``streamrank_model_swaps_total``                   counter    newly promoted versions swapped in
+``streamrank_model_load_failures_total``           counter    promoted versions that failed to
+                                                              load (the old one kept serving)
+``streamrank_model_load_seconds``                  gauge      last successful load + warm-up
 =================================================  =========  ====================================
 """
 
@@ -44,7 +49,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -279,6 +291,25 @@ class Metrics:
             self.stage_seconds.labels(stage=name)
         self._hits = 0
         self._lookups = 0
+        # Model versions (pipeline/model_watch.py): what is served, swaps, failed loads.
+        self.model_info = Info(
+            "streamrank_model", "The served model version (label model_version).", registry=r
+        )
+        self.model_swaps = Counter(
+            "streamrank_model_swaps",
+            "Times a newly promoted model version was swapped in.",
+            registry=r,
+        )
+        self.model_load_failures = Counter(
+            "streamrank_model_load_failures",
+            "Promoted model versions that failed to load (the old version kept serving).",
+            registry=r,
+        )
+        self.model_load_seconds = Gauge(
+            "streamrank_model_load_seconds",
+            "Seconds the last successful model load (and warm-up) took, off the scoring path.",
+            registry=r,
+        )
 
     def _seconds(self, name: str, documentation: str, *labels: str) -> Histogram:
         """A latency histogram (``_LATENCY_BUCKETS``) in this registry."""

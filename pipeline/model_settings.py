@@ -125,15 +125,19 @@ class ModelSettings(BaseModel):
         """The :class:`model.spec.FeatureSpec` these settings describe."""
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
 
-    def serving_options(self, batch_rows: int, max_event_rows: int = 1000) -> ServingOptions:
+    def serving_options(
+        self, batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
+    ) -> ServingOptions:
         """What :class:`~model.serving.ScorerFactory` builds from these settings.
 
         Args:
             batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
             max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
+            checkpoint: the checkpoint to serve (a versions directory's current version);
+                default ``checkpoint``.
         """
         return ServingOptions(
-            checkpoint=self.checkpoint,
+            checkpoint=checkpoint or self.checkpoint,
             device=self.device,
             quantize=self.quantize,
             compile=self.compile,

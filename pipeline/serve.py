@@ -16,6 +16,7 @@ before the consumer joins the group. With several ranks, each one also:
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from model.rank import RankContext
 from model.serving import ScorerFactory
@@ -37,6 +38,7 @@ def serve(
     exit_when_idle_s: float | None = None,
     max_events: int | None = None,
     degradations: int = 0,
+    checkpoint: Path | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -46,6 +48,8 @@ def serve(
         exit_when_idle_s: stop after this long without input (all ranks idle).
         max_events: stop after consuming this many messages.
         degradations: times the launcher restarted the job with fewer ranks.
+        checkpoint: the checkpoint directory to serve (a versions directory's current version,
+            resolved by the caller); default ``model.checkpoint``.
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -59,11 +63,12 @@ def serve(
         summary, _ = serve(load_settings(), RankContext.from_env(), exit_when_idle_s=5)
     """
     options = settings.model.serving_options(
-        settings.batching.max_batch_rows, settings.codec.max_candidates
+        settings.batching.max_batch_rows, settings.codec.max_candidates, checkpoint
     )
     scorer = ScorerFactory(options, rank).create_scorer()
     metrics = Metrics(rank=rank, degradations=degradations)
     metrics.embedding_bytes.set(scorer.embedding_bytes())
+    metrics.model_info.info({"model_version": scorer.model_version})
     if degradations and rank.rank == 0:
         log.warning(
             "running on %d ranks after %d degradation(s) (streamrank_degradations)",

@@ -1,7 +1,8 @@
 """``streamrank`` command line: run the pipeline, and the tools around it.
 
 The commands live by area in :mod:`~pipeline.cli.run`, :mod:`~pipeline.cli.data`,
-:mod:`~pipeline.cli.model`, :mod:`~pipeline.cli.report` and :mod:`~pipeline.cli.bench`; this
+:mod:`~pipeline.cli.model` (also ``model list|promote|import``), :mod:`~pipeline.cli.report`
+and :mod:`~pipeline.cli.bench`; this
 module holds the app, the global options and the one place where user errors become one line on
 stderr and exit code 2.
 """
@@ -107,4 +108,5 @@ app.command("seed-features")(data.seed_features)
 app.command("init-model")(model.init_model)
 app.command()(model.plan)
 app.command()(report.report)
+app.add_typer(model.model_app, name="model")
 app.add_typer(bench.bench_app, name="bench")

@@ -8,6 +8,7 @@ model of the configured spec (same shapes, same speed; a warning says so); ``ran
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +23,7 @@ from pipeline.cli.common import (
     apply_threads,
     command_settings,
     emit,
+    with_checkpoint,
 )
 from pipeline.cli.common import err as console
 from pipeline.cli.errors import UserError
@@ -179,7 +181,7 @@ def bench_ranks_command(
     if not nprocs or min(nprocs) < 1:
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = _stack_settings(ctx, config)
-    require_checkpoint(settings.model.checkpoint)
+    settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     _export_config_file(ctx, config)
     emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
 
@@ -279,3 +281,40 @@ def _export_config_file(ctx: typer.Context, config: ConfigOption) -> None:
     chosen = config if config is not None else (state.config_file if state else None)
     if chosen is not None:
         os.environ[CONFIG_ENV_VAR] = str(chosen.resolve())
+
+
+@bench_app.command("retrieval")
+def bench_retrieval_command(
+    ctx: typer.Context,
+    items: Annotated[
+        int, typer.Option(help="Catalogue size (0: the model's item table rows).")
+    ] = 0,
+    queries: Annotated[int, typer.Option(help="Users queried.")] = 1000,
+    batch: Annotated[int, typer.Option(help="Queries per search call.")] = 64,
+    k: Annotated[int, typer.Option("--k", help="Results per query (recall@k).")] = 100,
+    nprobe: Annotated[
+        str, typer.Option(help="IVF cells scanned, e.g. 16,32,64 (default retrieval.nprobe).")
+    ] = "",
+    threads: Annotated[
+        int | None, typer.Option(help="Faiss threads (default retrieval.threads).")
+    ] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """IVFPQ vs exact inner-product search: recall@k, ms per event, index build time (no stack)."""
+    from pipeline.tools.bench.retrieval import bench_retrieval
+
+    settings = _model_settings(ctx, config)
+    try:
+        nprobes = tuple(int(n) for n in nprobe.split(",")) if nprobe else ()
+    except ValueError as exc:
+        raise UserError(f"--nprobe takes cell counts like 16,32,64; got {nprobe!r}") from exc
+    if min((items, queries - 1, batch - 1, k - 1, *nprobes), default=0) < 0 or 0 in nprobes:
+        raise UserError("--items must be >= 0; --queries, --batch, --k and --nprobe >= 1")
+    retrieval_config = settings.retrieval.to_config()
+    if threads is not None:
+        try:
+            retrieval_config = dataclasses.replace(retrieval_config, threads=threads)
+        except ValueError as exc:
+            raise UserError(f"--threads: {exc}") from exc
+    emit(bench_retrieval(settings, retrieval_config, items, queries, batch, k, nprobes), as_json)

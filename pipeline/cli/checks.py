@@ -79,19 +79,31 @@ def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOU
         client.close()
 
 
-def require_checkpoint(path: Path) -> None:
-    """Raise :class:`UserError` unless ``path`` holds a model checkpoint.
+def require_checkpoint(path: Path) -> Path:
+    """The checkpoint directory to serve, or :class:`UserError` when there is none.
 
     Args:
-        path: ``model.checkpoint``.
-    """
-    from model.checkpoint import META_FILE  # imports torch: only when a command needs a model
+        path: ``model.checkpoint``: a checkpoint directory, or a versions directory
+            (:mod:`model.versions`), whose current version is served.
 
-    if not (path / META_FILE).is_file():
+    Returns:
+        ``path`` itself, or the current version's directory.
+    """
+    from model.versions import NoCurrentVersionError, resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(path)
+    except NoCurrentVersionError as error:
+        raise UserError(f"{error} (model.checkpoint)") from error
+    except FileNotFoundError as error:
+        if (path / "current.json").is_file():  # a versions directory lost its current version
+            raise UserError(f"{error} (model.checkpoint {path})") from error
         raise UserError(
             f"no model at {path} (model.checkpoint): run `streamrank init-model` first, "
-            "or point model.checkpoint at a checkpoint"
-        )
+            "or point model.checkpoint at a checkpoint or a versions directory"
+        ) from error
+    except ValueError as error:  # a corrupt current.json
+        raise UserError(f"{error} (model.checkpoint)") from error
 
 
 def require_free_checkpoint_path(path: Path, overwrite: bool) -> None:

@@ -73,6 +73,24 @@ def configured_spec(settings: Settings) -> FeatureSpec:
         raise UserError(f"bad config value in [model]: {error}") from error
 
 
+def with_checkpoint(settings: Settings, checkpoint: Path) -> Settings:
+    """``settings`` with ``model.checkpoint`` set to ``checkpoint`` (a resolved version).
+
+    Args:
+        settings: the command's settings.
+        checkpoint: the checkpoint directory to use instead.
+
+    Returns:
+        A copy; ``settings`` is unchanged.
+
+    Example::
+
+        settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    """
+    model = settings.model.model_copy(update={"checkpoint": checkpoint})
+    return settings.model_copy(update={"model": model})
+
+
 def apply_threads(settings: Settings) -> None:
     """Set torch's intra-op threads when ``model.num_threads`` asks for a number."""
     import torch

@@ -1,22 +1,40 @@
-"""The model: ``init-model`` trains and saves one, ``plan`` prints its sharding plan."""
+"""The model: ``init-model`` trains and saves one, ``plan`` prints its sharding plan, and
+``model list|promote|import`` manage a versions directory (:mod:`model.versions`)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pipeline.cli.checks import require_free_checkpoint_path
 from pipeline.cli.common import (
     ConfigOption,
+    JsonOption,
     apply_threads,
     command_settings,
     configured_spec,
     err,
 )
+from pipeline.cli.errors import UserError
+
+if TYPE_CHECKING:
+    from model.versions import ModelVersions
+
+model_app = typer.Typer(
+    help="Model versions: list them, promote one (the pipeline serves the current version).",
+    no_args_is_help=True,
+)
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dir", help="The versions directory (default model.checkpoint).", show_default=False
+    ),
+]
 
 
 def init_model(
@@ -24,22 +42,43 @@ def init_model(
     events: Annotated[int, typer.Option(help="Synthetic training events.")] = 20_000,
     epochs: Annotated[int, typer.Option(help="Passes over them.")] = 1,
     out: Annotated[
-        Path | None, typer.Option(help="Checkpoint dir (default model.checkpoint).")
+        Path | None,
+        typer.Option(help="Checkpoint or versions dir (default model.checkpoint)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace an existing checkpoint there.")
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace an existing checkpoint (or version of that name)."
+        ),
+    ] = False,
+    version: Annotated[
+        str | None,
+        typer.Option(help="Name of the model version (default dlrm-<date>-<weights hash>)."),
+    ] = None,
+    versioned: Annotated[
+        bool,
+        typer.Option("--versioned", help="Make a new --out a versions directory (see `model`)."),
+    ] = False,
+    promote: Annotated[
+        bool,
+        typer.Option("--promote", help="Make the new version current (implies --versioned)."),
     ] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Train the configured DLRM briefly on synthetic interactions and save a checkpoint."""
+    """Train the configured DLRM briefly on synthetic interactions and save a checkpoint.
+
+    Into a versions directory (one made by --versioned, or any directory holding
+    current.json) it writes a new version; the first one becomes current, later ones with
+    --promote. Otherwise it writes a plain checkpoint directory, as before.
+    """
     from model.checkpoint import save_checkpoint
     from model.train import train_ranker
     from pipeline.tools.synthetic_io import build_world
 
     settings = command_settings(ctx, config)
     path = out or settings.model.checkpoint
-    require_free_checkpoint_path(path, overwrite)
+    as_version = _check_init_target(path, versioned or promote, overwrite, version)
     apply_threads(settings)
     spec = configured_spec(settings)
     result = train_ranker(
@@ -50,17 +89,95 @@ def init_model(
         seed=seed,
         log=lambda msg: err.print(msg),
     )
-    meta = save_checkpoint(
-        result.ranker,
-        spec,
-        path,
-        metrics={"auc": result.auc, "train_loss": result.train_loss},
-        overwrite=overwrite,
-    )
+    metrics = {"auc": result.auc, "train_loss": result.train_loss}
+    trained = f"held-out AUC {result.auc:.4f} after {result.seconds:.1f}s on {result.rows} rows"
+    if not as_version:
+        meta = save_checkpoint(
+            result.ranker, spec, path, model_version=version, metrics=metrics, overwrite=overwrite
+        )
+        err.print(f"{trained}; saved {meta.model_version} to {path}")
+        return
+    versions = _open_or_create(path)
+    first = versions.current() is None
+    try:
+        meta = versions.write(
+            result.ranker, spec, version, metrics, overwrite=overwrite, promote=promote or first
+        )
+    except FileExistsError as error:
+        raise UserError(f"{error} in {path}: pass --version NAME (or --overwrite)") from error
     err.print(
-        f"held-out AUC {result.auc:.4f} after {result.seconds:.1f}s on {result.rows} rows; "
-        f"saved {meta.model_version} to {path}"
+        f"{trained}; saved version {meta.model_version} to {path} (current: {versions.current()})"
     )
+
+
+def _check_init_target(
+    path: Path, want_versions: bool, overwrite: bool, version: str | None
+) -> bool:
+    """Before training: whether ``init-model`` writes a version (else a plain checkpoint);
+    raises :class:`UserError` for what would fail after training."""
+    from model.versions import is_versions_dir, validate_version_name
+
+    if version is not None:
+        try:
+            validate_version_name(version)
+        except ValueError as error:
+            raise UserError(f"--version: {error}") from error
+    if is_versions_dir(path):
+        versions = _open_versions(path)
+        if version is not None and versions.path(version).exists():
+            if not overwrite:
+                raise UserError(
+                    f"model version {version} already exists in {path}: choose another "
+                    "--version, or pass --overwrite"
+                )
+            if versions.current() == version:
+                raise UserError(f"model version {version} is current in {path}: not overwritten")
+        return True
+    if not want_versions:
+        require_free_checkpoint_path(path, overwrite)
+        return False
+    if (path / "meta.json").exists():
+        raise UserError(
+            f"{path} holds a plain checkpoint, not model versions: pass --out NEWDIR, or "
+            f"`streamrank model import {path} --dir NEWDIR` to start versions from it"
+        )
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{path} exists and is not an empty directory: pass --out NEWDIR")
+    return True  # created after training, so a failed run leaves nothing behind
+
+
+def _open_or_create(path: Path) -> ModelVersions:
+    from model.versions import ModelVersions, is_versions_dir
+
+    return ModelVersions(path) if is_versions_dir(path) else ModelVersions.create(path)
+
+
+def _open_versions(path: Path) -> ModelVersions:
+    """The versions directory at ``path``, or a :class:`UserError` saying what is there."""
+    from model.versions import ModelVersions, is_versions_dir
+
+    if not is_versions_dir(path):
+        if (path / "meta.json").exists():
+            what = "it holds a plain checkpoint"
+        elif path.exists():
+            what = "no current.json in it"
+        else:
+            what = "it does not exist"
+        raise UserError(
+            f"{path} is not a model versions directory ({what}): create one with "
+            "`streamrank init-model --versioned --out DIR` or "
+            "`streamrank model import CHECKPOINT --dir DIR`"
+        )
+    versions = ModelVersions(path)
+    try:
+        versions.pointer()
+    except ValueError as error:
+        raise UserError(str(error)) from error
+    return versions
+
+
+def _versions_dir(ctx: typer.Context, config: Path | None, directory: Path | None) -> Path:
+    return directory or command_settings(ctx, config).model.checkpoint
 
 
 def plan(
@@ -72,17 +189,19 @@ def plan(
 ) -> None:
     """Print the sharding plan (table, type, kernel, ranks, bytes per rank); runs nothing.
 
-    Plans the checkpoint's model when model.checkpoint holds one, else the model the [model]
-    section describes (the one init-model would train).
+    Plans the checkpoint's model when model.checkpoint holds one (the current version of a
+    versions directory), else the model the [model] section describes (the one init-model
+    would train).
     """
     from model.checkpoint import load_spec
     from model.distributed import describe_plan, plan_sharding
+    from model.versions import NoCurrentVersionError, resolve_checkpoint
 
     settings = command_settings(ctx, config)
-    checkpoint = settings.model.checkpoint
-    spec = (
-        load_spec(checkpoint) if (checkpoint / "meta.json").exists() else configured_spec(settings)
-    )
+    try:
+        spec = load_spec(resolve_checkpoint(settings.model.checkpoint))
+    except (FileNotFoundError, NoCurrentVersionError):  # no model (or no current version) yet
+        spec = configured_spec(settings)
     sharding_plan = plan_sharding(
         spec,
         nproc,
@@ -92,3 +211,81 @@ def plan(
     )
     report = describe_plan(sharding_plan, spec, nproc)
     sys.stdout.write((json.dumps(report.as_dict()) if as_json else report.render()) + "\n")
+
+
+@model_app.command("list")
+def list_versions(
+    ctx: typer.Context,
+    directory: DirOption = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """The versions (oldest first), the current one marked with *; --json: one object."""
+    path = _versions_dir(ctx, config, directory)
+    versions = _open_versions(path)
+    pointer = versions.pointer()
+    infos = versions.list_versions()
+    if as_json:
+        report = {
+            "dir": str(path),
+            "current": pointer.version,
+            "generation": pointer.generation,
+            "promoted_at": pointer.promoted_at,
+            "previous": pointer.previous,
+            "versions": [info.as_dict() for info in infos],
+        }
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
+    for info in infos:
+        mark = "*" if info.current else " "
+        metrics = " ".join(f"{k}={v:.4f}" for k, v in sorted(info.metrics.items()))
+        state = info.weights_format if info.complete else "incomplete"
+        sys.stdout.write(
+            f"{mark} {info.version}  {info.created_at}  {state}  {metrics}".rstrip() + "\n"
+        )
+    if pointer.version is None:
+        err.print(f"no current version in {path}: `streamrank model promote VERSION`")
+
+
+@model_app.command("promote")
+def promote_version(
+    ctx: typer.Context,
+    version: Annotated[str, typer.Argument(help="The version to serve (see `model list`).")],
+    directory: DirOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Make VERSION current: a running pipeline loads it and swaps it in between two batches."""
+    from model.versions import UnknownVersionError
+
+    path = _versions_dir(ctx, config, directory)
+    versions = _open_versions(path)
+    try:
+        pointer = versions.promote(version)
+    except (UnknownVersionError, ValueError) as error:
+        raise UserError(str(error)) from error
+    was = f", was {pointer.previous}" if pointer.previous else ""
+    err.print(f"{version} is current in {path} (generation {pointer.generation}{was})")
+
+
+@model_app.command("import")
+def import_version(
+    ctx: typer.Context,
+    source: Annotated[Path, typer.Argument(help="A checkpoint directory (plain or sharded).")],
+    directory: DirOption = None,
+    version: Annotated[
+        str | None, typer.Option(help="Name of the version (default its model_version).")
+    ] = None,
+    promote: Annotated[bool, typer.Option("--promote", help="Make it current.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a version of that name (not the current).")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Copy a checkpoint trained elsewhere into the versions directory as a new version."""
+    path = _versions_dir(ctx, config, directory)
+    versions = _open_or_create(path) if not path.exists() else _open_versions(path)
+    try:
+        name = versions.add(source, version, overwrite=overwrite, promote=promote)
+    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        raise UserError(str(error)) from error
+    err.print(f"imported {source} as version {name} into {path} (current: {versions.current()})")

@@ -17,6 +17,11 @@ from pipeline.cli.errors import UserError
 
 log = logging.getLogger("streamrank")
 
+SERVED_CHECKPOINT_ENV = "STREAMRANK_SERVED_CHECKPOINT"
+"""Set by the launcher for the ranks it starts: the checkpoint directory all of them serve
+(a versions directory's current version, resolved once), so that a promotion during start-up
+cannot give the ranks of one job different versions."""
+
 
 def run(
     ctx: typer.Context,
@@ -71,12 +76,16 @@ def run(
             options.check(launch.nproc * launch.nnodes)
         except ValueError as exc:  # UnsupportedOption included: refused before any rank starts
             raise UserError(str(exc)) from exc
-    require_checkpoint(settings.model.checkpoint)
+    pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
+    served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     apply_threads(settings)
     if launch is not None and launch.distributed:
+        os.environ[SERVED_CHECKPOINT_ENV] = str(served)  # every rank serves the same version
         raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+    if served != settings.model.checkpoint:
+        log.info("serving model version %s of %s", served.name, settings.model.checkpoint)
     try:
         summary, rank_steps = serve(
             settings,
@@ -84,6 +93,7 @@ def run(
             exit_when_idle,
             max_events,
             degradations=int(os.environ.get(DEGRADATIONS_ENV, "0")),
+            checkpoint=served,
         )
     except UnsupportedOption as exc:
         raise UserError(str(exc)) from exc

@@ -116,7 +116,7 @@ def test_alerts_fire_on_synthetic_series() -> None:
 def _exported_names() -> set[str]:
     names = set()
     for family in Metrics().registry.collect():
-        names.add(family.name + ("_total" if family.type == "counter" else ""))
+        names.add(family.name + {"counter": "_total", "info": "_info"}.get(family.type, ""))
     return names | {"streamrank_gpu_memory_bytes", "streamrank_gpu_utilization_ratio"}
 
 

@@ -39,6 +39,10 @@ EXPORTED = {
     "streamrank_rank_up",
     "streamrank_world_size",
     "streamrank_degradations",
+    "streamrank_model_info",
+    "streamrank_model_swaps_total",
+    "streamrank_model_load_failures_total",
+    "streamrank_model_load_seconds",
 }
 
 

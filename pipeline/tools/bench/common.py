@@ -26,6 +26,7 @@ from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
+from model.versions import NoCurrentVersionError, resolve_checkpoint
 from pipeline.config import Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
@@ -60,7 +61,8 @@ def batch_of_rows(
 
 
 def load_or_build_scorer(settings: Settings) -> Scorer:
-    """The configured checkpoint's model, or a fresh (untrained) one from the configured spec.
+    """The configured checkpoint's model (a versions directory's current version), or a fresh
+    (untrained) one from the configured spec.
 
     Args:
         settings: ``settings.model`` names the checkpoint, device, quantization and compile.
@@ -68,8 +70,14 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
     Returns:
         A :class:`Scorer`; its ``model_version`` is ``"untrained"`` without a checkpoint.
     """
-    if (settings.model.checkpoint / "meta.json").exists():
-        options = settings.model.serving_options(settings.batching.max_batch_rows)
+    try:
+        checkpoint = resolve_checkpoint(settings.model.checkpoint)  # a versions dir: current
+    except (FileNotFoundError, NoCurrentVersionError):
+        checkpoint = None
+    if checkpoint is not None:
+        options = settings.model.serving_options(
+            settings.batching.max_batch_rows, checkpoint=checkpoint
+        )
         return ScorerFactory(options).create_scorer()
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
