@@ -28,18 +28,18 @@ def _options(checkpoint: Path, precision: Precision) -> ServingOptions:
     return ServingOptions(checkpoint, device="cpu", precision=precision, batch_rows=64)
 
 
-def _rank(rank: int, world: int, port: int, checkpoint: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, checkpoint: str, out: str, precision: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     context = RankContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
-    for precision in PRECISIONS:
-        scorer = ScorerFactory(_options(Path(checkpoint), precision), context).create_scorer()
-        assert scorer.precision is precision
-        local, _ = rank_inputs(scorer.spec, world, rank)
-        np.save(f"{out}/{precision.value}-{rank}.npy", scorer.forward(local).numpy())
-        dist.barrier()
-        dist.destroy_process_group()  # the next factory call joins a fresh group
+    options = _options(Path(checkpoint), Precision(precision))
+    scorer = ScorerFactory(options, context).create_scorer()
+    assert scorer.precision is Precision(precision)
+    local, _ = rank_inputs(scorer.spec, world, rank)
+    np.save(f"{out}/{precision}-{rank}.npy", scorer.forward(local).numpy())
+    dist.barrier()
+    dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # see tests.model.distributed.ranks.finish_rank
 
@@ -48,7 +48,8 @@ def test_two_ranks_score_in_bf16_as_one_process_does(tmp_path: Path) -> None:
     spec = small_spec()
     checkpoint = tmp_path / "model"
     save_checkpoint(build_ranker(spec, seed=3), spec, checkpoint)
-    spawn_ranks(_rank, 2, str(checkpoint), str(tmp_path))
+    for precision in PRECISIONS:  # one job each: a job's factory joins its process group once
+        spawn_ranks(_rank, 2, str(checkpoint), str(tmp_path), precision.value)
     single = {p: ScorerFactory(_options(checkpoint, p)).create_scorer() for p in PRECISIONS}
     for rank in range(2):
         local, _ = rank_inputs(spec, 2, rank)
