@@ -40,7 +40,7 @@ from tests.support.faults import FailingEnricher
 pytestmark = pytest.mark.slow
 
 VALID_EVENTS = 200
-PROCESSING_POISON_USER = 10**12
+PROCESSING_POISON_USER = 2**62 + 7  # no synthetic user (their ids start at 10**12)
 """The user of a valid event whose enrichment fails (the enricher the pipeline takes as an
 argument fails for it): the only way to reach ``processing_error``."""
 

@@ -32,7 +32,7 @@ POISON_RESULTS = 999  # num_results of the poison event (the scorer wrapper fail
 pytestmark = pytest.mark.slow
 
 
-POISON_USER = 10**12  # a user of no other event (the enricher wrapper fails on it)
+POISON_USER = 2**62 + 7  # a user of no other event (the synthetic ids start at 10**12)
 
 
 @pytest.mark.parametrize("stage", ["enrich", "scoring"])

@@ -10,6 +10,7 @@ reproducible (``tests/integration/test_degrade.py``).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from model.rank import RankContext
@@ -25,6 +26,7 @@ def arm(rank: RankContext, value: str | None) -> bool:
     r, w, seconds = value.split("/")
     if (int(r), int(w)) != (rank.rank, rank.world_size):
         return False
+    print(f"crash_rank: rank {r} of {w} will exit(1) in {seconds} s", file=sys.stderr, flush=True)
     timer = threading.Timer(float(seconds), os._exit, args=(1,))
     timer.daemon = True
     timer.start()
