@@ -147,8 +147,19 @@ def run_rank(
 
 
 def summary_path(path: Path | None) -> Path | None:
-    """Per-rank summary file: ``run.json`` -> ``run.rank1.json`` (rank 0 keeps the name)."""
+    """Where this process writes its own summary file (``--summary-json``), if anywhere.
+
+    One process: ``path``. A rank under a plain ``torchrun`` (no ``streamrank run --nproc``
+    launcher to merge): ``run.json`` -> ``run.rank<R>.json`` for every rank. The ranks of
+    ``streamrank run --nproc`` write records for the launcher instead
+    (:func:`pipeline.summary.write_rank_summary`) and get ``None`` here: the launcher writes
+    the merged summary to ``path``.
+    """
+    from pipeline.summary import RANK_SUMMARIES_ENV
+
     if path is None or not in_torchrun():
         return path
+    if os.environ.get(RANK_SUMMARIES_ENV):
+        return None
     rank = int(os.environ.get("RANK", "0"))
-    return path if rank == 0 else path.with_suffix(f".rank{rank}{path.suffix}")
+    return path.with_suffix(f".rank{rank}{path.suffix}")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.logging import RichHandler
 
 from pipeline.cli import bench, data, model, report, run
-from pipeline.cli.common import CliState, err
+from pipeline.cli.common import CliState
 from pipeline.cli.errors import as_user_error, one_line
+from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, configure_logging
 
 
 class StreamrankApp(typer.Typer):
@@ -80,6 +79,15 @@ def main(
     log_level: Annotated[
         LogLevel, typer.Option(help="Level of streamrank's own logs.", case_sensitive=False)
     ] = LogLevel.INFO,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            help="Logs on stderr: rich (terminal), text (one record per line), json (one JSON "
+            "object per line); auto: rich on a terminal, else text.",
+            case_sensitive=False,
+            envvar=LOG_FORMAT_ENV,
+        ),
+    ] = LogFormat.AUTO,
     version: Annotated[
         bool,
         typer.Option(
@@ -87,17 +95,9 @@ def main(
         ),
     ] = False,
 ) -> None:
-    # Our loggers at the chosen level; third-party ones (fbgemm prints a line per library it
-    # loads) only from WARNING. Rich tracebacks are for genuine failures: user errors never
-    # reach the log (StreamrankApp prints them as one line).
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=True)],
-    )
-    for name in ("pipeline", "model", "streamrank"):
-        logging.getLogger(name).setLevel(log_level.value)
-    ctx.obj = CliState(config_file=config)
+    # User errors never reach the log: StreamrankApp prints them as one line.
+    chosen = configure_logging(log_level.value, log_format)
+    ctx.obj = CliState(config_file=config, log_format=chosen)
 
 
 app.command()(run.run)

@@ -11,9 +11,21 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, command_settings, emit
-from pipeline.cli.common import err as console
+from pipeline.cli.checks import (
+    require_checkpoint,
+    require_device,
+    require_kafka,
+    require_redis,
+    require_schema_registry,
+)
+from pipeline.cli.common import (
+    ConfigOption,
+    JsonOption,
+    apply_threads,
+    command_settings,
+    emit,
+    say,
+)
 from pipeline.cli.errors import UserError
 from pipeline.config import Settings
 
@@ -24,26 +36,33 @@ BatchRowsOption = Annotated[
 ]
 
 
-RoundSecondsOption = Annotated[float, typer.Option(help="Timing per round and variant.")]
+RoundSecondsOption = Annotated[
+    float, typer.Option("--seconds", help="Seconds of timing per round and variant.")
+]
 RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds.")]
+KeepTopicsOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-topics", help="Keep the bench-events/recs/dlq-<id> topics the runs create."
+    ),
+]
 
 
 def _model_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
     """Settings for a forward-only bench (no stack needed), torch threads applied."""
     settings = command_settings(ctx, config)
+    require_device(settings.model.device)
     apply_threads(settings)
     return settings
 
 
-def _report(line: str) -> None:
-    console.print(line)
-
-
 def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
-    """Settings of a benchmark on the stack, after checking Kafka and Redis answer."""
+    """Settings of a benchmark on the stack, after checking the device, Kafka and Redis."""
     settings = command_settings(ctx, config)
+    require_device(settings.model.device)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
+    require_schema_registry(settings.codec)
     return settings
 
 
@@ -51,7 +70,7 @@ def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
 def bench_model_command(
     ctx: typer.Context,
     batch_rows: BatchRowsOption = None,
-    seconds: Annotated[float, typer.Option(help="Measure for this long.")] = 5.0,
+    seconds: Annotated[float, typer.Option(help="Seconds to measure for.")] = 5.0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -76,7 +95,10 @@ def bench_pipeline_command(
         int, typer.Option(help="Events per one-event-per-batch run (0 skips it).")
     ] = 500,
     rounds: RoundsOption = 3,
-    model_seconds: Annotated[float, typer.Option(help="Bare forward timing per round.")] = 3.0,
+    model_seconds: Annotated[
+        float, typer.Option(help="Seconds of bare forward timing per round.")
+    ] = 3.0,
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -91,7 +113,8 @@ def bench_pipeline_command(
         per_event_events=per_event_events,
         rounds=rounds,
         model_seconds=model_seconds,
-        report=_report,
+        report=say,
+        keep_topics=keep_topics,
     )
     emit(result.as_dict(), as_json)
 
@@ -100,7 +123,7 @@ def bench_pipeline_command(
 def bench_quantize_command(
     ctx: typer.Context,
     batch_rows: Annotated[int, typer.Option(help="Rows per forward.")] = 1024,
-    seconds: Annotated[float, typer.Option(help="Timing per model and dtype.")] = 3.0,
+    seconds: Annotated[float, typer.Option(help="Seconds of timing per model and dtype.")] = 3.0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -156,6 +179,7 @@ def bench_ranks_command(
     nproc: Annotated[
         str, typer.Option(help="World sizes to compare, comma-separated; the first is the base.")
     ] = "1,2",
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -170,13 +194,17 @@ def bench_ranks_command(
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = _stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
-    emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
+    emit(
+        bench_ranks(settings, events, rounds, nprocs, report=say, keep_topics=keep_topics),
+        as_json,
+    )
 
 
 @bench_app.command("overhead")
 def bench_overhead_command(
     ctx: typer.Context,
     events: Annotated[int, typer.Option(help="Events produced once, read by both runs.")] = 20000,
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -184,7 +212,7 @@ def bench_overhead_command(
     from pipeline.tools.bench.overhead import bench_overhead
 
     settings = _stack_settings(ctx, config)
-    emit(bench_overhead(settings, events=events, report=_report), as_json)
+    emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
 
 
 @bench_app.command("codec")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 from pathlib import Path
@@ -15,8 +16,15 @@ from pipeline.cli.common import (
     apply_threads,
     command_settings,
     configured_spec,
-    err,
+    say,
 )
+
+
+class PlanDevice(enum.StrEnum):
+    """``plan --device``: the device type of the ranks planned for."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
 
 
 def init_model(
@@ -26,7 +34,9 @@ def init_model(
     out: Annotated[
         Path | None, typer.Option(help="Checkpoint dir (default model.checkpoint).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Training seed (weights, shuffling and the held-out split).")
+    ] = 0,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing checkpoint there.")
     ] = False,
@@ -48,7 +58,7 @@ def init_model(
         num_events=events,
         epochs=epochs,
         seed=seed,
-        log=lambda msg: err.print(msg),
+        log=say,
     )
     meta = save_checkpoint(
         result.ranker,
@@ -57,7 +67,7 @@ def init_model(
         metrics={"auc": result.auc, "train_loss": result.train_loss},
         overwrite=overwrite,
     )
-    err.print(
+    say(
         f"held-out AUC {result.auc:.4f} after {result.seconds:.1f}s on {result.rows} rows; "
         f"saved {meta.model_version} to {path}"
     )
@@ -66,7 +76,10 @@ def init_model(
 def plan(
     ctx: typer.Context,
     nproc: Annotated[int, typer.Option(help="Ranks to plan for.")] = 2,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[
+        PlanDevice,
+        typer.Option(help="Device type of the ranks planned for (cuda: one GPU per rank)."),
+    ] = PlanDevice.CPU,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -86,7 +99,7 @@ def plan(
     sharding_plan = plan_sharding(
         spec,
         nproc,
-        device,
+        device.value,
         settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
     )

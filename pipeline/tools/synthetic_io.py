@@ -52,23 +52,71 @@ def seed_world_features(world: SyntheticWorld, writer: FeatureStoreWriter) -> tu
     return users, items
 
 
-def _read_table(path: Path) -> Any:
+class FeatureFileError(ValueError):
+    """A users or items file that cannot be loaded: unreadable, a column missing or not numeric.
+
+    Args:
+        which: ``"users"`` or ``"items"`` (the ``seed-features`` option is ``--<which>``).
+        message: what is wrong with the file and what it needs.
+
+    Example::
+
+        raise FeatureFileError("users", "u.csv: missing column user_id")
+    """
+
+    def __init__(self, which: str, message: str) -> None:
+        super().__init__(message)
+        self.which = which
+
+
+def _needed_columns(which: str, dim: int) -> str:
+    dense = f"dense_0..dense_{dim - 1}"
+    if which == "users":
+        return f"user_id, {dense} and optionally recent"
+    return f"item_id, category, {dense}"
+
+
+def _read_table(path: Path, which: str) -> Any:
+    import pyarrow
     import pyarrow.csv
     import pyarrow.parquet
 
-    if path.suffix in (".parquet", ".pq"):
-        return pyarrow.parquet.read_table(path)
-    if path.suffix == ".csv":
-        return pyarrow.csv.read_csv(path)
-    raise ValueError(f"{path}: expected a .csv or .parquet file")
+    try:
+        if path.suffix in (".parquet", ".pq"):
+            return pyarrow.parquet.read_table(path)
+        if path.suffix == ".csv":
+            return pyarrow.csv.read_csv(path)
+    except (pyarrow.ArrowException, OSError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise FeatureFileError(which, f"{path}: cannot be read: {first_line}") from error
+    raise FeatureFileError(which, f"{path}: expected a .csv or .parquet file")
 
 
-def _dense_columns(table: Any, dim: int, path: Path) -> np.ndarray:
-    names = [f"dense_{k}" for k in range(dim)]
+def _require_columns(table: Any, which: str, path: Path, dim: int, names: list[str]) -> None:
     missing = [n for n in names if n not in table.column_names]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing} (need dense_0..dense_{dim - 1})")
-    return np.stack([table.column(n).to_numpy() for n in names], axis=1).astype(np.float32)
+        raise FeatureFileError(
+            which,
+            f"{path}: missing column(s) {', '.join(missing)} "
+            f"({which} files have {_needed_columns(which, dim)})",
+        )
+
+
+def _numbers(table: Any, names: list[str], dtype: Any, which: str, path: Path) -> np.ndarray:
+    """The columns ``names`` as one ``dtype`` array (rows x len(names)); nulls or text are an
+    error naming the column."""
+    columns = []
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            raise FeatureFileError(which, f"{path}: column {name} has empty values")
+        try:
+            columns.append(np.asarray(column.to_numpy(), dtype=dtype))
+        except (ValueError, TypeError) as error:
+            raise FeatureFileError(
+                which, f"{path}: column {name} is not numeric ({error})"
+            ) from error
+    return np.stack(columns, axis=1)
 
 
 def seed_file_features(
@@ -86,31 +134,39 @@ def seed_file_features(
 
     Returns:
         (users, items) written.
+
+    Raises:
+        FeatureFileError: a file cannot be read, lacks a column or holds a non-numeric value.
     """
     users = items = 0
     if users_file is not None:
-        table = _read_table(users_file)
-        if "user_id" not in table.column_names:
-            raise ValueError(f"{users_file}: missing column user_id")
-        ids = table.column("user_id").to_numpy().astype(np.int64)
-        dense = _dense_columns(table, user_dense_dim, users_file)
+        table = _read_table(users_file, "users")
+        dense_names = [f"dense_{k}" for k in range(user_dense_dim)]
+        _require_columns(table, "users", users_file, user_dense_dim, ["user_id", *dense_names])
+        ids = _numbers(table, ["user_id"], np.int64, "users", users_file)[:, 0]
+        dense = _numbers(table, dense_names, np.float32, "users", users_file)
         if "recent" in table.column_names:
-            recent = [
-                [int(x) for x in (text or "").split()]
-                for text in table.column("recent").to_pylist()
-            ]
+            try:
+                recent = [
+                    [int(x) for x in str(text or "").split()]
+                    for text in table.column("recent").to_pylist()
+                ]
+            except ValueError as error:
+                raise FeatureFileError(
+                    "users", f"{users_file}: column recent holds a non-integer id ({error})"
+                ) from error
         else:
             recent = [[] for _ in range(len(ids))]
         users = writer.write_users(ids, dense, recent)
     if items_file is not None:
-        table = _read_table(items_file)
-        for column in ("item_id", "category"):
-            if column not in table.column_names:
-                raise ValueError(f"{items_file}: missing column {column}")
+        table = _read_table(items_file, "items")
+        dense_names = [f"dense_{k}" for k in range(item_dense_dim)]
+        _require_columns(
+            table, "items", items_file, item_dense_dim, ["item_id", "category", *dense_names]
+        )
+        keys = _numbers(table, ["item_id", "category"], np.int64, "items", items_file)
         items = writer.write_items(
-            table.column("item_id").to_numpy().astype(np.int64),
-            table.column("category").to_numpy().astype(np.int64),
-            _dense_columns(table, item_dense_dim, items_file),
+            keys[:, 0], keys[:, 1], _numbers(table, dense_names, np.float32, "items", items_file)
         )
     return users, items
 
