@@ -91,26 +91,30 @@ def seed_features(
     from pipeline.tools.synthetic_io import (
         FeatureFileError,
         build_world,
+        read_feature_files,
         redis_client,
-        seed_file_features,
         seed_world_features,
+        write_feature_files,
     )
 
     _require_input_file(users, "--users")
     _require_input_file(items, "--items")
     settings = command_settings(ctx, config)
-    require_redis(settings.redis)
-    writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
-    if users is None and items is None:
-        n_users, n_items = seed_world_features(build_world(settings), writer)
-        source = "synthetic world"
-    else:
-        try:
-            n_users, n_items = seed_file_features(
-                writer, settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
+    files = None
+    if users is not None or items is not None:
+        try:  # every file is read and checked before anything is written
+            files = read_feature_files(
+                settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
             )
         except FeatureFileError as exc:
             raise UserError(f"--{exc.which} {exc}") from exc
+    require_redis(settings.redis)
+    writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
+    if files is None:
+        n_users, n_items = seed_world_features(build_world(settings), writer)
+        source = "synthetic world"
+    else:
+        n_users, n_items = write_feature_files(writer, files)
         source = "files"
     target = mask_url(settings.redis.url)
     say(f"seeded {n_users} users and {n_items} items from {source} into {target}")

@@ -84,8 +84,8 @@ def run(
     settings = command_settings(ctx, config)
     launcher = "LOCAL_RANK" not in os.environ  # not a rank torchrun started
     launch = _launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
-    require_checkpoint(settings.model.checkpoint)
     require_device(settings.model.device)
+    require_checkpoint(settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)

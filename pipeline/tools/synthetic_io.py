@@ -119,55 +119,93 @@ def _numbers(table: Any, names: list[str], dtype: Any, which: str, path: Path) -
     return np.stack(columns, axis=1)
 
 
-def seed_file_features(
-    writer: FeatureStoreWriter,
+@dataclass
+class FeatureFiles:
+    """Users and items read from files, checked, not yet written (:func:`read_feature_files`)."""
+
+    user_ids: np.ndarray
+    user_dense: np.ndarray
+    user_recent: list[list[int]]
+    item_ids: np.ndarray
+    item_category: np.ndarray
+    item_dense: np.ndarray
+
+
+def _read_users(path: Path, dim: int) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    table = _read_table(path, "users")
+    dense_names = [f"dense_{k}" for k in range(dim)]
+    _require_columns(table, "users", path, dim, ["user_id", *dense_names])
+    ids = _numbers(table, ["user_id"], np.int64, "users", path)[:, 0]
+    dense = _numbers(table, dense_names, np.float32, "users", path)
+    if "recent" not in table.column_names:
+        return ids, dense, [[] for _ in range(len(ids))]
+    try:
+        recent = [
+            [int(x) for x in str(text or "").split()] for text in table.column("recent").to_pylist()
+        ]
+    except ValueError as error:
+        raise FeatureFileError(
+            "users", f"{path}: column recent holds a non-integer id ({error})"
+        ) from error
+    return ids, dense, recent
+
+
+def _read_items(path: Path, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    table = _read_table(path, "items")
+    dense_names = [f"dense_{k}" for k in range(dim)]
+    _require_columns(table, "items", path, dim, ["item_id", "category", *dense_names])
+    keys = _numbers(table, ["item_id", "category"], np.int64, "items", path)
+    return keys[:, 0], keys[:, 1], _numbers(table, dense_names, np.float32, "items", path)
+
+
+def read_feature_files(
     user_dense_dim: int,
     item_dense_dim: int,
     users_file: Path | None = None,
     items_file: Path | None = None,
-) -> tuple[int, int]:
-    """Load features from CSV/Parquet files.
+) -> FeatureFiles:
+    """Read and check the users and items files (nothing is written yet).
 
     Users file columns: ``user_id``, ``dense_0`` .. ``dense_{D-1}``, optional ``recent`` (item
     ids separated by spaces, newest first). Items file columns: ``item_id``, ``category``,
-    ``dense_0`` .. ``dense_{D-1}``.
+    ``dense_0`` .. ``dense_{D-1}``. CSV or Parquet.
+
+    Args:
+        user_dense_dim: D of the users file (``model.user_dense_dim``).
+        item_dense_dim: D of the items file (``model.item_dense_dim``).
+        users_file: the users file, if any.
+        items_file: the items file, if any.
 
     Returns:
-        (users, items) written.
+        The rows of both files (empty arrays for a file not given).
 
     Raises:
         FeatureFileError: a file cannot be read, lacks a column or holds a non-numeric value.
+
+    Example::
+
+        files = read_feature_files(4, 4, Path("users.csv"), Path("items.parquet"))
     """
-    users = items = 0
+    users: tuple[np.ndarray, np.ndarray, list[list[int]]] = (
+        np.zeros(0, np.int64),
+        np.zeros((0, user_dense_dim), np.float32),
+        [],
+    )
+    items = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, item_dense_dim)))
     if users_file is not None:
-        table = _read_table(users_file, "users")
-        dense_names = [f"dense_{k}" for k in range(user_dense_dim)]
-        _require_columns(table, "users", users_file, user_dense_dim, ["user_id", *dense_names])
-        ids = _numbers(table, ["user_id"], np.int64, "users", users_file)[:, 0]
-        dense = _numbers(table, dense_names, np.float32, "users", users_file)
-        if "recent" in table.column_names:
-            try:
-                recent = [
-                    [int(x) for x in str(text or "").split()]
-                    for text in table.column("recent").to_pylist()
-                ]
-            except ValueError as error:
-                raise FeatureFileError(
-                    "users", f"{users_file}: column recent holds a non-integer id ({error})"
-                ) from error
-        else:
-            recent = [[] for _ in range(len(ids))]
-        users = writer.write_users(ids, dense, recent)
+        users = _read_users(users_file, user_dense_dim)
     if items_file is not None:
-        table = _read_table(items_file, "items")
-        dense_names = [f"dense_{k}" for k in range(item_dense_dim)]
-        _require_columns(
-            table, "items", items_file, item_dense_dim, ["item_id", "category", *dense_names]
-        )
-        keys = _numbers(table, ["item_id", "category"], np.int64, "items", items_file)
-        items = writer.write_items(
-            keys[:, 0], keys[:, 1], _numbers(table, dense_names, np.float32, "items", items_file)
-        )
+        items = _read_items(items_file, item_dense_dim)
+    return FeatureFiles(*users, *items)
+
+
+def write_feature_files(writer: FeatureStoreWriter, files: FeatureFiles) -> tuple[int, int]:
+    """Write what :func:`read_feature_files` read. Returns (users, items) written."""
+    users = items = 0
+    if len(files.user_ids):
+        users = writer.write_users(files.user_ids, files.user_dense, files.user_recent)
+    if len(files.item_ids):
+        items = writer.write_items(files.item_ids, files.item_category, files.item_dense)
     return users, items
 
 
