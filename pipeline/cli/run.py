@@ -82,15 +82,20 @@ def run(
     from pipeline.distributed import in_torchrun, run_rank, summary_path
 
     settings = command_settings(ctx, config)
-    launcher = "LOCAL_RANK" not in os.environ  # not a rank torchrun started
-    launch = _launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+    # The launcher (not a rank torchrun started) checks the launch options first; the ranks run
+    # without --nproc, so these options no longer describe them.
+    launch = (
+        _launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+        if "LOCAL_RANK" not in os.environ
+        else None
+    )
     require_device(settings.model.device)
     require_checkpoint(settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)
     apply_threads(settings)
-    if launcher and launch.distributed:
+    if launch is not None and launch.distributed:
         raise typer.Exit(_launch_ranks(launch, summary_json))
     if in_torchrun():
         summary, rank_steps = run_rank(settings, exit_when_idle, max_events)

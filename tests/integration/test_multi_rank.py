@@ -112,6 +112,9 @@ def test_ranks_score_every_event_once_with_the_offline_scores(
     log_text = log_file.read_text()
     assert json.loads(log_text.splitlines()[-1], parse_constant=_no_constant) == job
     assert "sharding plan" in log_text
+    # Third-party noise is filtered: torchrun's OMP banner, TorchRec's and torch's notices.
+    for noise in ("OMP_NUM_THREADS", "broadcast_buffers", "is_fx_tracing"):
+        assert noise not in log_text
 
 
 def test_killing_a_rank_restarts_the_ranks_without_losing_events(
