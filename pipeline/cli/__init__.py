@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,13 +20,14 @@ import typer
 from pipeline.cli import bench, data, model, report, run
 from pipeline.cli.common import CliState
 from pipeline.cli.errors import as_user_error, one_line
-from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, configure_logging
+from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, active_format, configure_logging
 
 
 class StreamrankApp(typer.Typer):
     """The typer app; a user error ends the program with one line on stderr and exit code 2.
 
-    Anything else keeps its traceback: it is a bug or an outage, not a usage mistake.
+    Anything else keeps its traceback (exit code 1): it is a bug or an outage, not a usage
+    mistake. With ``text`` or ``json`` logs the traceback is one log record, like the others.
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -33,11 +35,15 @@ class StreamrankApp(typer.Typer):
             return super().__call__(*args, **kwargs)
         except Exception as error:
             user_error = as_user_error(error)
-            if user_error is None:
-                raise
-            sys.stderr.write(f"streamrank: error: {one_line(str(user_error))}\n")
-            sys.stderr.flush()
-            sys.exit(user_error.exit_code)
+            if user_error is not None:
+                sys.stderr.write(f"streamrank: error: {one_line(str(user_error))}\n")
+                sys.stderr.flush()
+                sys.exit(user_error.exit_code)
+            if active_format() in (LogFormat.TEXT, LogFormat.JSON):
+                # Logs collected from a file or a pipe: the traceback is one record too.
+                logging.getLogger("streamrank").critical("failed: %r", error, exc_info=error)
+                sys.exit(1)
+            raise  # on a terminal: typer's rich traceback
 
 
 class LogLevel(enum.StrEnum):

@@ -32,6 +32,7 @@ __all__ = [
     "LOG_FORMAT_ENV",
     "NOISE",
     "LogFormat",
+    "active_format",
     "configure_logging",
     "json_formatter",
     "text_formatter",
@@ -191,6 +192,15 @@ def drop_known_noise() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+_active: list[LogFormat] = []
+"""The format :func:`configure_logging` chose (one entry once configured)."""
+
+
+def active_format() -> LogFormat | None:
+    """The log format in use, or ``None`` before :func:`configure_logging` ran."""
+    return _active[-1] if _active else None
+
+
 def configure_logging(
     level: str, chosen: LogFormat = LogFormat.AUTO, stream: TextIO | None = None
 ) -> LogFormat:
@@ -218,4 +228,5 @@ def configure_logging(
         logging.getLogger(name).setLevel(level)
     logging.captureWarnings(True)
     drop_known_noise()
+    _active[:] = [fmt]
     return fmt

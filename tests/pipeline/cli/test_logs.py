@@ -5,11 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 
 import pytest
 
+from pipeline.cli import StreamrankApp
 from pipeline.cli.logs import LogFormat, configure_logging, resolve_format
 
 
@@ -97,3 +99,29 @@ def test_rich_only_on_a_terminal() -> None:
     assert resolve_format(LogFormat.AUTO, Terminal()) is LogFormat.RICH
     assert resolve_format(LogFormat.AUTO, io.StringIO()) is LogFormat.TEXT
     assert resolve_format(LogFormat.JSON, Terminal()) is LogFormat.JSON
+
+
+@pytest.mark.parametrize("fmt", [LogFormat.JSON, LogFormat.TEXT])
+def test_a_crash_is_one_record_when_logs_are_collected(
+    restore_logging: None, capsys: pytest.CaptureFixture[str], fmt: LogFormat
+) -> None:
+    crashing = StreamrankApp()
+
+    @crashing.callback()
+    def main() -> None:
+        configure_logging("INFO", fmt, sys.stderr)
+
+    @crashing.command()
+    def boom() -> None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(SystemExit) as exited:
+        crashing(["boom"], prog_name="streamrank")
+    assert exited.value.code == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    if fmt is LogFormat.JSON:
+        record = json.loads(lines[0])
+        assert record["level"] == "CRITICAL" and "RuntimeError: a bug" in record["exception"]
+    else:
+        assert " CRITICAL streamrank: failed: RuntimeError('a bug')\\nTraceback" in lines[0]
