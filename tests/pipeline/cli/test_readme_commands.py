@@ -9,223 +9,42 @@ this file (every command has a smoke test here).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-import typer.core
-import typer.main
 import typer.testing
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from model.checkpoint import load_meta, save_checkpoint
-from model.synthetic import SyntheticWorld
-from model.train import train_ranker
+from model.checkpoint import load_meta
 from pipeline.cli import app
-from pipeline.config import KafkaSettings, Settings, TopicsSettings
-from pipeline.feature_store import FeatureStoreWriter
 from pipeline.kafka_io import ensure_topics, make_producer, produce
 from pipeline.stages.decode import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.tools.bench.common import delete_topics
-from pipeline.tools.synthetic_io import build_world, produce_events, seed_world_features
+from pipeline.tools.synthetic_io import produce_events
 from tests.conftest import LocalStack
-from tests.integration.conftest import TABLE_ROWS, WORLD
+from tests.pipeline.cli.readme_workspace import (
+    Workspace,
+    bench_topics,
+    build_workspace,
+    cli_commands,
+    messages_in,
+    readme_commands,
+    running_prometheus,
+    strict_json,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+: ")
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def readme_commands() -> dict[str, set[str]]:
-    """README's command table: ``{"bench model": {"--batch-rows", "--json"}, ...}``."""
-    commands: dict[str, set[str]] = {}
-    for line in (REPO_ROOT / "README.md").read_text().splitlines():
-        match = re.match(r"^\| `streamrank ([^`]+)` \|", line)
-        if match is None:
-            continue
-        words = match.group(1).split()
-        name = " ".join(
-            w
-            for w in words[
-                : next((i for i, w in enumerate(words) if w.startswith(("-", "["))), len(words))
-            ]
-        )
-        commands[name] = set(re.findall(r"--[a-z][a-z-]*", match.group(1)))
-    return commands
-
-
-def cli_commands() -> dict[str, typer.core.TyperCommand]:
-    """Every command of the ``streamrank`` app, by its name (``"bench model"``)."""
-    root = typer.main.get_command(app)
-    assert isinstance(root, typer.core.TyperGroup)
-    found: dict[str, typer.core.TyperCommand] = {}
-    for name, command in root.commands.items():
-        if isinstance(command, typer.core.TyperGroup):
-            found.update({f"{name} {sub}": c for sub, c in command.commands.items()})
-        else:
-            found[name] = command
-    return found
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"not strict JSON: {name}")
-
-
-def strict_json(text: str) -> Any:
-    """``text`` parsed as strict JSON (``NaN``/``Infinity`` are errors)."""
-    return json.loads(text, parse_constant=_no_constant)
-
-
-@dataclass
-class Workspace:
-    """A tiny model, its world's features in Redis and a config file naming them."""
-
-    directory: Path
-    settings: Settings
-    world: SyntheticWorld
-    config_file: Path
-
-    def fresh(self, name: str) -> tuple[Settings, dict[str, str]]:
-        """Settings on new topics and group, and the same as ``STREAMRANK_*`` overrides."""
-        tag = f"{name}-{uuid.uuid4().hex[:8]}"
-        topics = TopicsSettings(
-            input=f"events-{tag}", output=f"recs-{tag}", dlq=f"dlq-{tag}", partitions=2
-        )
-        kafka = self.settings.kafka.model_copy(update={"group_id": f"group-{tag}"})
-        settings = self.settings.model_copy(update={"topics": topics, "kafka": kafka})
-        env = {
-            "STREAMRANK_TOPICS__INPUT": topics.input,
-            "STREAMRANK_TOPICS__OUTPUT": topics.output,
-            "STREAMRANK_TOPICS__DLQ": topics.dlq,
-            "STREAMRANK_TOPICS__PARTITIONS": "2",
-            "STREAMRANK_KAFKA__GROUP_ID": kafka.group_id,
-        }
-        return settings, env
-
-    def cli(
-        self, *args: str, env: dict[str, str] | None = None, log_file: Path | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """``python -m pipeline.cli ARGS`` with the workspace's config; with ``log_file``,
-        stdout and stderr both go to that file (as in ``streamrank run > log 2>&1``)."""
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), clean.get("PYTHONPATH")]))
-        full_env = {
-            **clean,
-            "PYTHONPATH": python_path,
-            "STREAMRANK_CONFIG": str(self.config_file),
-            **(env or {}),
-        }
-        command = [sys.executable, "-m", "pipeline.cli", *args]
-        if log_file is None:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                cwd=self.directory,
-                env=full_env,
-                timeout=300,
-                check=False,
-            )
-        else:
-            with log_file.open("w") as out:
-                result = subprocess.run(
-                    command,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    cwd=self.directory,
-                    env=full_env,
-                    timeout=300,
-                    check=False,
-                )
-        output = log_file.read_text() if log_file else result.stderr
-        assert result.returncode == 0, f"{args}: {output[-3000:]}"
-        return result
-
-
-def _toml(settings: Settings) -> str:
-    model, world = settings.model, settings.synthetic
-    tables = "\n".join(f"{name} = {rows}" for name, rows in model.num_embeddings.items())
-    return f"""
-[kafka]
-bootstrap_servers = "{settings.kafka.bootstrap_servers}"
-group_id = "{settings.kafka.group_id}"
-session_timeout_ms = 6000
-[topics]
-partitions = 2
-[redis]
-url = "{settings.redis.url}"
-key_prefix = "{settings.redis.key_prefix}"
-[batching]
-max_batch_rows = 256
-[metrics]
-enabled = false
-[model]
-checkpoint = "{model.checkpoint}"
-device = "cpu"
-embedding_dim = {model.embedding_dim}
-dense_arch = {model.dense_arch}
-over_arch = {model.over_arch}
-recent_items_cap = {model.recent_items_cap}
-[model.num_embeddings]
-{tables}
-[synthetic]
-num_users = {world.num_users}
-num_items = {world.num_items}
-num_categories = {world.num_categories}
-seed = {world.seed}
-min_candidates = {world.min_candidates}
-max_candidates = {world.max_candidates}
-"""
-
-
 @pytest.fixture(scope="module")
-def workspace(
-    local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Workspace]:
-    directory = tmp_path_factory.mktemp("readme")
-    tag = uuid.uuid4().hex[:8]
-    settings = Settings(
-        kafka=KafkaSettings(
-            bootstrap_servers=local_stack.bootstrap_servers, group_id=f"readme-{tag}"
-        ),
-        redis={"url": local_stack.redis_url, "key_prefix": f"readme-{tag}"},
-        model={
-            "checkpoint": directory / "model",
-            "device": "cpu",
-            "embedding_dim": 16,
-            "num_embeddings": {f.value: n for f, n in TABLE_ROWS.items()},
-            "dense_arch": [32, 16],
-            "over_arch": [32, 1],
-            "recent_items_cap": 8,
-        },
-        synthetic=WORLD,
-    )
-    world = build_world(settings)
-    spec = settings.model.feature_spec()
-    trained = train_ranker(spec, world, num_events=600, epochs=1, seed=0)
-    save_checkpoint(trained.ranker, spec, settings.model.checkpoint, metrics={"auc": trained.auc})
-    client = redis.Redis.from_url(local_stack.redis_url)
-    seed_world_features(world, FeatureStoreWriter(client, settings.redis.key_prefix))
-    client.close()
-    config_file = directory / "streamrank.toml"
-    config_file.write_text(_toml(settings))
-    yield Workspace(directory, settings, world, config_file)
+def workspace(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return build_workspace(local_stack, tmp_path_factory.mktemp("readme"))
 
 
 SMOKE: dict[str, Callable[[Workspace], None]] = {}
@@ -237,26 +56,6 @@ def smoke(name: str) -> Callable[[Callable[[Workspace], None]], Callable[[Worksp
         return check
 
     return register
-
-
-def _messages_in(settings: Settings, topic: str) -> int:
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "readme-count"}
-    )
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        total = 0
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
-            total += high - low
-        return total
-    finally:
-        consumer.close()
-
-
-def _bench_topics(settings: Settings) -> set[str]:
-    admin = AdminClient(settings.kafka.admin_config())
-    return {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
 
 
 @smoke("run")
@@ -307,7 +106,7 @@ def check_produce(ws: Workspace) -> None:
     assert f"produced 20 events and 2 malformed messages to {settings.topics.input}" in (
         result.stderr
     )
-    assert _messages_in(settings, settings.topics.input) == 22
+    assert messages_in(settings, settings.topics.input) == 22
 
 
 @smoke("consume")
@@ -378,7 +177,7 @@ def check_bench_model(ws: Workspace) -> None:
 
 @smoke("bench pipeline")
 def check_bench_pipeline(ws: Workspace) -> None:
-    before = _bench_topics(ws.settings)
+    before = bench_topics(ws.settings)
     result = ws.cli(
         "bench",
         "pipeline",
@@ -398,8 +197,8 @@ def check_bench_pipeline(ws: Workspace) -> None:
     deleted = re.search(r"deleted the benchmark's topics: (.+)$", result.stderr, re.MULTILINE)
     assert deleted is not None and len(deleted.group(1).split(", ")) == 6  # 2 runs x 3 topics
     deadline = time.monotonic() + 60  # until the deletion reaches the broker's metadata
-    while _bench_topics(ws.settings) - before:
-        assert time.monotonic() < deadline, _bench_topics(ws.settings) - before
+    while bench_topics(ws.settings) - before:
+        assert time.monotonic() < deadline, bench_topics(ws.settings) - before
         time.sleep(0.2)
 
 
@@ -419,7 +218,7 @@ def _bench_ranks(ws: Workspace, nproc: str) -> Any:
     kept = re.search(r"keeping the benchmark's topics: (.+)$", result.stderr, re.MULTILINE)
     assert kept is not None
     names = kept.group(1).split(", ")
-    assert len(names) == 3 * len(nproc.split(",")) and set(names) <= _bench_topics(ws.settings)
+    assert len(names) == 3 * len(nproc.split(",")) and set(names) <= bench_topics(ws.settings)
     assert delete_topics(ws.settings, names) == names
     return strict_json(result.stdout.splitlines()[-1])
 
@@ -483,44 +282,10 @@ def check_bench_precision(ws: Workspace) -> None:
     assert set(report["variants"]) == {"fp32", "tf32", "bf16"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @smoke("report")
 def check_report(ws: Workspace) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("no prometheus binary (scripts/install_tools.sh installs it)")
-    port = _free_port()
-    config = ws.directory / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: self\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
-    )
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={ws.directory / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "prometheus not ready"
-                time.sleep(0.3)
-        out = ws.directory / "report"
+    out = ws.directory / "report"
+    with running_prometheus(ws.directory) as url:
         result = ws.cli(
             "report",
             "--out",
@@ -532,9 +297,6 @@ def check_report(ws: Workspace) -> None:
             "--rate-window",
             "30s",
         )
-    finally:
-        proc.terminate()
-        proc.wait(30)
     names = ["throughput.png", "latency.png", "dlq.png", "batch_rows.png"]
     assert all((out / name).read_bytes().startswith(PNG_MAGIC) for name in names)
     assert result.stderr.count("wrote ") == 4
