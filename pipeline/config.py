@@ -105,6 +105,15 @@ class CodecSettings(_Section):
     """``event_time`` later than now plus this is rejected; one before 1973-03-03 too (seconds sent
     as milliseconds)."""
 
+    @model_validator(mode="after")
+    def _registry_for_confluent(self) -> CodecSettings:
+        if self.framing is Framing.CONFLUENT and not self.schema_registry_url:
+            raise ValueError(
+                'codec.framing = "confluent" needs codec.schema_registry_url (the schema '
+                'registry\'s base URL, e.g. "http://registry:8081"), or framing = "raw"'
+            )
+        return self
+
 
 class RedisSettings(_Section):
     """Feature store location, timeouts and the in-process cache in front of it."""
@@ -156,8 +165,16 @@ class BatchingSettings(_Section):
     """Batches produced but not yet acknowledged by the broker before we wait for acks."""
     overlap_forward: bool | None = None
     """Run each batch's forward on a scoring thread while the loop consumes the next batch.
-    ``None`` (auto): on when the model runs on a GPU; off on CPU, where the loop's work and the
-    forward's threads compete for the same cores (measured slower on 2 cores: BENCHMARKS.md)."""
+    ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
+    where the loop's work and the forward's threads compete for the same cores (measured slower
+    on 2 cores: BENCHMARKS.md)."""
+
+    @field_validator("overlap_forward", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return None
+        return value
 
     @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
     @classmethod

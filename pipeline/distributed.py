@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from model.rank import RankContext
@@ -42,7 +43,18 @@ def step_stats(metrics: Metrics) -> dict[str, float]:
 
 
 def summary_path(path: Path | None, rank: RankContext) -> Path | None:
-    """Per-rank summary file: ``run.json`` -> ``run.rank1.json`` (rank 0 keeps the name)."""
-    if path is None or not rank.distributed or rank.rank == 0:
+    """Where this process writes its own summary file (``--summary-json``), if anywhere.
+
+    One process: ``path``. A rank under a plain ``torchrun`` (no ``streamrank run --nproc``
+    launcher to merge): ``run.json`` -> ``run.rank<R>.json`` for every rank. The ranks of
+    ``streamrank run --nproc`` write records for the launcher instead
+    (:func:`pipeline.summary.write_rank_summary`) and get ``None`` here: the launcher writes
+    the merged summary to ``path``.
+    """
+    from pipeline.summary import RANK_SUMMARIES_ENV
+
+    if path is None or not rank.distributed:
         return path
+    if os.environ.get(RANK_SUMMARIES_ENV):
+        return None
     return path.with_suffix(f".rank{rank.rank}{path.suffix}")

@@ -19,6 +19,10 @@ from pipeline.config import KafkaSettings, TopicsSettings
 
 log = logging.getLogger(__name__)
 
+CLIENT_LOGGER = logging.getLogger("pipeline.kafka.librdkafka")
+"""Where the clients' own librdkafka log lines go (served by poll/consume/flush): records in
+the run's log format, not raw ``%5|...`` lines on stderr."""
+
 ErrorCallback = Callable[[KafkaError], None]
 """librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
 
@@ -128,6 +132,7 @@ def make_consumer(
     """A consumer with manual commits (see :mod:`pipeline.stages.commit`)."""
     conf = settings.consumer_config(group_id)
     conf["error_cb"] = error_cb
+    conf["logger"] = CLIENT_LOGGER
     if stats_cb is not None:
         conf.setdefault("statistics.interval.ms", 5000)
         conf["stats_cb"] = stats_cb
@@ -144,6 +149,7 @@ def make_producer(
     """An idempotent ``acks=all`` producer."""
     conf = settings.producer_config()
     conf["error_cb"] = error_cb
+    conf["logger"] = CLIENT_LOGGER
     conf.update(extra or {})
     return Producer(conf)
 

@@ -63,6 +63,13 @@ class Launch:
             raise ValueError(f"--min-nproc must be in 1..{self.nproc}, got {self.min_nproc}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    "--rdzv-endpoint must be HOST:PORT with a port in 1..65535 "
+                    f"(e.g. 10.0.0.5:29400), got {self.rdzv_endpoint!r}"
+                )
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.nnodes > 1 and self.floor < self.nproc:

@@ -17,17 +17,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.logging import RichHandler
 
 from pipeline.cli import bench, data, model, report, run
-from pipeline.cli.common import CliState, err
+from pipeline.cli.common import CliState
 from pipeline.cli.errors import as_user_error, one_line
+from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, active_format, configure_logging
 
 
 class StreamrankApp(typer.Typer):
     """The typer app; a user error ends the program with one line on stderr and exit code 2.
 
-    Anything else keeps its traceback: it is a bug or an outage, not a usage mistake.
+    Anything else keeps its traceback (exit code 1): it is a bug or an outage, not a usage
+    mistake. With ``text`` or ``json`` logs the traceback is one log record, like the others.
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -35,11 +36,15 @@ class StreamrankApp(typer.Typer):
             return super().__call__(*args, **kwargs)
         except Exception as error:
             user_error = as_user_error(error)
-            if user_error is None:
-                raise
-            sys.stderr.write(f"streamrank: error: {one_line(str(user_error))}\n")
-            sys.stderr.flush()
-            sys.exit(user_error.exit_code)
+            if user_error is not None:
+                sys.stderr.write(f"streamrank: error: {one_line(str(user_error))}\n")
+                sys.stderr.flush()
+                sys.exit(user_error.exit_code)
+            if active_format() in (LogFormat.TEXT, LogFormat.JSON):
+                # Logs collected from a file or a pipe: the traceback is one record too.
+                logging.getLogger("streamrank").critical("failed: %r", error, exc_info=error)
+                sys.exit(1)
+            raise  # on a terminal: typer's rich traceback
 
 
 class LogLevel(enum.StrEnum):
@@ -81,6 +86,15 @@ def main(
     log_level: Annotated[
         LogLevel, typer.Option(help="Level of streamrank's own logs.", case_sensitive=False)
     ] = LogLevel.INFO,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            help="Logs on stderr: rich (terminal), text (one record per line), json (one JSON "
+            "object per line); auto: rich on a terminal, else text.",
+            case_sensitive=False,
+            envvar=LOG_FORMAT_ENV,
+        ),
+    ] = LogFormat.AUTO,
     version: Annotated[
         bool,
         typer.Option(
@@ -88,17 +102,9 @@ def main(
         ),
     ] = False,
 ) -> None:
-    # Our loggers at the chosen level; third-party ones (fbgemm prints a line per library it
-    # loads) only from WARNING. Rich tracebacks are for genuine failures: user errors never
-    # reach the log (StreamrankApp prints them as one line).
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=True)],
-    )
-    for name in ("pipeline", "model", "streamrank"):
-        logging.getLogger(name).setLevel(log_level.value)
-    ctx.obj = CliState(config_file=config)
+    # User errors never reach the log: StreamrankApp prints them as one line.
+    chosen = configure_logging(log_level.value, log_format)
+    ctx.obj = CliState(config_file=config, log_format=chosen)
 
 
 app.command()(run.run)

@@ -15,7 +15,13 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
+from pipeline.cli.checks import (
+    require_checkpoint,
+    require_device,
+    require_kafka,
+    require_redis,
+    require_schema_registry,
+)
 from pipeline.cli.common import (
     CliState,
     ConfigOption,
@@ -23,9 +29,9 @@ from pipeline.cli.common import (
     apply_threads,
     command_settings,
     emit,
+    say,
     with_checkpoint,
 )
-from pipeline.cli.common import err as console
 from pipeline.cli.errors import UserError
 from pipeline.config import CONFIG_ENV_VAR, Settings
 
@@ -36,26 +42,33 @@ BatchRowsOption = Annotated[
 ]
 
 
-RoundSecondsOption = Annotated[float, typer.Option(help="Timing per round and variant.")]
+RoundSecondsOption = Annotated[
+    float, typer.Option("--seconds", help="Seconds of timing per round and variant.")
+]
 RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds.")]
+KeepTopicsOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-topics", help="Keep the bench-events/recs/dlq-<id> topics the runs create."
+    ),
+]
 
 
 def _model_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
     """Settings for a forward-only bench (no stack needed), torch threads applied."""
     settings = command_settings(ctx, config)
+    require_device(settings.model.device)
     apply_threads(settings)
     return settings
 
 
-def _report(line: str) -> None:
-    console.print(line)
-
-
 def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
-    """Settings of a benchmark on the stack, after checking Kafka and Redis answer."""
+    """Settings of a benchmark on the stack, after checking the device, Kafka and Redis."""
     settings = command_settings(ctx, config)
+    require_device(settings.model.device)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
+    require_schema_registry(settings.codec)
     return settings
 
 
@@ -63,7 +76,7 @@ def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
 def bench_model_command(
     ctx: typer.Context,
     batch_rows: BatchRowsOption = None,
-    seconds: Annotated[float, typer.Option(help="Measure for this long.")] = 5.0,
+    seconds: Annotated[float, typer.Option(help="Seconds to measure for.")] = 5.0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -88,7 +101,10 @@ def bench_pipeline_command(
         int, typer.Option(help="Events per one-event-per-batch run (0 skips it).")
     ] = 500,
     rounds: RoundsOption = 3,
-    model_seconds: Annotated[float, typer.Option(help="Bare forward timing per round.")] = 3.0,
+    model_seconds: Annotated[
+        float, typer.Option(help="Seconds of bare forward timing per round.")
+    ] = 3.0,
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -103,7 +119,8 @@ def bench_pipeline_command(
         per_event_events=per_event_events,
         rounds=rounds,
         model_seconds=model_seconds,
-        report=_report,
+        report=say,
+        keep_topics=keep_topics,
     )
     emit(result.as_dict(), as_json)
 
@@ -112,7 +129,7 @@ def bench_pipeline_command(
 def bench_quantize_command(
     ctx: typer.Context,
     batch_rows: Annotated[int, typer.Option(help="Rows per forward.")] = 1024,
-    seconds: Annotated[float, typer.Option(help="Timing per model and dtype.")] = 3.0,
+    seconds: Annotated[float, typer.Option(help="Seconds of timing per model and dtype.")] = 3.0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -168,6 +185,7 @@ def bench_ranks_command(
     nproc: Annotated[
         str, typer.Option(help="World sizes to compare, comma-separated; the first is the base.")
     ] = "1,2",
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -183,13 +201,17 @@ def bench_ranks_command(
     settings = _stack_settings(ctx, config)
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     _export_config_file(ctx, config)
-    emit(bench_ranks(settings, events, rounds, nprocs, report=_report), as_json)
+    emit(
+        bench_ranks(settings, events, rounds, nprocs, report=say, keep_topics=keep_topics),
+        as_json,
+    )
 
 
 @bench_app.command("overhead")
 def bench_overhead_command(
     ctx: typer.Context,
     events: Annotated[int, typer.Option(help="Events produced once, read by both runs.")] = 20000,
+    keep_topics: KeepTopicsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -197,7 +219,7 @@ def bench_overhead_command(
     from pipeline.tools.bench.overhead import bench_overhead
 
     settings = _stack_settings(ctx, config)
-    emit(bench_overhead(settings, events=events, report=_report), as_json)
+    emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
 
 
 @bench_app.command("codec")
@@ -267,11 +289,11 @@ def bench_soak_command(
         max_rss_growth=max_rss_growth,
         max_lag_s=max_lag_s,
     )
-    result = bench_soak(settings, plan, out, report=_report)
+    result = bench_soak(settings, plan, out, report=say)
     emit({k: v for k, v in result.items() if k != "samples"} if not as_json else result, as_json)
     if not result["passed"]:
         failed = [name for name, ok in result["checks"].items() if not ok]
-        console.print(f"soak checks failed: {', '.join(failed)} (see {result['json']})")
+        say(f"soak checks failed: {', '.join(failed)} (see {result['json']})")
         raise typer.Exit(1)
 
 

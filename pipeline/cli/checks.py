@@ -1,11 +1,14 @@
 """Checks a command runs before its work: they raise :class:`UserError` with what to do.
 
 Each probe has a short timeout, so a wrong address fails in seconds, not after the first batch.
+The Kafka client settings are checked by building the clients' configuration
+(:mod:`pipeline.cli.kafka_settings_check`), so librdkafka rejects a bad value at start-up.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +17,15 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pipeline.cli.errors import UserError
-from pipeline.config import KafkaSettings, RedisSettings
+from pipeline.cli.kafka_settings_check import check_kafka_client_settings
+from pipeline.config import CodecSettings, Framing, KafkaSettings, RedisSettings
 from pipeline.secrets import mask_url
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
 REDIS_PROBE_TIMEOUT_S = 2.0
+REGISTRY_PROBE_TIMEOUT_S = 5.0
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+_CUDA_DEVICE = re.compile(r"^cuda(?::(\d+))?$")
 
 
 def _silent_logger() -> logging.Logger:
@@ -41,6 +48,7 @@ def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S
 
         require_kafka(settings.kafka)
     """
+    check_kafka_client_settings(kafka, _silent_logger())
     conf: dict[str, Any] = {**kafka.admin_config(), "logger": _silent_logger()}
     admin = AdminClient(conf)
     try:
@@ -63,6 +71,11 @@ def require_redis(settings: RedisSettings, timeout_s: float = REDIS_PROBE_TIMEOU
 
         require_redis(settings.redis)
     """
+    if not settings.url.startswith(REDIS_URL_SCHEMES):
+        raise UserError(
+            f"bad config value for redis.url (got {mask_url(settings.url)!r}): it must start "
+            f"with {', '.join(REDIS_URL_SCHEMES)}, e.g. redis://127.0.0.1:6379/0"
+        )
     client = redis.Redis.from_url(
         settings.url,
         socket_connect_timeout=timeout_s,
@@ -118,3 +131,75 @@ def require_free_checkpoint_path(path: Path, overwrite: bool) -> None:
             f"checkpoint path already exists: {path}; pass --overwrite to replace it "
             "(or --out DIR to save elsewhere)"
         )
+
+
+def require_device(device: str) -> None:
+    """Raise :class:`UserError` unless ``model.device`` names a device this machine has.
+
+    Args:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Example::
+
+        require_device(settings.model.device)
+    """
+    if device in ("auto", "cpu"):
+        return
+    match = _CUDA_DEVICE.match(device)
+    if match is None:
+        raise UserError(
+            f"bad config value for model.device (got {device!r}): use auto, cpu, cuda or cuda:N"
+        )
+    import torch  # only when a CUDA device is asked for
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise UserError(
+            f"model.device = {device!r} but this machine has no CUDA device "
+            "(torch.cuda.is_available() is false): use auto or cpu"
+        )
+    index = int(match.group(1) or 0)
+    if index >= count:
+        raise UserError(
+            f"model.device = {device!r} but this machine has {count} CUDA device(s): "
+            f"use cuda:0..cuda:{count - 1}, cuda or auto"
+        )
+
+
+def require_schema_registry(
+    codec: CodecSettings, timeout_s: float = REGISTRY_PROBE_TIMEOUT_S
+) -> None:
+    """With ``codec.framing = confluent``: raise :class:`UserError` unless the schema registry
+    at ``codec.schema_registry_url`` answers (a ``mock://`` registry is in-process: skipped).
+
+    Args:
+        codec: the codec settings (URL and ``schema_registry_extra``).
+        timeout_s: HTTP timeout of the probe (one try, no retries).
+
+    Example::
+
+        require_schema_registry(settings.codec)
+    """
+    url = codec.schema_registry_url
+    if codec.framing is not Framing.CONFLUENT or url is None or url.startswith("mock://"):
+        return
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    shown = mask_url(url)
+    conf = {**codec.schema_registry_extra, "url": url, "timeout": timeout_s, "max.retries": 0}
+    try:
+        SchemaRegistryClient(conf).get_subjects()
+    except SchemaRegistryError as error:
+        raise UserError(
+            f"schema registry at {shown} (codec.schema_registry_url) answered HTTP "
+            f"{error.http_status_code}: {error.error_message} (credentials and TLS go in "
+            "codec.schema_registry_extra)"
+        ) from error
+    except Exception as error:  # the HTTP client's transport errors (httpx or httpx2), bad URLs
+        text = str(error).strip()
+        reason = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+        raise UserError(
+            f"schema registry unreachable at {shown} (codec.schema_registry_url): {reason} "
+            f"(probe timeout {timeout_s:g}s)"
+        ) from error

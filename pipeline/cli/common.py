@@ -1,8 +1,12 @@
-"""What the command modules share: the stderr console, the ``--config`` option, settings."""
+"""What the command modules share: progress lines, the ``--config`` option, settings, results.
+
+Progress and summaries go to stderr as log records of the ``streamrank`` logger (one line each,
+in the ``--log-format`` of the run); stdout carries only data (JSON lines, plans, ``--json``).
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,13 +16,14 @@ import typer
 from rich.console import Console
 
 from pipeline.cli.errors import UserError
+from pipeline.cli.logs import LogFormat
 from pipeline.config import Settings, load_settings
+from pipeline.summary import json_line
 
 if TYPE_CHECKING:
     from model.spec import FeatureSpec
 
-err = Console(stderr=True)
-"""Progress, summaries and logs go to stderr; stdout carries only data (JSON lines, plans)."""
+log = logging.getLogger("streamrank")
 
 ConfigOption = Annotated[
     Path | None,
@@ -37,6 +42,30 @@ class CliState:
     """What the global options (before the command) leave for the command: ``ctx.obj``."""
 
     config_file: Path | None = None
+    log_format: LogFormat = LogFormat.TEXT
+    """The resolved ``--log-format``: ``rich`` (a terminal), ``text`` or ``json``."""
+
+
+def say(message: str) -> None:
+    """One line of progress or result for the user: an INFO record of ``streamrank``.
+
+    Args:
+        message: what to tell (a plain sentence; no markup).
+
+    Example::
+
+        say("seeded 300 users and 1500 items")
+    """
+    log.info("%s", message)
+
+
+def progress_console(ctx: typer.Context) -> Console | None:
+    """The console to draw progress bars on: stderr when the logs are ``rich`` (a terminal),
+    else ``None`` (no bar: bars are not log records)."""
+    state = ctx.find_object(CliState)
+    if state is None or state.log_format is not LogFormat.RICH:
+        return None
+    return Console(stderr=True)
 
 
 def command_settings(ctx: typer.Context, config: Path | None) -> Settings:
@@ -99,10 +128,34 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.model.num_threads)
 
 
+def flat_items(result: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``result``'s leaves as ``(dotted.key, value)``, nested dicts walked in order.
+
+    Example::
+
+        flat_items({"a": {"b": 1}, "c": [2, 3]})  # [("a.b", 1), ("c", [2, 3])]
+    """
+    items: list[tuple[str, Any]] = []
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            items.extend(flat_items(value, f"{name}."))
+        else:
+            items.append((name, value))
+    return items
+
+
 def emit(result: dict[str, Any], as_json: bool) -> None:
-    """A benchmark result: one JSON line on stdout, or ``key: value`` lines on stderr."""
+    """A benchmark result: one strict JSON line on stdout (``--json``), or one
+    ``dotted.key: value`` line per leaf on stdout (values as JSON).
+
+    Args:
+        result: the benchmark's numbers.
+        as_json: whether ``--json`` was given.
+    """
     if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(json_line(result) + "\n")
     else:
-        for key, value in result.items():
-            err.print(f"{key}: {value}")
+        for key, value in flat_items(result):
+            sys.stdout.write(f"{key}: {json_line(value)}\n")
+    sys.stdout.flush()

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.cli.checks import require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, command_settings, err
+from pipeline.cli.checks import require_kafka, require_redis, require_schema_registry
+from pipeline.cli.common import ConfigOption, command_settings, progress_console, say
 from pipeline.cli.errors import UserError
 from pipeline.secrets import mask_url
 
@@ -31,13 +31,16 @@ def produce(
 
     settings = command_settings(ctx, config)
     require_kafka(settings.kafka)
+    require_schema_registry(settings.codec)
     world = build_world(settings)
+    console = progress_console(ctx)
     with Progress(
         TextColumn("producing"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err,
+        console=console,
+        disable=console is None,
     ) as progress:
         task = progress.add_task("produce", total=events)
         sent = produce_events(
@@ -49,7 +52,7 @@ def produce(
             malformed=malformed,
             progress=lambda n: progress.advance(task, n),
         )
-    err.print(
+    say(
         f"produced {len(sent.records)} events and {sent.malformed} malformed messages "
         f"to {settings.topics.input}"
     )
@@ -66,6 +69,7 @@ def consume(
 
     settings = command_settings(ctx, config)
     require_kafka(settings.kafka)
+    require_schema_registry(settings.codec)
     for record in read_recommendations(settings, max_records=max_records, timeout_s=timeout):
         sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
@@ -85,24 +89,32 @@ def seed_features(
     """Write user and item features to Redis: synthetic, or from CSV/Parquet files."""
     from pipeline.feature_store import FeatureStoreWriter
     from pipeline.tools.synthetic_io import (
+        FeatureFileError,
         build_world,
+        read_feature_files,
         redis_client,
-        seed_file_features,
         seed_world_features,
+        write_feature_files,
     )
 
     _require_input_file(users, "--users")
     _require_input_file(items, "--items")
     settings = command_settings(ctx, config)
+    files = None
+    if users is not None or items is not None:
+        try:  # every file is read and checked before anything is written
+            files = read_feature_files(
+                settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
+            )
+        except FeatureFileError as exc:
+            raise UserError(f"--{exc.which} {exc}") from exc
     require_redis(settings.redis)
     writer = FeatureStoreWriter(redis_client(settings), settings.redis.key_prefix)
-    if users is None and items is None:
+    if files is None:
         n_users, n_items = seed_world_features(build_world(settings), writer)
         source = "synthetic world"
     else:
-        n_users, n_items = seed_file_features(
-            writer, settings.model.user_dense_dim, settings.model.item_dense_dim, users, items
-        )
+        n_users, n_items = write_feature_files(writer, files)
         source = "files"
     target = mask_url(settings.redis.url)
-    err.print(f"seeded {n_users} users and {n_items} items from {source} into {target}")
+    say(f"seeded {n_users} users and {n_items} items from {source} into {target}")

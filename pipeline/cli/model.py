@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from pipeline.cli.common import (
     apply_threads,
     command_settings,
     configured_spec,
-    err,
+    say,
 )
 from pipeline.cli.errors import UserError
 
@@ -37,6 +38,13 @@ DirOption = Annotated[
 ]
 
 
+class PlanDevice(enum.StrEnum):
+    """``plan --device``: the device type of the ranks planned for."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
 def init_model(
     ctx: typer.Context,
     events: Annotated[int, typer.Option(help="Synthetic training events.")] = 20_000,
@@ -45,7 +53,9 @@ def init_model(
         Path | None,
         typer.Option(help="Checkpoint or versions dir (default model.checkpoint)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Training seed (weights, shuffling and the held-out split).")
+    ] = 0,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -87,7 +97,7 @@ def init_model(
         num_events=events,
         epochs=epochs,
         seed=seed,
-        log=lambda msg: err.print(msg),
+        log=say,
     )
     metrics = {"auc": result.auc, "train_loss": result.train_loss}
     trained = f"held-out AUC {result.auc:.4f} after {result.seconds:.1f}s on {result.rows} rows"
@@ -95,7 +105,7 @@ def init_model(
         meta = save_checkpoint(
             result.ranker, spec, path, model_version=version, metrics=metrics, overwrite=overwrite
         )
-        err.print(f"{trained}; saved {meta.model_version} to {path}")
+        say(f"{trained}; saved {meta.model_version} to {path}")
         return
     versions = _open_or_create(path)
     first = versions.current() is None
@@ -105,9 +115,7 @@ def init_model(
         )
     except FileExistsError as error:
         raise UserError(f"{error} in {path}: pass --version NAME (or --overwrite)") from error
-    err.print(
-        f"{trained}; saved version {meta.model_version} to {path} (current: {versions.current()})"
-    )
+    say(f"{trained}; saved version {meta.model_version} to {path} (current: {versions.current()})")
 
 
 def _check_init_target(
@@ -183,7 +191,10 @@ def _versions_dir(ctx: typer.Context, config: Path | None, directory: Path | Non
 def plan(
     ctx: typer.Context,
     nproc: Annotated[int, typer.Option(help="Ranks to plan for.")] = 2,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[
+        PlanDevice,
+        typer.Option(help="Device type of the ranks planned for (cuda: one GPU per rank)."),
+    ] = PlanDevice.CPU,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -205,7 +216,7 @@ def plan(
     sharding_plan = plan_sharding(
         spec,
         nproc,
-        device,
+        device.value,
         settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
     )
@@ -244,7 +255,7 @@ def list_versions(
             f"{mark} {info.version}  {info.created_at}  {state}  {metrics}".rstrip() + "\n"
         )
     if pointer.version is None:
-        err.print(f"no current version in {path}: `streamrank model promote VERSION`")
+        say(f"no current version in {path}: `streamrank model promote VERSION`")
 
 
 @model_app.command("promote")
@@ -264,7 +275,7 @@ def promote_version(
     except (UnknownVersionError, ValueError) as error:
         raise UserError(str(error)) from error
     was = f", was {pointer.previous}" if pointer.previous else ""
-    err.print(f"{version} is current in {path} (generation {pointer.generation}{was})")
+    say(f"{version} is current in {path} (generation {pointer.generation}{was})")
 
 
 @model_app.command("import")
@@ -288,4 +299,4 @@ def import_version(
         name = versions.add(source, version, overwrite=overwrite, promote=promote)
     except (FileNotFoundError, FileExistsError, ValueError) as error:
         raise UserError(str(error)) from error
-    err.print(f"imported {source} as version {name} into {path} (current: {versions.current()})")
+    say(f"imported {source} as version {name} into {path} (current: {versions.current()})")

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pipeline.cli.checks import require_checkpoint, require_kafka, require_redis
-from pipeline.cli.common import ConfigOption, apply_threads, command_settings, err
+from model.rank import RankContext
+from pipeline.cli.checks import (
+    require_checkpoint,
+    require_device,
+    require_kafka,
+    require_redis,
+    require_schema_registry,
+)
+from pipeline.cli.common import ConfigOption, apply_threads, command_settings
 from pipeline.cli.errors import UserError
+from pipeline.config import Settings
+from pipeline.launch import Launch
+from pipeline.summary import (
+    RANK_SUMMARIES_ENV,
+    RunSummary,
+    json_line,
+    merge_rank_summaries,
+    write_rank_summary,
+)
 
 log = logging.getLogger("streamrank")
 
@@ -34,7 +50,11 @@ def run(
     ] = None,
     max_events: Annotated[int | None, typer.Option(help="Stop after consuming this many.")] = None,
     summary_json: Annotated[
-        Path | None, typer.Option(help="Also write the run summary to this JSON file.")
+        Path | None,
+        typer.Option(
+            help="Also write the run summary to this JSON file (with --nproc: the job's, "
+            'merged over the ranks, each rank\'s figures under "ranks").'
+        ),
     ] = None,
     nproc: Annotated[
         int, typer.Option(help="Ranks: >1 shards the model across ranks through torchrun.")
@@ -59,31 +79,36 @@ def run(
     ] = None,
     config: ConfigOption = None,
 ) -> None:
-    """Consume UserEvents, score them, produce Recommendations (until stopped)."""
-    from model.rank import RankContext
+    """Consume UserEvents, score them, produce Recommendations (until stopped).
+
+    The run summary is the last line on stderr: one line of strict JSON. With --nproc N it is
+    the job's, merged from every rank (counts summed, latency percentiles over all ranks'
+    events; each rank's own figures under "ranks"), and --summary-json writes that one file.
+    """
     from model.serving import UnsupportedOption
     from pipeline.distributed import summary_path
-    from pipeline.launch import DEGRADATIONS_ENV, Launch, supervise
+    from pipeline.launch import DEGRADATIONS_ENV
     from pipeline.serve import serve
 
     settings = command_settings(ctx, config)
     rank = RankContext.from_env()
-    launch: Launch | None = None
-    if "LOCAL_RANK" not in os.environ:  # the launcher, not a rank torchrun started
-        try:
-            launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
-            options = settings.model.serving_options(settings.batching.max_batch_rows)
-            options.check(launch.nproc * launch.nnodes)
-        except ValueError as exc:  # UnsupportedOption included: refused before any rank starts
-            raise UserError(str(exc)) from exc
+    # The launcher (not a rank torchrun started) checks the launch options first, and the
+    # model options against the job's size; the ranks run without --nproc.
+    launch = (
+        _launch(settings, nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+        if "LOCAL_RANK" not in os.environ
+        else None
+    )
+    require_device(settings.model.device)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
+    require_schema_registry(settings.codec)
     apply_threads(settings)
     if launch is not None and launch.distributed:
         os.environ[SERVED_CHECKPOINT_ENV] = str(served)  # every rank serves the same version
-        raise typer.Exit(supervise(launch, drop_option(sys.argv[1:], "--nproc")))
+        raise typer.Exit(_launch_ranks(launch, summary_json))
     if served != settings.model.checkpoint:
         log.info("serving model version %s of %s", served.name, settings.model.checkpoint)
     try:
@@ -97,17 +122,93 @@ def run(
         )
     except UnsupportedOption as exc:
         raise UserError(str(exc)) from exc
-    result = {**summary.as_dict(), **({"rank_steps": rank_steps} if rank_steps else {})}
-    out = summary_path(summary_json, rank)
-    if out is not None:
-        out.write_text(json.dumps(result, indent=2))
-    err.print(json.dumps(result))
     if rank.distributed:
-        # gloo ranks occasionally abort in interpreter teardown after a clean run
-        # (pytorch/pytorch#190489); the work is done and committed, so leave without it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _finish_rank(summary, rank, rank_steps, summary_path(summary_json, rank))
+    result = summary.as_dict()
+    if summary_json is not None:
+        summary_json.write_text(json_line(result) + "\n")
+    _print_summary(result)
+
+
+def _launch(
+    settings: Settings,
+    nproc: int,
+    max_restarts: int,
+    min_nproc: int | None,
+    nnodes: int,
+    node_rank: int,
+    rdzv_endpoint: str | None,
+) -> Launch:
+    """The launch options, and the model options checked against the job's size (an option
+    several ranks cannot serve is refused before any rank starts)."""
+    try:
+        launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+        options = settings.model.serving_options(settings.batching.max_batch_rows)
+        options.check(launch.nproc * launch.nnodes)
+    except ValueError as exc:  # UnsupportedOption included
+        raise UserError(str(exc)) from exc
+    return launch
+
+
+def _print_summary(result: dict[str, object]) -> None:
+    """The run summary as the last line on stderr: strict JSON (``null``, never ``NaN``).
+
+    Logging ends here: what the interpreter's teardown might log would follow the summary.
+    """
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.write(json_line(result) + "\n")
+    sys.stderr.flush()
+    logging.disable(logging.CRITICAL)
+
+
+def _launch_ranks(launch: Launch, summary_json: Path | None) -> int:
+    """Run the ranks under torchrun (:func:`~pipeline.launch.supervise`), then print (and with
+    ``--summary-json``, write) the job's summary merged from the ranks' records.
+
+    Returns:
+        torchrun's exit status.
+    """
+    from pipeline.launch import supervise
+
+    rank_args = drop_option(drop_option(sys.argv[1:], "--nproc"), "--summary-json")
+    if launch.nproc > 1:
+        # torchrun's own default, set here so that torchrun does not print a banner about it
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="streamrank-ranks-") as records:
+        os.environ[RANK_SUMMARIES_ENV] = records
+        try:
+            rc = supervise(launch, rank_args)
+        finally:
+            del os.environ[RANK_SUMMARIES_ENV]
+        merged = merge_rank_summaries(Path(records))
+    if merged is None:
+        log.error("no rank wrote a summary (exit status %d)", rc)
+        return rc
+    if summary_json is not None:
+        summary_json.write_text(json_line(merged) + "\n")
+    _print_summary(merged)
+    return rc
+
+
+def _finish_rank(
+    summary: RunSummary, rank: RankContext, rank_steps: dict[str, float], own_file: Path | None
+) -> None:
+    """A rank's end: its record for the launcher (or, under a plain torchrun, its own
+    ``--summary-json`` file), one log line, and an exit that skips interpreter teardown."""
+    result = {**summary.as_dict(), "rank_steps": rank_steps}
+    records = os.environ.get(RANK_SUMMARIES_ENV)
+    if records:
+        write_rank_summary(Path(records), summary, rank, rank_steps)
+    elif own_file is not None:
+        own_file.write_text(json_line(result) + "\n")
+    log.info("rank summary: %s", json_line(result))
+    # gloo ranks occasionally abort in interpreter teardown after a clean run
+    # (pytorch/pytorch#190489); the work is done and committed, so leave without it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def drop_option(args: list[str], name: str) -> list[str]:

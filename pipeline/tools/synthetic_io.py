@@ -59,66 +59,160 @@ def seed_world_features(world: SyntheticWorld, writer: FeatureStoreWriter) -> tu
     return users, items
 
 
-def _read_table(path: Path) -> Any:
+class FeatureFileError(ValueError):
+    """A users or items file that cannot be loaded: unreadable, a column missing or not numeric.
+
+    Args:
+        which: ``"users"`` or ``"items"`` (the ``seed-features`` option is ``--<which>``).
+        message: what is wrong with the file and what it needs.
+
+    Example::
+
+        raise FeatureFileError("users", "u.csv: missing column user_id")
+    """
+
+    def __init__(self, which: str, message: str) -> None:
+        super().__init__(message)
+        self.which = which
+
+
+def _needed_columns(which: str, dim: int) -> str:
+    dense = f"dense_0..dense_{dim - 1}"
+    if which == "users":
+        return f"user_id, {dense} and optionally recent"
+    return f"item_id, category, {dense}"
+
+
+def _read_table(path: Path, which: str) -> Any:
+    import pyarrow
     import pyarrow.csv
     import pyarrow.parquet
 
-    if path.suffix in (".parquet", ".pq"):
-        return pyarrow.parquet.read_table(path)
-    if path.suffix == ".csv":
-        return pyarrow.csv.read_csv(path)
-    raise ValueError(f"{path}: expected a .csv or .parquet file")
+    try:
+        if path.suffix in (".parquet", ".pq"):
+            return pyarrow.parquet.read_table(path)
+        if path.suffix == ".csv":
+            return pyarrow.csv.read_csv(path)
+    except (pyarrow.ArrowException, OSError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise FeatureFileError(which, f"{path}: cannot be read: {first_line}") from error
+    raise FeatureFileError(which, f"{path}: expected a .csv or .parquet file")
 
 
-def _dense_columns(table: Any, dim: int, path: Path) -> np.ndarray:
-    names = [f"dense_{k}" for k in range(dim)]
+def _require_columns(table: Any, which: str, path: Path, dim: int, names: list[str]) -> None:
     missing = [n for n in names if n not in table.column_names]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing} (need dense_0..dense_{dim - 1})")
-    return np.stack([table.column(n).to_numpy() for n in names], axis=1).astype(np.float32)
+        raise FeatureFileError(
+            which,
+            f"{path}: missing column(s) {', '.join(missing)} "
+            f"({which} files have {_needed_columns(which, dim)})",
+        )
 
 
-def seed_file_features(
-    writer: FeatureStoreWriter,
+def _numbers(table: Any, names: list[str], dtype: Any, which: str, path: Path) -> np.ndarray:
+    """The columns ``names`` as one ``dtype`` array (rows x len(names)); nulls or text are an
+    error naming the column."""
+    columns = []
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            raise FeatureFileError(which, f"{path}: column {name} has empty values")
+        try:
+            columns.append(np.asarray(column.to_numpy(), dtype=dtype))
+        except (ValueError, TypeError) as error:
+            raise FeatureFileError(
+                which, f"{path}: column {name} is not numeric ({error})"
+            ) from error
+    return np.stack(columns, axis=1)
+
+
+@dataclass
+class FeatureFiles:
+    """Users and items read from files, checked, not yet written (:func:`read_feature_files`)."""
+
+    user_ids: np.ndarray
+    user_dense: np.ndarray
+    user_recent: list[list[int]]
+    item_ids: np.ndarray
+    item_category: np.ndarray
+    item_dense: np.ndarray
+
+
+def _read_users(path: Path, dim: int) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    table = _read_table(path, "users")
+    dense_names = [f"dense_{k}" for k in range(dim)]
+    _require_columns(table, "users", path, dim, ["user_id", *dense_names])
+    ids = _numbers(table, ["user_id"], np.int64, "users", path)[:, 0]
+    dense = _numbers(table, dense_names, np.float32, "users", path)
+    if "recent" not in table.column_names:
+        return ids, dense, [[] for _ in range(len(ids))]
+    try:
+        recent = [
+            [int(x) for x in str(text or "").split()] for text in table.column("recent").to_pylist()
+        ]
+    except ValueError as error:
+        raise FeatureFileError(
+            "users", f"{path}: column recent holds a non-integer id ({error})"
+        ) from error
+    return ids, dense, recent
+
+
+def _read_items(path: Path, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    table = _read_table(path, "items")
+    dense_names = [f"dense_{k}" for k in range(dim)]
+    _require_columns(table, "items", path, dim, ["item_id", "category", *dense_names])
+    keys = _numbers(table, ["item_id", "category"], np.int64, "items", path)
+    return keys[:, 0], keys[:, 1], _numbers(table, dense_names, np.float32, "items", path)
+
+
+def read_feature_files(
     user_dense_dim: int,
     item_dense_dim: int,
     users_file: Path | None = None,
     items_file: Path | None = None,
-) -> tuple[int, int]:
-    """Load features from CSV/Parquet files.
+) -> FeatureFiles:
+    """Read and check the users and items files (nothing is written yet).
 
     Users file columns: ``user_id``, ``dense_0`` .. ``dense_{D-1}``, optional ``recent`` (item
     ids separated by spaces, newest first). Items file columns: ``item_id``, ``category``,
-    ``dense_0`` .. ``dense_{D-1}``.
+    ``dense_0`` .. ``dense_{D-1}``. CSV or Parquet.
+
+    Args:
+        user_dense_dim: D of the users file (``model.user_dense_dim``).
+        item_dense_dim: D of the items file (``model.item_dense_dim``).
+        users_file: the users file, if any.
+        items_file: the items file, if any.
 
     Returns:
-        (users, items) written.
+        The rows of both files (empty arrays for a file not given).
+
+    Raises:
+        FeatureFileError: a file cannot be read, lacks a column or holds a non-numeric value.
+
+    Example::
+
+        files = read_feature_files(4, 4, Path("users.csv"), Path("items.parquet"))
     """
-    users = items = 0
+    users: tuple[np.ndarray, np.ndarray, list[list[int]]] = (
+        np.zeros(0, np.int64),
+        np.zeros((0, user_dense_dim), np.float32),
+        [],
+    )
+    items = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, item_dense_dim)))
     if users_file is not None:
-        table = _read_table(users_file)
-        if "user_id" not in table.column_names:
-            raise ValueError(f"{users_file}: missing column user_id")
-        ids = table.column("user_id").to_numpy().astype(np.int64)
-        dense = _dense_columns(table, user_dense_dim, users_file)
-        if "recent" in table.column_names:
-            recent = [
-                [int(x) for x in (text or "").split()]
-                for text in table.column("recent").to_pylist()
-            ]
-        else:
-            recent = [[] for _ in range(len(ids))]
-        users = writer.write_users(ids, dense, recent)
+        users = _read_users(users_file, user_dense_dim)
     if items_file is not None:
-        table = _read_table(items_file)
-        for column in ("item_id", "category"):
-            if column not in table.column_names:
-                raise ValueError(f"{items_file}: missing column {column}")
-        items = writer.write_items(
-            table.column("item_id").to_numpy().astype(np.int64),
-            table.column("category").to_numpy().astype(np.int64),
-            _dense_columns(table, item_dense_dim, items_file),
-        )
+        items = _read_items(items_file, item_dense_dim)
+    return FeatureFiles(*users, *items)
+
+
+def write_feature_files(writer: FeatureStoreWriter, files: FeatureFiles) -> tuple[int, int]:
+    """Write what :func:`read_feature_files` read. Returns (users, items) written."""
+    users = items = 0
+    if len(files.user_ids):
+        users = writer.write_users(files.user_ids, files.user_dense, files.user_recent)
+    if len(files.item_ids):
+        items = writer.write_items(files.item_ids, files.item_category, files.item_dense)
     return users, items
 
 

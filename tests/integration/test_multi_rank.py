@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,10 @@ from tests.integration.conftest import (
 
 # torchrun starts, kills and restarts ranks: the slowest tests of the suite.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"not strict JSON: {name}")
 
 
 def _children(pid: int) -> list[int]:
@@ -95,13 +100,21 @@ def test_ranks_score_every_event_once_with_the_offline_scores(
     assert max(counts.values()) == 1
     offline = offline_scores(sent, world, spec, pipeline_settings.model.checkpoint)
     assert max_score_error(recs, offline) <= 1e-5
-    # Every rank took part and wrote its own summary.
-    summaries = [tmp_path / "summary.json"] + [
-        tmp_path / f"summary.rank{r}.json" for r in range(1, nproc)
-    ]
-    assert all(p.exists() for p in summaries)
+    # One summary of the job, merged over every rank (no per-rank files to find) ...
+    job = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["rank"] for r in job["ranks"]] == list(range(nproc))
+    assert job["world_size"] == job["ranks_reported"] == nproc
+    assert job["events_out"] == sum(r["events_out"] for r in job["ranks"]) == 400
+    assert job["rows_scored"] == sum(r["rows_scored"] for r in job["ranks"])
+    assert job["latency_p50_ms"] is not None and job["latency_p99_ms"] >= job["latency_p50_ms"]
+    assert sorted(p.name for p in tmp_path.glob("summary*")) == ["summary.json"]
+    # ... and it is the last line of the log: strict JSON.
     log_text = log_file.read_text()
+    assert json.loads(log_text.splitlines()[-1], parse_constant=_no_constant) == job
     assert "sharding plan" in log_text
+    # Third-party noise is filtered: torchrun's OMP banner, TorchRec's and torch's notices.
+    for noise in ("OMP_NUM_THREADS", "broadcast_buffers", "is_fx_tracing"):
+        assert noise not in log_text
 
 
 def test_killing_a_rank_restarts_the_ranks_without_losing_events(

@@ -3,6 +3,7 @@ here both on this host, 2 ranks each: a 4-rank plan, every event scored exactly 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -57,6 +58,9 @@ def test_two_nodes_of_two_ranks_score_every_event_exactly_once(
     assert set(counts) == sent.ids
     assert max(counts.values()) == 1  # exactly once in a clean run
     assert "sharding plan for 4 rank(s)" in logs[0].read_text()  # rank 0 lives on node 0
-    # Global ranks 0..3: node 0 holds 0-1 (summary.json, .rank1), node 1 holds 2-3.
-    assert (tmp_path / "node0.json").exists() and (tmp_path / "node0.rank1.json").exists()
-    assert (tmp_path / "node1.rank2.json").exists() and (tmp_path / "node1.rank3.json").exists()
+    # Global ranks 0..3: each node's summary merges its own ranks (0-1 on node 0, 2-3 on 1).
+    jobs = [json.loads((tmp_path / f"node{n}.json").read_text()) for n in range(2)]
+    assert [[r["rank"] for r in job["ranks"]] for job in jobs] == [[0, 1], [2, 3]]
+    assert all(job["world_size"] == 4 and job["ranks_reported"] == 2 for job in jobs)
+    assert sum(job["events_out"] for job in jobs) == 400
+    assert sorted(p.name for p in tmp_path.glob("node*.json")) == ["node0.json", "node1.json"]

@@ -83,6 +83,7 @@ def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMRANK_REDIS__URL", "redis://env-redis:6380/1")
     monkeypatch.setenv("STREAMRANK_BATCHING__MAX_DELAY_MS", "3.5")
     monkeypatch.setenv("STREAMRANK_CODEC__FRAMING", "confluent")
+    monkeypatch.setenv("STREAMRANK_CODEC__SCHEMA_REGISTRY_URL", "http://registry:8081")
     settings = load_settings()
     assert settings.topics.input == "events-v2"
     assert settings.topics.output == "recommendations"  # untouched sibling keeps its default
@@ -422,3 +423,31 @@ def test_redis_tls_ca_reaches_the_client_only_for_a_tls_url(
     assert redis_settings.client_kwargs() == {"ssl_ca_certs": "/stack/tls/ca.pem"}
     with pytest.raises(pydantic.ValidationError, match="needs a TLS URL"):
         RedisSettings(url="redis://127.0.0.1:6379/0", ssl_ca_certs="/stack/tls/ca.pem")
+
+
+@pytest.mark.parametrize(
+    ("written", "value"), [('"auto"', None), ('"AUTO"', None), ("true", True), ("false", False)]
+)
+def test_overlap_forward_takes_auto(tmp_path: Path, written: str, value: bool | None) -> None:
+    path = _toml(tmp_path, f"[batching]\noverlap_forward = {written}\n")
+    assert load_settings(path).batching.overlap_forward is value
+
+
+def test_overlap_forward_auto_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMRANK_BATCHING__OVERLAP_FORWARD", "auto")
+    assert load_settings().batching.overlap_forward is None
+
+
+def test_overlap_forward_rejects_other_words() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        BatchingSettings.model_validate({"overlap_forward": "sometimes"})
+
+
+def test_confluent_framing_needs_a_registry_url(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[codec]\nframing = "confluent"\n')
+    with pytest.raises(pydantic.ValidationError, match=r"codec\.schema_registry_url"):
+        load_settings(path)
+    with_url = _toml(
+        tmp_path, '[codec]\nframing = "confluent"\nschema_registry_url = "http://r:8081"\n'
+    )
+    assert load_settings(with_url).codec.framing is Framing.CONFLUENT

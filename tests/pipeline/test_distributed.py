@@ -32,9 +32,14 @@ def test_step_stats_sum_steps_and_collectives() -> None:
     assert stats["collective_share"] == pytest.approx(0.2)  # 0.01 / (0.04 + 0.01)
 
 
-def test_rank_summaries_get_a_file_each() -> None:
+def test_under_a_plain_torchrun_each_rank_writes_its_own_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STREAMRANK_RANK_SUMMARIES", raising=False)
     path = Path("run.json")
     assert summary_path(path, RankContext()) == path
-    assert summary_path(path, RankContext(rank=0, world_size=2)) == path
+    assert summary_path(path, RankContext(rank=0, world_size=2)) == Path("run.rank0.json")
     assert summary_path(path, RankContext(rank=1, world_size=2)) == Path("run.rank1.json")
     assert summary_path(None, RankContext(rank=1, world_size=2)) is None
+    monkeypatch.setenv("STREAMRANK_RANK_SUMMARIES", "/tmp/records")  # the launcher merges
+    assert summary_path(path, RankContext(rank=1, world_size=2)) is None

@@ -47,11 +47,21 @@ def test_torchrun_command_one_node_and_several() -> None:
         ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:1", "node_rank": 2}, "node-rank"),
         ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:1", "min_nproc": 1}, "one node"),
         ({"nproc": 0}, "nproc"),
+        ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h"}, "HOST:PORT"),
+        ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:"}, "HOST:PORT"),
+        ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": ":29400"}, "HOST:PORT"),
+        ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:0"}, "1..65535"),
+        ({"nproc": 2, "nnodes": 2, "rdzv_endpoint": "h:65536"}, "1..65535"),
     ],
 )
 def test_bad_launch_options(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Launch(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.5:29400", "node-0.cluster:1", "[::1]:29400"])
+def test_rdzv_endpoints_with_a_port(endpoint: str) -> None:
+    assert Launch(2, nnodes=2, rdzv_endpoint=endpoint).rdzv_endpoint == endpoint
 
 
 class _FakeTorchrun:

@@ -78,7 +78,8 @@ def bench_codec(
     world = build_world(settings)
     user_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, "bench-events")
     records = list(to_event_dicts(world.sample_events(events, np.random.default_rng(0)), world))
-    values: list[bytes | None] = [user_codec.encode(r) for r in records]
+    now_ms = int(time.time() * 1000)  # the decoders reject times before 1973 or far ahead
+    values: list[bytes | None] = [user_codec.encode({**r, "event_time": now_ms}) for r in records]
     batches = [values[i : i + batch_events] for i in range(0, len(values), batch_events)]
     cap = settings.model.recent_items_cap
     reference, columnar = (

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
 from model.features import FeatureColumns
 from model.model_input import ModelInput
@@ -94,6 +96,73 @@ def plain_scorer(settings: Settings) -> Scorer:
     return load_or_build_scorer(settings.model_copy(update={"model": plain}))
 
 
+class BenchTopics:
+    """The fresh topics of one benchmark's runs, deleted when it ends unless ``keep``.
+
+    Args:
+        settings: the cluster (``settings.kafka``) and the partitions/replication defaults.
+        keep: leave the topics on the cluster (``--keep-topics``).
+
+    Example::
+
+        with BenchTopics(settings, keep=False) as topics:
+            run_topics, tag = topics.fresh()
+            ...  # produce to run_topics.input, run the pipeline
+        # the input, output and DLQ topics of every fresh() are deleted here
+    """
+
+    def __init__(self, settings: Settings, keep: bool = False) -> None:
+        self.settings = settings
+        self.keep = keep
+        self.made: list[TopicsSettings] = []
+
+    def fresh(self, partitions: int | None = None) -> tuple[TopicsSettings, str]:
+        """New topics (see :func:`fresh_topics`), remembered for deletion."""
+        topics, tag = fresh_topics(self.settings, partitions)
+        self.made.append(topics)
+        return topics, tag
+
+    def __enter__(self) -> BenchTopics:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        names = [name for t in self.made for name in (t.input, t.output, t.dlq)]
+        if not names:
+            return
+        if self.keep:
+            log.info("keeping the benchmark's topics: %s", ", ".join(names))
+            return
+        delete_topics(self.settings, names)
+
+
+def delete_topics(settings: Settings, names: list[str], timeout_s: float = 30.0) -> list[str]:
+    """Delete ``names`` from the cluster; a topic already gone (never created) is no error.
+
+    Args:
+        settings: where the cluster is.
+        names: the topics to delete.
+        timeout_s: how long to wait for the deletions.
+
+    Returns:
+        The topics deleted.
+    """
+    admin = AdminClient(settings.kafka.admin_config())
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    wanted = [n for n in names if n in existing]
+    if not wanted:
+        return []
+    deleted = []
+    for name, future in admin.delete_topics(wanted, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+            deleted.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                log.warning("could not delete benchmark topic %s: %s", name, exc)
+    log.info("deleted the benchmark's topics: %s", ", ".join(deleted))
+    return deleted
+
+
 def fresh_topics(settings: Settings, partitions: int | None = None) -> tuple[TopicsSettings, str]:
     """Topics (and a tag for the consumer group) no earlier run has used.
 
@@ -158,7 +227,8 @@ def score_backlog(
         idle_s: ``--exit-when-idle``.
 
     Returns:
-        Each rank's run summary (``streamrank run --summary-json``), rank 0 first.
+        Each rank's run summary (the ``ranks`` of the job's merged ``--summary-json``; the
+        whole summary alone for one process), rank 0 first.
 
     Example::
 
@@ -182,8 +252,9 @@ def score_backlog(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        files = [summary] + [summary.with_suffix(f".rank{r}.json") for r in range(1, nproc)]
-        return [json.loads(f.read_text()) for f in files]
+        job = json.loads(summary.read_text())
+        ranks: list[dict[str, Any]] = job.get("ranks", [job])
+        return ranks
 
 
 def seeded_world(settings: Settings) -> SyntheticWorld:

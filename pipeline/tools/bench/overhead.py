@@ -27,7 +27,7 @@ from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.config import MetricsSettings, Settings
 from pipeline.kafka_io import make_consumer, make_producer, produce
 from pipeline.loop import ScoringPipeline
-from pipeline.tools.bench.common import fresh_topics, seeded_world
+from pipeline.tools.bench.common import BenchTopics, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
 STAGES = (
@@ -103,8 +103,8 @@ def tiny_scorer(settings: Settings) -> Scorer:
     return Scorer(build_ranker(spec, seed=0), spec, "tiny", torch.device("cpu"))
 
 
-def _run_settings(settings: Settings) -> Settings:
-    topics, tag = fresh_topics(settings)
+def _run_settings(settings: Settings, bench_topics: BenchTopics) -> Settings:
+    topics, tag = bench_topics.fresh()
     kafka = settings.kafka.model_copy(update={"group_id": f"bench-overhead-{tag}"})
     return settings.model_copy(
         update={"topics": topics, "kafka": kafka, "metrics": MetricsSettings(enabled=False)}
@@ -195,7 +195,11 @@ def pipeline_run(settings: Settings, scorer: Scorer, events: int) -> tuple[float
 
 
 def bench_overhead(
-    settings: Settings, *, events: int, report: Callable[[str], None] = print
+    settings: Settings,
+    *,
+    events: int,
+    report: Callable[[str], None] = print,
+    keep_topics: bool = False,
 ) -> dict[str, Any]:
     """Passthrough vs the whole pipeline with a negligible model (see the module docstring).
 
@@ -203,6 +207,7 @@ def bench_overhead(
         settings: the stack (Kafka, Redis, framing, batching).
         events: N, the events produced once and read by both runs.
         report: called with one line of progress per measurement.
+        keep_topics: keep the run's topics (default: deleted at the end).
 
     Returns:
         ``passthrough_eps``, ``pipeline_eps``, ``cpu_us_per_event`` (all stages),
@@ -214,19 +219,20 @@ def bench_overhead(
         bench_overhead(settings, events=20_000)["stages_us"]["decode"]
     """
     world = seeded_world(settings)
-    run = _run_settings(settings)
-    produce_events(run, world, events)
-    own_group = run.kafka.model_copy(update={"group_id": f"{run.kafka.group_id}-passthrough"})
-    pass_eps, pass_cpu = passthrough(
-        run.model_copy(update={"kafka": own_group}), events, recommendation_size(run)
-    )
-    report(f"passthrough: {pass_eps:,.0f} events/s, {pass_cpu / events * 1e6:.1f} us CPU/event")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny forward gains nothing from intra-op threads spinning
-    try:
-        pipe_eps, clock = pipeline_run(run, tiny_scorer(settings), events)
-    finally:
-        torch.set_num_threads(threads)
+    with BenchTopics(settings, keep_topics) as topics:
+        run = _run_settings(settings, topics)
+        produce_events(run, world, events)
+        own_group = run.kafka.model_copy(update={"group_id": f"{run.kafka.group_id}-passthrough"})
+        pass_eps, pass_cpu = passthrough(
+            run.model_copy(update={"kafka": own_group}), events, recommendation_size(run)
+        )
+        report(f"passthrough: {pass_eps:,.0f} events/s, {pass_cpu / events * 1e6:.1f} us CPU/event")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny forward gains nothing from intra-op threads spinning
+        try:
+            pipe_eps, clock = pipeline_run(run, tiny_scorer(settings), events)
+        finally:
+            torch.set_num_threads(threads)
     stages_us = {k: round(v / events * 1e6, 2) for k, v in clock.seconds.items()}
     total = sum(clock.seconds.values()) / events * 1e6
     non_model = total - stages_us["forward"]

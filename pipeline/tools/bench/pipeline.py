@@ -16,7 +16,7 @@ from model.serving import Scorer
 from model.synthetic import SyntheticWorld
 from pipeline.config import MetricsSettings, Settings
 from pipeline.loop import ScoringPipeline
-from pipeline.tools.bench.common import fresh_topics, load_or_build_scorer, seeded_world
+from pipeline.tools.bench.common import BenchTopics, load_or_build_scorer, seeded_world
 from pipeline.tools.bench.model import bench_model
 from pipeline.tools.synthetic_io import produce_events
 
@@ -65,14 +65,19 @@ class PipelineBench:
 
 
 def _run_pipeline_once(
-    settings: Settings, scorer: Scorer, world: SyntheticWorld, events: int, max_batch_rows: int
+    settings: Settings,
+    scorer: Scorer,
+    world: SyntheticWorld,
+    events: int,
+    max_batch_rows: int,
+    topics_of_bench: BenchTopics,
 ) -> float:
     """Produce ``events`` to fresh topics first, then score them all; returns rows/s.
 
     The backlog is in Kafka before the pipeline starts, so this measures sustained throughput
     (end-to-end latency here would only measure the backlog, and is not reported).
     """
-    topics, tag = fresh_topics(settings)
+    topics, tag = topics_of_bench.fresh()
     run_settings = settings.model_copy(
         update={
             "topics": topics,
@@ -97,6 +102,7 @@ def bench_pipeline(
     rounds: int,
     model_seconds: float,
     report: Callable[[str], None] = print,
+    keep_topics: bool = False,
 ) -> PipelineBench:
     """Interleaved rounds of bare forward / batched pipeline / per-event pipeline.
 
@@ -109,6 +115,7 @@ def bench_pipeline(
         rounds: interleaved rounds.
         model_seconds: bare forward timing per round.
         report: called with one line of progress per measurement.
+        keep_topics: keep the topics of the end-to-end runs (default: deleted at the end).
 
     Returns:
         The :class:`PipelineBench` numbers of every round.
@@ -121,20 +128,23 @@ def bench_pipeline(
     world = seeded_world(settings)
     batch_rows = settings.batching.max_batch_rows
     result = PipelineBench(batch_rows=batch_rows)
-    for r in range(rounds):
-        bare = bench_model(scorer, world, batch_rows, model_seconds)
-        result.bare_rows_per_s.append(bare.rows_per_s)
-        result.bare_same_batch_rows_per_s.append(bare.same_batch_rows_per_s)
-        report(
-            f"round {r + 1}: bare forward {bare.rows_per_s:,.0f} rows/s over "
-            f"{bare.distinct_batches} distinct batches, {bare.same_batch_rows_per_s:,.0f} on one "
-            f"batch repeated ({bare.batch_rows} rows)"
-        )
-        rows_per_s = _run_pipeline_once(settings, scorer, world, events, batch_rows)
-        result.e2e_rows_per_s.append(rows_per_s)
-        report(f"round {r + 1}: end-to-end batched {rows_per_s:,.0f} rows/s")
-        if per_event_events:
-            rows_per_s = _run_pipeline_once(settings, scorer, world, per_event_events, 1)
-            result.per_event_rows_per_s.append(rows_per_s)
-            report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")
+    with BenchTopics(settings, keep_topics) as topics:
+        for r in range(rounds):
+            bare = bench_model(scorer, world, batch_rows, model_seconds)
+            result.bare_rows_per_s.append(bare.rows_per_s)
+            result.bare_same_batch_rows_per_s.append(bare.same_batch_rows_per_s)
+            report(
+                f"round {r + 1}: bare forward {bare.rows_per_s:,.0f} rows/s over "
+                f"{bare.distinct_batches} distinct batches, {bare.same_batch_rows_per_s:,.0f} "
+                f"on one batch repeated ({bare.batch_rows} rows)"
+            )
+            rows_per_s = _run_pipeline_once(settings, scorer, world, events, batch_rows, topics)
+            result.e2e_rows_per_s.append(rows_per_s)
+            report(f"round {r + 1}: end-to-end batched {rows_per_s:,.0f} rows/s")
+            if per_event_events:
+                rows_per_s = _run_pipeline_once(
+                    settings, scorer, world, per_event_events, 1, topics
+                )
+                result.per_event_rows_per_s.append(rows_per_s)
+                report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")
     return result

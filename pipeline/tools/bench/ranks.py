@@ -10,15 +10,19 @@ from typing import Any
 
 from model.synthetic import SyntheticWorld
 from pipeline.config import Settings
-from pipeline.tools.bench.common import fresh_topics, score_backlog, seeded_world
+from pipeline.tools.bench.common import BenchTopics, score_backlog, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
 
 def _run_ranks_once(
-    settings: Settings, world: SyntheticWorld, events: int, nproc: int
+    settings: Settings, world: SyntheticWorld, events: int, nproc: int, bench_topics: BenchTopics
 ) -> dict[str, Any]:
-    """Produce ``events`` to fresh topics, then ``streamrank run --nproc N`` until idle."""
-    topics, tag = fresh_topics(settings, max(settings.topics.partitions, nproc))
+    """Produce ``events`` to fresh topics, then ``streamrank run --nproc N`` until idle.
+
+    Reads the job's summary (``--summary-json``: merged over the ranks, each rank's figures
+    under ``ranks``; a 1-rank run is one process and has no ``ranks``).
+    """
+    topics, tag = bench_topics.fresh(max(settings.topics.partitions, nproc))
     run_settings = settings.model_copy(update={"topics": topics})
     produce_events(run_settings, world, events)
     parts = score_backlog(topics, f"bench-{tag}", nproc)
@@ -59,6 +63,7 @@ def bench_ranks(
     rounds: int,
     nprocs: tuple[int, ...] = (1, 2),
     report: Callable[[str], None] = print,
+    keep_topics: bool = False,
 ) -> dict[str, Any]:
     """End-to-end rows/s with 1 vs N ranks (interleaved rounds) and per-rank embedding bytes.
 
@@ -69,6 +74,7 @@ def bench_ranks(
         nprocs: world sizes to compare; the first is the base of the ratios (a 1-rank run
             is a single process: no rank step times).
         report: called with one line of progress per run.
+        keep_topics: keep the runs' topics (default: deleted at the end).
 
     Returns:
         Rows/s per world size and round, ratios over the first, bytes (and lookup work) per
@@ -83,18 +89,19 @@ def bench_ranks(
     memory = _bytes_per_rank(settings, nprocs)
     rates: dict[int, list[float]] = {n: [] for n in nprocs}
     steps: dict[int, list[list[dict[str, float]]]] = {n: [] for n in nprocs}
-    for r in range(rounds):
-        for n in nprocs:
-            result = _run_ranks_once(settings, world, events, n)
-            rates[n].append(result["rows_per_s"])
-            steps[n].append(result["rank_steps"])
-            shares = [s.get("collective_share") for s in result["rank_steps"]]
-            means = [s.get("step_mean_ms") for s in result["rank_steps"]]
-            report(
-                f"round {r + 1}: {n} rank(s) {result['rows_per_s']:,.0f} rows/s "
-                f"(rows per rank {result['rank_rows']}; step ms per rank {means}, "
-                f"collective share {shares})"
-            )
+    with BenchTopics(settings, keep_topics) as topics:
+        for r in range(rounds):
+            for n in nprocs:
+                result = _run_ranks_once(settings, world, events, n, topics)
+                rates[n].append(result["rows_per_s"])
+                steps[n].append(result["rank_steps"])
+                shares = [s.get("collective_share") for s in result["rank_steps"]]
+                means = [s.get("step_mean_ms") for s in result["rank_steps"]]
+                report(
+                    f"round {r + 1}: {n} rank(s) {result['rows_per_s']:,.0f} rows/s "
+                    f"(rows per rank {result['rank_rows']}; step ms per rank {means}, "
+                    f"collective share {shares})"
+                )
     base = nprocs[0]
     return {
         "events": events,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LocalStack
 from tests.pipeline.cli.conftest import CliRunner
 
 
@@ -128,3 +129,128 @@ def test_an_option_several_ranks_cannot_serve_is_refused_before_any_rank_starts(
 ) -> None:
     result = run_cli("run", "--nproc", "2", env={variable: value})
     _assert_one_line_user_error(result, key, "--nproc 1")
+
+
+def test_redis_url_without_a_scheme(run_cli: CliRunner) -> None:
+    result = run_cli("seed-features", env={"STREAMRANK_REDIS__URL": "127.0.0.1:6379"})
+    _assert_one_line_user_error(result, "redis.url", "127.0.0.1:6379", "redis://")
+
+
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [
+        ("SECURITY_PROTOCOL", "sasl_ssl"),
+        ("COMPRESSION_TYPE", "zstd"),
+        ("AUTO_OFFSET_RESET", "earliest"),
+    ],
+)
+def test_bad_kafka_client_value_is_rejected_at_start_up(
+    run_cli: CliRunner, key: str, valid: str
+) -> None:
+    # The broker is unreachable on purpose: librdkafka's verdict comes before any connection.
+    env = {
+        f"STREAMRANK_KAFKA__{key}": "bogus",
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_loopback_port()}",
+    }
+    result = run_cli("consume", "--max", "1", env=env)
+    _assert_one_line_user_error(result, f"kafka.{key.lower()}", "'bogus'", "valid:", valid)
+
+
+@pytest.mark.parametrize("section", ["consumer_extra", "producer_extra"])
+def test_unknown_librdkafka_property_in_extra(run_cli: CliRunner, toml: Path, section: str) -> None:
+    toml.write_text(f'[kafka.{section}]\n"fetch.max.bites" = 1\n')
+    result = run_cli("produce", "-n", "1", "--config", str(toml))
+    _assert_one_line_user_error(result, f"kafka.{section}", "fetch.max.bites", "CONFIGURATION.md")
+
+
+def test_bad_value_of_a_librdkafka_property_in_extra(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text('[kafka.producer_extra]\n"linger.ms" = "soon"\n')
+    result = run_cli("consume", "--config", str(toml))
+    _assert_one_line_user_error(result, "kafka.producer_extra", "Invalid value")
+
+
+def test_model_device_that_is_no_device(run_cli: CliRunner, tmp_path: Path) -> None:
+    env = {"STREAMRANK_MODEL__DEVICE": "gpu", "STREAMRANK_MODEL__CHECKPOINT": str(tmp_path)}
+    result = run_cli("run", env=env)
+    _assert_one_line_user_error(result, "model.device", "'gpu'", "auto, cpu, cuda or cuda:N")
+
+
+def test_model_device_cuda_without_cuda(run_cli: CliRunner) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_cli("bench", "model", env={"STREAMRANK_MODEL__DEVICE": "cuda:0"})
+    _assert_one_line_user_error(result, "model.device", "cuda:0", "no CUDA device", "auto or cpu")
+
+
+def test_confluent_framing_without_a_registry(run_cli: CliRunner) -> None:
+    result = run_cli("consume", env={"STREAMRANK_CODEC__FRAMING": "confluent"})
+    _assert_one_line_user_error(result, "codec.schema_registry_url", 'framing = "raw"')
+
+
+def test_unreachable_schema_registry(run_cli: CliRunner, local_stack: LocalStack) -> None:
+    url = f"http://127.0.0.1:{_closed_loopback_port()}"
+    env = {
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers,
+        "STREAMRANK_CODEC__FRAMING": "confluent",
+        "STREAMRANK_CODEC__SCHEMA_REGISTRY_URL": url,
+    }
+    result = run_cli("consume", "--max", "1", env=env)
+    _assert_one_line_user_error(
+        result, "schema registry unreachable", url, "codec.schema_registry_url"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "header", "row", "missing"),
+    [
+        ("--users", "user_id,dense_0", "1,0.5", "dense_1"),
+        ("--items", "item_id,dense_0,dense_1,dense_2,dense_3", "1,0,0,0,0", "category"),
+    ],
+)
+def test_feature_file_lacking_a_column(
+    run_cli: CliRunner, tmp_path: Path, option: str, header: str, row: str, missing: str
+) -> None:
+    csv = tmp_path / "features.csv"
+    csv.write_text(f"{header}\n{row}\n")
+    # Redis is unreachable: the file is checked before anything is written.
+    env = {
+        "STREAMRANK_MODEL__USER_DENSE_DIM": "4",
+        "STREAMRANK_MODEL__ITEM_DENSE_DIM": "4",
+        "STREAMRANK_REDIS__URL": f"redis://127.0.0.1:{_closed_loopback_port()}/0",
+    }
+    result = run_cli("seed-features", option, str(csv), env=env)
+    _assert_one_line_user_error(result, option, str(csv), "missing column", missing)
+
+
+def test_feature_file_with_text_in_a_number_column(run_cli: CliRunner, tmp_path: Path) -> None:
+    csv = tmp_path / "users.csv"
+    csv.write_text("user_id,dense_0\nu1,0.5\n")
+    env = {"STREAMRANK_MODEL__USER_DENSE_DIM": "1"}
+    result = run_cli("seed-features", "--users", str(csv), env=env)
+    _assert_one_line_user_error(result, "--users", "column user_id is not numeric")
+
+
+@pytest.mark.parametrize("endpoint", ["node0", "node0:", "node0:http", "node0:70000"])
+def test_rdzv_endpoint_without_a_port(run_cli: CliRunner, endpoint: str) -> None:
+    result = run_cli("run", "--nnodes", "2", "--rdzv-endpoint", endpoint)
+    _assert_one_line_user_error(result, "--rdzv-endpoint", "HOST:PORT", repr(endpoint))
+
+
+@pytest.mark.parametrize("before_command", [True, False])
+def test_report_with_a_missing_config_file(
+    run_cli: CliRunner, tmp_path: Path, before_command: bool
+) -> None:
+    out = ["--out", str(tmp_path / "r")]
+    args = (
+        ["--config", "nope.toml", "report", *out]
+        if before_command
+        else ["report", *out, "--config", "nope.toml"]
+    )
+    _assert_one_line_user_error(run_cli(*args), "config file not found", "nope.toml")
+
+
+def test_report_with_a_bad_rate_window(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli("report", "--out", str(tmp_path / "r"), "--rate-window", "1 minute")
+    _assert_one_line_user_error(result, "--rate-window", "1 minute")

@@ -1,16 +1,26 @@
-"""Benchmark helpers that need no stack: sample batches, the model under test, reports."""
+"""Benchmark helpers: sample batches, the model under test, reports, the topics of a run."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from model.synthetic import SyntheticWorld, WorldConfig
-from pipeline.config import ModelSettings, Settings
+from pipeline.config import KafkaSettings, ModelSettings, Settings
+from pipeline.kafka_io import ensure_topics
 from pipeline.tools.bench import overhead
-from pipeline.tools.bench.common import batch_of_rows, fresh_topics, load_or_build_scorer
+from pipeline.tools.bench.common import (
+    BenchTopics,
+    batch_of_rows,
+    delete_topics,
+    fresh_topics,
+    load_or_build_scorer,
+)
 from pipeline.tools.bench.pipeline import PipelineBench
+from tests.conftest import LocalStack
 
 
 def test_batch_of_rows_holds_whole_events_within_the_row_budget() -> None:
@@ -94,3 +104,28 @@ def test_stage_clock_charges_nested_stages_exclusively(monkeypatch: pytest.Monke
     assert clock.seconds["encode"] == 4.0
     assert clock.seconds["loop"] == 8.0
     assert sum(clock.seconds.values()) == cpu[0]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_bench_topics_are_deleted_unless_kept(local_stack: LocalStack, keep: bool) -> None:
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=local_stack.bootstrap_servers))
+    admin = AdminClient(settings.kafka.admin_config())
+    with BenchTopics(settings, keep=keep) as topics:
+        made, _ = topics.fresh(partitions=1)
+        never_created, _ = topics.fresh()  # a run that failed before creating its topics
+        ensure_topics(settings.kafka, made)
+        names = {made.input, made.output, made.dlq}
+        assert names <= set(admin.list_topics(timeout=10).topics)
+    left = set(admin.list_topics(timeout=10).topics)
+    if keep:
+        assert names <= left
+        assert set(delete_topics(settings, sorted(names))) == names
+    wait_until_gone(admin, names | {never_created.input})
+
+
+def wait_until_gone(admin: AdminClient, names: set[str], timeout_s: float = 60.0) -> None:
+    """Until the broker's metadata no longer lists ``names`` (deletion propagates to it)."""
+    deadline = time.monotonic() + timeout_s
+    while names & set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, f"still listed: {names}"
+        time.sleep(0.2)
