@@ -34,6 +34,7 @@ from model.memory import embedding_bytes
 from model.quantize import QuantDtype
 from pipeline.config import Settings
 from pipeline.launch import DEGRADATIONS_ENV, arm_test_crash
+from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.stages.score import Scorer
@@ -86,6 +87,7 @@ def run_rank(
 ) -> tuple[RunSummary, dict[str, float]]:
     """Body of one rank (see the module docstring); returns its summary and
     :func:`step_stats`."""
+    bind_rank_to_launcher()  # dies with torchrun's agent and the launcher (pipeline.lifetime)
     if settings.model.quantize is not QuantDtype.FP32 or settings.model.compile:
         raise ValueError(
             "model.quantize and model.compile apply to single-process serving; TorchRec's "

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("streamrank")
 
+STOP_MARGIN_S = 5.0
+"""After SIGTERM/SIGINT, the launcher kills ranks still running ``shutdown.timeout_s`` plus this
+(their own waits end within ``shutdown.timeout_s``; this covers leaving the process group)."""
+
 
 def run(
     ctx: typer.Context,
@@ -69,7 +73,15 @@ def run(
     apply_threads(settings)
     if "LOCAL_RANK" not in os.environ:  # the launcher, not a rank torchrun started
         try:
-            launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+            launch = Launch(
+                nproc,
+                max_restarts,
+                min_nproc,
+                nnodes,
+                node_rank,
+                rdzv_endpoint,
+                stop_timeout_s=settings.shutdown.timeout_s + STOP_MARGIN_S,
+            )
         except ValueError as exc:
             raise UserError(str(exc)) from exc
         if launch.distributed:
