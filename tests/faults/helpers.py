@@ -15,7 +15,13 @@ from confluent_kafka import Consumer, Message
 
 from model.synthetic import SyntheticWorld
 from pipeline.config import Settings
-from tests.integration.conftest import WORLD, model_settings, seed_features, wait_for_outputs
+from tests.integration.conftest import (
+    WORLD,
+    model_settings,
+    produced_count,
+    seed_features,
+    wait_for_outputs,
+)
 
 Cli = Callable[..., subprocess.Popen]
 
@@ -59,24 +65,68 @@ def seeded_settings(
     return settings
 
 
-def signal_mid_stream(
-    cli: Cli, settings: Settings, log: Path, env: dict[str, str], sig: signal.Signals
+def start_run(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    *args: str,
+    outputs: int = 300,
+) -> subprocess.Popen:
+    """Start ``run ARGS`` and wait until it has produced ``outputs`` records (failing the
+    test if it exits first or never gets there)."""
+    out = log.open("w")
+    proc = cli(settings, "run", *args, extra_env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_for_outputs(settings, at_least=outputs, proc=proc, log=log)
+    return proc
+
+
+def expected_exit(sig: signal.Signals) -> int:
+    """A run's exit status after ``sig``: 0 when it stops cleanly (SIGTERM/SIGINT), else
+    death by the signal (``Popen`` reports -N)."""
+    return 0 if sig in (signal.SIGTERM, signal.SIGINT) else -sig
+
+
+def signal_run(
+    proc: subprocess.Popen, settings: Settings, log: Path, sig: signal.Signals, total: int
 ) -> float:
-    """Start ``run``, send ``sig`` once 300 recommendations are out, wait for the exit.
+    """Send ``sig`` to ``proc`` alone and wait for its exit with the status ``sig`` calls for.
+
+    Asserts the fault is real: ``proc`` is still running when the signal is sent, and fewer
+    than ``total`` outputs were produced by then (the signal lands mid-stream).
 
     Returns:
         Seconds from the signal to the exit.
     """
-    proc = cli(settings, "run", extra_env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    seen = wait_for_outputs(settings, at_least=300)
+    seen = produced_count(settings)
+    assert proc.poll() is None, f"exited ({proc.returncode}) before {sig.name}\n{_tail(log)}"
+    assert seen < total, f"{sig.name} came too late ({seen} of {total} produced)"
     sent_at = time.monotonic()
     proc.send_signal(sig)
-    code = proc.wait(30)
+    code = proc.wait(60)
     exit_s = time.monotonic() - sent_at
-    if sig is not signal.SIGKILL:
-        assert code == 0, log.read_text()[-3000:]
-    assert seen < 6000, f"{sig.name} came too late ({seen} produced)"
+    assert code == expected_exit(sig), f"exit status {code} after {sig.name}\n{_tail(log)}"
     return exit_s
+
+
+def signal_mid_stream(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    sig: signal.Signals,
+    total: int,
+) -> float:
+    """Start ``run``, send ``sig`` once 300 recommendations are out (:func:`signal_run`).
+
+    Returns:
+        Seconds from the signal to the exit.
+    """
+    return signal_run(start_run(cli, settings, log, env), settings, log, sig, total)
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:] if log.exists() else ""
 
 
 def run_until_idle(cli: Cli, settings: Settings, log: Path, env: dict[str, str]) -> float:
@@ -91,5 +141,5 @@ def run_until_idle(cli: Cli, settings: Settings, log: Path, env: dict[str, str])
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
-    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    assert proc.wait(300) == 0, _tail(log)
     return time.monotonic() - started

@@ -30,7 +30,7 @@ def test_kill_9_then_restart_read_committed_sees_every_event_once(
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
     signal_mid_stream(  # mid-transaction
-        cli, pipeline_settings, tmp_path / "first.log", EXACTLY_ONCE, signal.SIGKILL
+        cli, pipeline_settings, tmp_path / "first.log", EXACTLY_ONCE, signal.SIGKILL, total=6000
     )
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
     recs = collect(pipeline_settings, expected=6000)  # read_committed (librdkafka's default)

@@ -37,7 +37,9 @@ def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
     env = {**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
-    exit_s = signal_mid_stream(cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM)
+    exit_s = signal_mid_stream(
+        cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM, total=6000
+    )
     assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
     run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
@@ -54,7 +56,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
     log = tmp_path / "first.log"
-    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL)
+    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL, total=6000)
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
     missing, duplicates = report("kill-9", sent.ids, recs, run_s, "at_least_once")
@@ -108,6 +110,7 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     sender.start()
     try:
         assert _outputs(pipeline_settings, at_least=200) >= 200
+        assert bp.alive, bp.error
         _kafka_ctl("stop", local_stack)
         time.sleep(10)
     finally:
