@@ -183,11 +183,13 @@ class TransactionalCheckpointer(Checkpointer):
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
             if tps:
+                # Asked here, on the consumer's own thread: confluent-kafka serialises calls
+                # on a client, so from the helper thread this would wait for a consume() in
+                # progress (this commit may run inside its rebalance callback).
+                group = self._txn_consumer.consumer_group_metadata()
                 self._call(
                     "send_offsets_to_transaction",
-                    lambda timeout_s: producer.send_offsets_to_transaction(
-                        tps, self._txn_consumer.consumer_group_metadata(), timeout_s
-                    ),
+                    lambda timeout_s: producer.send_offsets_to_transaction(tps, group, timeout_s),
                 )
             self._call("commit_transaction", producer.commit_transaction)
         except self._GaveUp as exc:

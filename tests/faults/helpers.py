@@ -11,12 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, IsolationLevel, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
 from pipeline.config import Settings
+from tests.conftest import REPO_ROOT, LocalStack
 from tests.integration.conftest import (
     WORLD,
+    collect,
     model_settings,
     produced_count,
     seed_features,
@@ -27,9 +30,14 @@ Cli = Callable[..., subprocess.Popen]
 
 
 def report(
-    scenario: str, sent: set[str], recs: list[dict[str, Any]], recover_s: float, mode: str
+    scenario: str,
+    sent: set[str],
+    recs: list[dict[str, Any]],
+    recover_s: float,
+    mode: str,
+    aborted: int | None = None,
 ) -> tuple[int, int]:
-    """Print ``RELIABILITY scenario events missing duplicates recover_s mode``.
+    """Print ``RELIABILITY scenario events missing duplicates recover_s mode [aborted]``.
 
     Returns:
         (missing, duplicates): valid events with no recommendation, and extra recommendations.
@@ -40,8 +48,40 @@ def report(
     print(
         f"\nRELIABILITY scenario={scenario} events={len(sent)} missing={missing} "
         f"duplicates={duplicates} recover_s={recover_s:.1f} mode={mode}"
+        + ("" if aborted is None else f" aborted={aborted}")
     )
     return missing, duplicates
+
+
+def audit_exactly_once(
+    scenario: str, settings: Settings, sent: set[str], recover_s: float
+) -> tuple[int, int, int]:
+    """Read the output topic twice: ``read_committed`` (what consumers see) and
+    ``read_uncommitted`` (aborted records too), and :func:`report` both.
+
+    Returns:
+        (missing, duplicates) under ``read_committed``, and the aborted records: those a
+        ``read_uncommitted`` reader sees beyond the committed ones.
+    """
+    committed = collect(settings, expected=len(sent))
+    everything = collect(settings, expected=len(committed), isolation_level="read_uncommitted")
+    aborted = len(everything) - len(committed)
+    missing, duplicates = report(scenario, sent, committed, recover_s, "exactly_once", aborted)
+    return missing, duplicates, aborted
+
+
+def open_transaction_records(settings: Settings) -> int:
+    """Records on the output topic inside transactions not yet committed or aborted: the high
+    watermark minus the last stable offset, summed over partitions."""
+    topic = settings.topics.output
+    admin = AdminClient(settings.kafka.admin_config())
+    partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {}
+    for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        specs = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        futures = admin.list_offsets(specs, isolation_level=level, request_timeout=10)
+        ends[level] = sum(f.result().offset for f in futures.values())
+    return ends[IsolationLevel.READ_UNCOMMITTED] - ends[IsolationLevel.READ_COMMITTED]
 
 
 def dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list[Message]:
@@ -125,18 +165,33 @@ def signal_mid_stream(
     return signal_run(start_run(cli, settings, log, env), settings, log, sig, total)
 
 
+def kafka_ctl(action: str, stack: LocalStack) -> None:
+    """``scripts/kafka_ctl.sh stop|kill|start`` on the session's broker (start waits until it
+    accepts connections again)."""
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=180,
+    )
+
+
 def _tail(log: Path) -> str:
     return log.read_text()[-3000:] if log.exists() else ""
 
 
-def run_until_idle(cli: Cli, settings: Settings, log: Path, env: dict[str, str]) -> float:
-    """Run the pipeline until 4 s without input (it must exit 0). Returns its seconds."""
+def run_until_idle(
+    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str
+) -> float:
+    """Run the pipeline (``run ARGS``) until 4 s without input (it must exit 0). Returns its
+    seconds."""
     started = time.monotonic()
     proc = cli(
         settings,
         "run",
         "--exit-when-idle",
         "4",
+        *args,
         extra_env=env,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,

@@ -10,7 +10,6 @@ the numbers recorded in RELIABILITY.md).
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +19,8 @@ import pytest
 from confluent_kafka import KafkaException
 
 from pipeline.config import Settings
-from tests.conftest import REPO_ROOT, LocalStack
-from tests.faults.helpers import Cli, report, run_until_idle, signal_mid_stream
+from tests.conftest import LocalStack
+from tests.faults.helpers import Cli, kafka_ctl, report, run_until_idle, signal_mid_stream
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, wait_for_outputs
 
 pytestmark = pytest.mark.slow
@@ -77,15 +76,6 @@ def _outputs(settings: Settings, at_least: int, timeout_s: float = 120) -> int:
             time.sleep(0.5)
 
 
-def _kafka_ctl(action: str, stack: LocalStack) -> None:
-    subprocess.run(
-        [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=180,
-    )
-
-
 def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     local_stack: LocalStack,
     pipeline_settings: Settings,
@@ -111,10 +101,10 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     try:
         assert _outputs(pipeline_settings, at_least=200) >= 200
         assert bp.alive, bp.error
-        _kafka_ctl("stop", local_stack)
+        kafka_ctl("stop", local_stack)
         time.sleep(10)
     finally:
-        _kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
     back = time.monotonic()
     time.sleep(3)  # some events sent after the outage too
     stop_sending.set()

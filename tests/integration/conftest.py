@@ -196,13 +196,21 @@ def background_pipeline() -> Iterator[Callable[[Settings], BackgroundPipeline]]:
             bp._thread.join(30)
 
 
-def collect(settings: Settings, expected: int, timeout_s: float = 90.0) -> list[dict[str, Any]]:
-    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras."""
+def collect(
+    settings: Settings,
+    expected: int,
+    timeout_s: float = 90.0,
+    isolation_level: str = "read_committed",
+) -> list[dict[str, Any]]:
+    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras.
+
+    ``isolation_level="read_uncommitted"`` also returns the records of aborted (and still open)
+    transactions."""
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
     consumer = make_consumer(
         settings.kafka,
         group_id=f"collect-{uuid.uuid4().hex[:8]}",
-        extra={"auto.offset.reset": "earliest"},
+        extra={"auto.offset.reset": "earliest", "isolation.level": isolation_level},
     )
     consumer.subscribe([settings.topics.output])
     out: list[dict[str, Any]] = []
