@@ -315,7 +315,14 @@ class TransactionalCheckpointer(Checkpointer):
 
 def transactional_kafka(settings: Settings) -> KafkaSettings:
     """``settings.kafka`` with a ``transactional.id`` on the producer and a ``read_committed``
-    consumer (exactly-once).
+    consumer with an eager partition assignment (exactly-once).
+
+    Eager (``roundrobin``, unless ``consumer_extra`` names a strategy): a member revokes all its
+    partitions, committing its transaction, *before* it rejoins the group, so its transactions
+    always carry the group's current generation. With the cooperative protocol a member rejoins
+    while it keeps scoring, and a transaction committed meanwhile carries a generation the
+    group has left: the broker rejects its offsets (``ILLEGAL_GENERATION``, KIP-447) and the
+    transaction must be aborted, at every rebalance.
 
     Example::
 
@@ -326,9 +333,14 @@ def transactional_kafka(settings: Settings) -> KafkaSettings:
     tid = settings.delivery.transactional_id or (
         f"{kafka.group_id}-{kafka.client_id}-{os.environ.get('RANK', '0')}"
     )
+    consumer_extra = {
+        "partition.assignment.strategy": "roundrobin",
+        **kafka.consumer_extra,
+        "isolation.level": "read_committed",
+    }
     return kafka.model_copy(
         update={
             "producer_extra": {**kafka.producer_extra, "transactional.id": tid},
-            "consumer_extra": {**kafka.consumer_extra, "isolation.level": "read_committed"},
+            "consumer_extra": consumer_extra,
         }
     )

@@ -300,3 +300,15 @@ def test_transactional_settings_derive_a_stable_id_per_rank(
     kafka = transactional_kafka(settings)
     assert kafka.producer_config()["transactional.id"] == "g-c-1"
     assert kafka.consumer_config()["isolation.level"] == "read_committed"
+    # Eager rebalancing: transactions never carry a generation the group has left.
+    assert kafka.consumer_config()["partition.assignment.strategy"] == "roundrobin"
+    chosen = settings.model_copy(
+        update={
+            "kafka": KafkaSettings(
+                group_id="g", consumer_extra={"partition.assignment.strategy": "range"}
+            )
+        }
+    )
+    assert transactional_kafka(chosen).consumer_config()["partition.assignment.strategy"] == (
+        "range"
+    )
