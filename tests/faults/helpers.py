@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
@@ -82,6 +82,21 @@ def open_transaction_records(settings: Settings) -> int:
         futures = admin.list_offsets(specs, isolation_level=level, request_timeout=10)
         ends[level] = sum(f.result().offset for f in futures.values())
     return ends[IsolationLevel.READ_UNCOMMITTED] - ends[IsolationLevel.READ_COMMITTED]
+
+
+def members_with_partitions(settings: Settings) -> int:
+    """Members of the pipeline's consumer group that own input partitions now (0 while the
+    group has no coordinator yet or rebalances)."""
+    admin = AdminClient(settings.kafka.admin_config())
+    group = settings.kafka.group_id
+    try:
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except KafkaException:
+        return 0
+    return sum(
+        any(tp.topic == settings.topics.input for tp in member.assignment.topic_partitions)
+        for member in description.members
+    )
 
 
 def dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list[Message]:
