@@ -2,13 +2,13 @@
 every valid event exactly once, and a ``read_uncommitted`` reader sees the records of the
 transactions that were aborted (proof that the faults hit open transactions):
 
-- kill -9 of the pipeline mid-transaction, then a restart (one process);
+- kill -9 of the pipeline mid-transaction, a restart, then SIGTERM while the broker is down
+  (one process): the run exits within the shutdown timeout;
 - 2 ranks, each with its own transactional producer: kill -9 of a rank mid-transaction
   (torchrun restarts the ranks; the new producer with the same ``transactional.id`` fences the
   dead one's transaction), then SIGTERM to the launcher alone, then a restart;
 - 2 ranks across a broker SIGKILL and restart (the ranks recover, or exit and are restarted
   by torchrun);
-- SIGTERM while the broker is down (one process): the run exits within the shutdown timeout;
 - zombie fencing: a second producer with the same ``transactional.id`` fences the first.
 """
 
@@ -65,20 +65,50 @@ def _until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -
         time.sleep(0.1)
 
 
-def test_kill_9_then_restart_read_committed_sees_every_event_once(
+def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
+    local_stack: LocalStack,
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
     cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
+    # 1. kill -9 mid-transaction: the transaction is left open (records in the log).
     log = tmp_path / "first.log"
     proc = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS)
     _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
-    signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=6000)  # mid-transaction
+    signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=6000)
     assert open_transaction_records(pipeline_settings) > 0  # left open by the killed run
-    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
-    missing, duplicates, aborted = audit_exactly_once("kill-9", pipeline_settings, sent.ids, run_s)
+
+    # 2. A restart (it fences that transaction), then the broker dies under it and SIGTERM
+    # comes while the broker is down: the run must not hang on the broker.
+    log = tmp_path / "second.log"
+    env = {**EXACTLY_ONCE, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
+    proc = start_run(cli, pipeline_settings, log, env, outputs=produced_count(pipeline_settings))
+    wait_for_outputs(pipeline_settings, produced_count(pipeline_settings) + 200, proc=proc, log=log)
+    try:
+        kafka_ctl("kill", local_stack)
+        time.sleep(3)  # the run is now waiting on the broker (a commit, a full queue)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        sent_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            # shutdown.timeout_s (8 s) bounds every wait, then the process exits.
+            code = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 10 s after SIGTERM\n{log.read_text()[-3000:]}")
+        exit_s = time.monotonic() - sent_at
+    finally:
+        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+    # What it had not committed could not be: it stops non-zero (a supervisor restarts it).
+    assert code == 1, log.read_text()[-3000:]
+    print(f"\nRELIABILITY sigterm-broker-down exit_status={code} exit_s={exit_s:.1f}")
+
+    # 3. A last run scores the rest.
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "third.log", EXACTLY_ONCE)
+    missing, duplicates, aborted = audit_exactly_once(
+        "kill-9-then-sigterm-broker-down", pipeline_settings, sent.ids, run_s
+    )
     assert missing == 0
     assert duplicates == 0
     assert aborted > 0  # the restart fenced the killed run's transaction: it was aborted
@@ -152,43 +182,6 @@ def test_two_ranks_across_a_broker_kill_9_and_restart_each_event_once(
     )
     assert missing == 0
     assert duplicates == 0
-
-
-def test_sigterm_while_the_broker_is_down_exits_within_the_shutdown_timeout(
-    local_stack: LocalStack,
-    pipeline_settings: Settings,
-    send_events: Callable[..., SentEvents],
-    tmp_path: Path,
-    cli: Cli,
-) -> None:
-    sent = send_events(pipeline_settings, 5000)
-    log = tmp_path / "first.log"
-    env = {**EXACTLY_ONCE, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
-    proc = start_run(cli, pipeline_settings, log, env)
-    try:
-        kafka_ctl("kill", local_stack)
-        time.sleep(3)  # the run is now waiting on the broker (a commit, a full queue)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        sent_at = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            # shutdown.timeout_s (8 s) bounds every wait, then the process exits: it must not
-            # hang on the broker.
-            code = proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"still running 10 s after SIGTERM\n{log.read_text()[-3000:]}")
-        exit_s = time.monotonic() - sent_at
-    finally:
-        kafka_ctl("start", local_stack)
-    # What it had not committed could not be: it stops non-zero (a supervisor restarts it).
-    assert code == 1, log.read_text()[-3000:]
-    run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
-    missing, duplicates, _aborted = audit_exactly_once(
-        "sigterm-broker-down", pipeline_settings, sent.ids, exit_s
-    )
-    assert missing == 0
-    assert duplicates == 0
-    print(f"RELIABILITY sigterm-broker-down exit_status={code} exit_s={exit_s:.1f}")
 
 
 def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
