@@ -155,6 +155,7 @@ def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once
     exit_s = signal_run(launcher, pipeline_settings, log, signal.SIGTERM, total=10**9)
     assert exit_s < 10.0, f"the ranks took {exit_s:.1f}s to drain"  # shutdown.timeout_s 8 s
     assert "exitcode: -9" in log.read_text()  # torchrun saw the kill
+    print(f"\nRELIABILITY sigterm-launcher-2-ranks-exactly-once exit_s={exit_s:.1f}")
 
     second = tmp_path / "second.log"
     run_s = run_until_idle(cli, pipeline_settings, second, EXACTLY_ONCE, "--nproc", "2")
