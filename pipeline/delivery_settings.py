@@ -6,7 +6,7 @@ acknowledged (:mod:`pipeline.stages.commit`); a crash can repeat a few recommend
 
 ``exactly_once``: the recommendations, dead letters and consumed offsets of the batches of each
 ``commit_interval_ms`` go into one Kafka transaction
-(:mod:`pipeline.stages.commit_transactional`); a ``read_committed`` reader of the output sees
+(:mod:`pipeline.stages.commit.transactions`); a ``read_committed`` reader of the output sees
 every valid event once, across crashes and restarts.
 """
 

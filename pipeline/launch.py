@@ -9,22 +9,44 @@ again with one rank fewer, down to ``--min-nproc``; the new ranks re-plan the ta
 world size and load the checkpoint resharded, and resume from the committed offsets (at-least-
 once: nothing lost). Each degradation is logged and counted (``STREAMRANK_DEGRADATIONS`` ->
 the ranks' ``streamrank_degradations`` gauge).
+
+Stopping and dying together (:mod:`pipeline.lifetime`): torchrun runs in a process group of its
+own and dies with the launcher (``PR_SET_PDEATHSIG``), and each rank dies with torchrun, so a
+SIGKILLed launcher leaves nothing behind. SIGTERM/SIGINT to the launcher alone (``docker stop``,
+Kubernetes, Ctrl-C) is passed on to every rank, which finishes its open batch, commits and
+leaves the group; torchrun then sees every rank succeed and exits 0. Ranks still running
+``Launch.stop_timeout_s`` after the signal are killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
+from typing import Protocol
+
+from pipeline.lifetime import LAUNCHER_PID_ENV, children, preexec_die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEGRADATIONS_ENV", "Launch", "entry_module", "supervise", "torchrun_command"]
+__all__ = [
+    "DEGRADATIONS_ENV",
+    "Job",
+    "Launch",
+    "entry_module",
+    "start_torchrun",
+    "stop_job",
+    "supervise",
+    "torchrun_command",
+]
 
 #: Set by :func:`supervise` for the ranks: how many times the job came back with fewer ranks.
 DEGRADATIONS_ENV = "STREAMRANK_DEGRADATIONS"
@@ -42,6 +64,8 @@ class Launch:
         node_rank: this host's index (torchrun ``--node-rank``).
         rdzv_endpoint: ``HOST:PORT`` where the nodes meet (node 0 hosts the store); needed
             with ``nnodes > 1``.
+        stop_timeout_s: after SIGTERM/SIGINT, how long the ranks get to finish their open
+            batch, commit and exit before they are killed.
 
     Example::
 
@@ -55,6 +79,7 @@ class Launch:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    stop_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.nproc < 1 or self.nnodes < 1:
@@ -141,30 +166,66 @@ def torchrun_command(
     ]
 
 
+class Job(Protocol):
+    """A started torchrun, as :func:`supervise` drives it (``subprocess.Popen`` fits)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def start_torchrun(command: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start torchrun in a process group of its own, bound to die with this process.
+
+    Its own group: a signal to the launcher's group (a terminal's Ctrl-C) reaches the launcher
+    only, which passes it on to the ranks (:func:`supervise`), so each rank gets it once.
+
+    Args:
+        command: the :func:`torchrun_command`.
+        env: its environment (the launcher's pid is added as
+            :data:`~pipeline.lifetime.LAUNCHER_PID_ENV`).
+
+    Returns:
+        The running torchrun.
+    """
+    return subprocess.Popen(
+        command,
+        env={**env, LAUNCHER_PID_ENV: str(os.getpid())},
+        preexec_fn=preexec_die_with_parent(signal.SIGKILL),
+        process_group=0,
+    )
+
+
 def supervise(
     launch: Launch,
     cli_args: list[str],
-    call: Callable[[list[str], Mapping[str, str]], int] | None = None,
+    start: Callable[[list[str], Mapping[str, str]], Job] = start_torchrun,
+    poll_s: float = 0.2,
 ) -> int:
     """Run torchrun; while it fails and ``launch.min_nproc`` allows, run it with one rank fewer.
 
-    SIGTERM / SIGINT to this process stop the loop (the job itself stops through its process
-    group, which the signal reaches too): a job stopped on purpose is not degraded.
+    SIGTERM / SIGINT to this process are passed on to every rank (:func:`stop_job`) and stop
+    the loop: a job stopped on purpose is not degraded.
 
     Args:
         launch: the launch options.
         cli_args: the ``streamrank`` arguments of the ranks.
-        call: runs a command with an environment and returns its exit status (tests pass a
-            fake); default ``subprocess.call``.
+        start: starts a command with an environment (tests pass a fake torchrun); default
+            :func:`start_torchrun`.
+        poll_s: how often the job is checked while it runs.
 
     Returns:
-        The exit status of the last torchrun.
+        The exit status of the last torchrun (``128 + N`` when it died of signal N).
 
     Example::
 
         sys.exit(supervise(Launch(3, max_restarts=1, min_nproc=2), ["run"]))
     """
-    run = call or (lambda cmd, env: subprocess.call(cmd, env=dict(env)))
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -173,10 +234,11 @@ def supervise(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         nproc, degradations = launch.nproc, 0
-        while True:
+        while not stopping:
             command = torchrun_command(launch, cli_args, nproc, entry_module())
             log.info("starting %d ranks: %s", nproc * launch.nnodes, " ".join(command))
-            rc = run(command, {**os.environ, DEGRADATIONS_ENV: str(degradations)})
+            job = start(command, {**os.environ, DEGRADATIONS_ENV: str(degradations)})
+            rc = stop_job(job, stopping, launch.stop_timeout_s, poll_s)
             if rc == 0 or stopping or nproc <= launch.floor:
                 return rc
             degradations += 1
@@ -191,6 +253,85 @@ def supervise(
                 launch.floor,
             )
             nproc -= 1
+        return 128 + stopping[0]  # stopped before (another) job started
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def stop_job(job: Job, stopping: list[int], timeout_s: float, poll_s: float = 0.2) -> int:
+    """Wait for ``job``; once a signal lands in ``stopping``, pass it on to the ranks.
+
+    The signal goes to torchrun's workers themselves: each rank finishes its open batch,
+    commits and exits 0, and torchrun, seeing every rank succeed, exits 0 (signalled itself,
+    its agent would stop the ranks the same way but exit 1). When there is no rank to signal
+    (still starting), or torchrun starts new ranks after the signal (a rank died and was
+    restarted), torchrun's agent gets SIGTERM and stops its workers. Past ``timeout_s`` after
+    the first signal, torchrun is killed; its ranks die with it (:mod:`pipeline.lifetime`).
+
+    Args:
+        job: the running torchrun.
+        stopping: signals received so far (appended to by a signal handler).
+        timeout_s: how long the ranks get to drain after the first signal.
+        poll_s: how often to look.
+
+    Returns:
+        torchrun's exit status (``128 + N`` when it died of signal N).
+
+    Example::
+
+        rc = stop_job(subprocess.Popen(torchrun_command(Launch(2), ["run"])), [], 30.0)
+    """
+    passed_on = 0
+    signalled: set[int] = set()
+    agent_stopped = False
+    kill_at: float | None = None
+    while True:
+        try:
+            return _exit_status(job.wait(poll_s))
+        except subprocess.TimeoutExpired:
+            pass
+        if len(stopping) > passed_on:
+            sig, passed_on = stopping[-1], len(stopping)
+            kill_at = kill_at or time.monotonic() + timeout_s
+            ranks = _workers(job.pid)
+            log.info("signal %d: passing it on to ranks %s", sig, ranks or "(none yet)")
+            if ranks:
+                _signal_all(ranks, sig)
+                signalled.update(ranks)
+            else:
+                job.send_signal(signal.SIGTERM)
+                agent_stopped = True
+        elif kill_at is not None:
+            if time.monotonic() >= kill_at:
+                log.error("ranks still running %.0fs after the signal: killing them", timeout_s)
+                job.kill()
+                return _exit_status(job.wait())
+            if not agent_stopped and set(_workers(job.pid)) - signalled:
+                log.warning("torchrun restarted its ranks while stopping: stopping torchrun")
+                job.send_signal(signal.SIGTERM)
+                agent_stopped = True
+
+
+def _workers(agent: int) -> list[int]:
+    """torchrun's worker processes (its children with ``LOCAL_RANK`` in their environment)."""
+    out = []
+    for pid in children(agent):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(var.startswith(b"LOCAL_RANK=") for var in environ):
+            out.append(pid)
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+            os.kill(pid, sig)
+
+
+def _exit_status(rc: int) -> int:
+    """``Popen`` reports death by signal N as -N; a shell as 128 + N."""
+    return 128 - rc if rc < 0 else rc

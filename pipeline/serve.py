@@ -22,6 +22,7 @@ from model.rank import RankContext
 from model.serving import ScorerFactory
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
+from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
@@ -62,6 +63,8 @@ def serve(
 
         summary, _ = serve(load_settings(), RankContext.from_env(), exit_when_idle_s=5)
     """
+    if rank.distributed:
+        bind_rank_to_launcher()  # dies with torchrun's agent and the launcher (pipeline.lifetime)
     options = settings.model.serving_options(
         settings.batching.max_batch_rows, settings.codec.max_candidates, checkpoint
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["Shutdown"]
 
@@ -18,6 +19,7 @@ class Shutdown:
 
     Args:
         timeout_s: from the request to the deadline (``shutdown.timeout_s``).
+        clock: monotonic seconds (tests pass a fake one, shared with the waits they drive).
 
     Example::
 
@@ -26,15 +28,16 @@ class Shutdown:
         shutdown.deadline           # time.monotonic() + 10 at the first request
     """
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
+        self._clock = clock
         self._requested = threading.Event()
         self._deadline: float | None = None
 
     def request(self) -> None:
         """Ask for a stop (thread and signal safe); the first request sets the deadline."""
         if not self._requested.is_set():
-            self._deadline = time.monotonic() + self.timeout_s
+            self._deadline = self._clock() + self.timeout_s
         self._requested.set()
 
     @property

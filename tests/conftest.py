@@ -3,6 +3,10 @@
 The session starts its own stack in a temp dir with ``scripts/stack_up.sh`` (the same script
 ``make stack-up`` uses) and stops it at the end. Integration tests get unique topics, consumer
 groups and Redis key prefixes from the factories, so they never see each other's data.
+
+Nothing is left behind: every process the session starts carries the session's marker in its
+environment (tests/processes.py), and a session that ends with any of them still alive fails
+(after listing and killing them).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from pipeline.config import (
     TopicsSettings,
 )
 from pipeline.kafka_io import ensure_topics
+from tests.processes import SESSION_ENV, describe, kill_marked, leftovers, mark_session
+
+LEFTOVER_GRACE_ENV = "STREAMRANK_TEST_LEFTOVER_GRACE_S"
+"""How long the session's end waits for processes being stopped to exit (default 15 s)."""
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -244,6 +252,34 @@ def redis_server_factory(
     yield make
     for server in servers:
         server.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Mark this session's environment before anything is started (see tests/processes.py)."""
+    if not hasattr(config, "workerinput"):  # one marker per session, not per xdist worker
+        mark_session()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session if a process it started is still alive (then kill those)."""
+    marker = os.environ.get(SESSION_ENV)
+    if not marker or hasattr(session.config, "workerinput"):
+        return
+    alive = leftovers(marker, float(os.environ.get(LEFTOVER_GRACE_ENV, "15")))
+    if not alive:
+        return
+    lines = [describe(pid) for pid in alive]
+    kill_marked(SESSION_ENV, marker)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"{len(alive)} process(es) started by this test session outlived it (killed now):"
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(message, red=True, bold=True)
+        for line in lines:
+            reporter.write_line(f"  {line}", red=True)
+    else:
+        print(message, *lines, sep="\n  ")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,6 +38,10 @@ SERVED_CHECKPOINT_ENV = "STREAMRANK_SERVED_CHECKPOINT"
 (a versions directory's current version, resolved once), so that a promotion during start-up
 cannot give the ranks of one job different versions."""
 
+STOP_MARGIN_S = 5.0
+"""After SIGTERM/SIGINT, the launcher kills ranks still running ``shutdown.timeout_s`` plus this
+(their own waits end within ``shutdown.timeout_s``; this covers leaving the process group)."""
+
 
 def run(
     ctx: typer.Context,
@@ -142,7 +146,15 @@ def _launch(
     """The launch options, and the model options checked against the job's size (an option
     several ranks cannot serve is refused before any rank starts)."""
     try:
-        launch = Launch(nproc, max_restarts, min_nproc, nnodes, node_rank, rdzv_endpoint)
+        launch = Launch(
+            nproc,
+            max_restarts,
+            min_nproc,
+            nnodes,
+            node_rank,
+            rdzv_endpoint,
+            stop_timeout_s=settings.shutdown.timeout_s + STOP_MARGIN_S,
+        )
         options = settings.model.serving_options(settings.batching.max_batch_rows)
         options.check(launch.nproc * launch.nnodes)
     except ValueError as exc:  # UnsupportedOption included

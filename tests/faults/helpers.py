@@ -11,19 +11,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
 from pipeline.config import Settings
-from tests.integration.conftest import WORLD, model_settings, seed_features, wait_for_outputs
+from tests.conftest import REPO_ROOT, LocalStack
+from tests.integration.conftest import (
+    WORLD,
+    collect,
+    model_settings,
+    produced_count,
+    seed_features,
+    wait_for_outputs,
+)
 
 Cli = Callable[..., subprocess.Popen]
 
 
 def report(
-    scenario: str, sent: set[str], recs: list[dict[str, Any]], recover_s: float, mode: str
+    scenario: str,
+    sent: set[str],
+    recs: list[dict[str, Any]],
+    recover_s: float,
+    mode: str,
+    aborted: int | None = None,
 ) -> tuple[int, int]:
-    """Print ``RELIABILITY scenario events missing duplicates recover_s mode``.
+    """Print ``RELIABILITY scenario events missing duplicates recover_s mode [aborted]``.
 
     Returns:
         (missing, duplicates): valid events with no recommendation, and extra recommendations.
@@ -34,8 +48,55 @@ def report(
     print(
         f"\nRELIABILITY scenario={scenario} events={len(sent)} missing={missing} "
         f"duplicates={duplicates} recover_s={recover_s:.1f} mode={mode}"
+        + ("" if aborted is None else f" aborted={aborted}")
     )
     return missing, duplicates
+
+
+def audit_exactly_once(
+    scenario: str, settings: Settings, sent: set[str], recover_s: float
+) -> tuple[int, int, int]:
+    """Read the output topic twice: ``read_committed`` (what consumers see) and
+    ``read_uncommitted`` (aborted records too), and :func:`report` both.
+
+    Returns:
+        (missing, duplicates) under ``read_committed``, and the aborted records: those a
+        ``read_uncommitted`` reader sees beyond the committed ones.
+    """
+    committed = collect(settings, expected=len(sent))
+    everything = collect(settings, expected=len(committed), isolation_level="read_uncommitted")
+    aborted = len(everything) - len(committed)
+    missing, duplicates = report(scenario, sent, committed, recover_s, "exactly_once", aborted)
+    return missing, duplicates, aborted
+
+
+def open_transaction_records(settings: Settings) -> int:
+    """Records on the output topic inside transactions not yet committed or aborted: the high
+    watermark minus the last stable offset, summed over partitions."""
+    topic = settings.topics.output
+    admin = AdminClient(settings.kafka.admin_config())
+    partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {}
+    for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        specs = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        futures = admin.list_offsets(specs, isolation_level=level, request_timeout=10)
+        ends[level] = sum(f.result().offset for f in futures.values())
+    return ends[IsolationLevel.READ_UNCOMMITTED] - ends[IsolationLevel.READ_COMMITTED]
+
+
+def members_with_partitions(settings: Settings) -> int:
+    """Members of the pipeline's consumer group that own input partitions now (0 while the
+    group has no coordinator yet or rebalances)."""
+    admin = AdminClient(settings.kafka.admin_config())
+    group = settings.kafka.group_id
+    try:
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except KafkaException:
+        return 0
+    return sum(
+        any(tp.topic == settings.topics.input for tp in member.assignment.topic_partitions)
+        for member in description.members
+    )
 
 
 def dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list[Message]:
@@ -59,37 +120,96 @@ def seeded_settings(
     return settings
 
 
-def signal_mid_stream(
-    cli: Cli, settings: Settings, log: Path, env: dict[str, str], sig: signal.Signals
+def start_run(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    *args: str,
+    outputs: int = 300,
+) -> subprocess.Popen:
+    """Start ``run ARGS`` and wait until it has produced ``outputs`` records (failing the
+    test if it exits first or never gets there)."""
+    out = log.open("w")
+    proc = cli(settings, "run", *args, extra_env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_for_outputs(settings, at_least=outputs, proc=proc, log=log)
+    return proc
+
+
+def expected_exit(sig: signal.Signals) -> int:
+    """A run's exit status after ``sig``: 0 when it stops cleanly (SIGTERM/SIGINT), else
+    death by the signal (``Popen`` reports -N)."""
+    return 0 if sig in (signal.SIGTERM, signal.SIGINT) else -sig
+
+
+def signal_run(
+    proc: subprocess.Popen, settings: Settings, log: Path, sig: signal.Signals, total: int
 ) -> float:
-    """Start ``run``, send ``sig`` once 300 recommendations are out, wait for the exit.
+    """Send ``sig`` to ``proc`` alone and wait for its exit with the status ``sig`` calls for.
+
+    Asserts the fault is real: ``proc`` is still running when the signal is sent, and fewer
+    than ``total`` outputs were produced by then (the signal lands mid-stream).
 
     Returns:
         Seconds from the signal to the exit.
     """
-    proc = cli(settings, "run", extra_env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    seen = wait_for_outputs(settings, at_least=300)
+    seen = produced_count(settings)
+    assert proc.poll() is None, f"exited ({proc.returncode}) before {sig.name}\n{_tail(log)}"
+    assert seen < total, f"{sig.name} came too late ({seen} of {total} produced)"
     sent_at = time.monotonic()
     proc.send_signal(sig)
-    code = proc.wait(30)
+    code = proc.wait(60)
     exit_s = time.monotonic() - sent_at
-    if sig is not signal.SIGKILL:
-        assert code == 0, log.read_text()[-3000:]
-    assert seen < 6000, f"{sig.name} came too late ({seen} produced)"
+    assert code == expected_exit(sig), f"exit status {code} after {sig.name}\n{_tail(log)}"
     return exit_s
 
 
-def run_until_idle(cli: Cli, settings: Settings, log: Path, env: dict[str, str]) -> float:
-    """Run the pipeline until 4 s without input (it must exit 0). Returns its seconds."""
+def signal_mid_stream(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    sig: signal.Signals,
+    total: int,
+) -> float:
+    """Start ``run``, send ``sig`` once 300 recommendations are out (:func:`signal_run`).
+
+    Returns:
+        Seconds from the signal to the exit.
+    """
+    return signal_run(start_run(cli, settings, log, env), settings, log, sig, total)
+
+
+def kafka_ctl(action: str, stack: LocalStack) -> None:
+    """``scripts/kafka_ctl.sh stop|kill|start`` on the session's broker (start waits until it
+    accepts connections again)."""
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=180,
+    )
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:] if log.exists() else ""
+
+
+def run_until_idle(
+    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str
+) -> float:
+    """Run the pipeline (``run ARGS``) until 4 s without input (it must exit 0). Returns its
+    seconds."""
     started = time.monotonic()
     proc = cli(
         settings,
         "run",
         "--exit-when-idle",
         "4",
+        *args,
         extra_env=env,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
-    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    assert proc.wait(300) == 0, _tail(log)
     return time.monotonic() - started

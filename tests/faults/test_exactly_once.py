@@ -1,39 +1,252 @@
 """Exactly-once mode on the real stack: a ``read_committed`` reader of the output topic sees
-every valid event exactly once, across a kill -9 of the pipeline and its restart."""
+every valid event exactly once, and a ``read_uncommitted`` reader sees the records of the
+transactions that were aborted (proof that the faults hit open transactions):
+
+- kill -9 of the pipeline mid-transaction, a restart, then SIGTERM while the broker is down
+  (one process): the run exits within the shutdown timeout;
+- 2 ranks, each with its own transactional producer: kill -9 of a rank mid-transaction
+  (torchrun restarts the ranks; the new producer with the same ``transactional.id`` fences the
+  dead one's transaction), then SIGTERM to the launcher alone, then a restart;
+- 2 ranks across a broker SIGKILL and restart (the ranks recover, or exit and are restarted
+  by torchrun);
+- zombie fencing: a second producer with the same ``transactional.id`` fences the first.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer
 
+from model.rank import RankContext
 from pipeline.config import Settings
-from tests.faults.helpers import Cli, report, run_until_idle, signal_mid_stream
-from tests.integration.conftest import SentEvents, collect
+from pipeline.delivery_settings import DeliverySettings, Guarantee
+from pipeline.kafka_io import make_consumer, make_producer
+from pipeline.records import DeliveryFailed
+from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
+from tests.conftest import LocalStack
+from tests.faults.helpers import (
+    Cli,
+    audit_exactly_once,
+    kafka_ctl,
+    members_with_partitions,
+    open_transaction_records,
+    run_until_idle,
+    signal_run,
+    start_run,
+)
+from tests.integration.conftest import SentEvents, produced_count, wait_for_outputs
+from tests.processes import descendants, environ, gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXACTLY_ONCE = {
     "STREAMRANK_DELIVERY__GUARANTEE": "exactly_once",
     "STREAMRANK_DELIVERY__COMMIT_INTERVAL_MS": "100",
     "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64",
 }
+LONG_TRANSACTIONS = {
+    **EXACTLY_ONCE,
+    "STREAMRANK_DELIVERY__COMMIT_INTERVAL_MS": "2000",
+    "STREAMRANK_BATCHING__MAX_IN_FLIGHT_BATCHES": "64",  # no early commit after 4 batches
+}
+"""A transaction spans ~2 s of batches: a kill almost always lands inside one that holds
+records."""
 
 
-def test_kill_9_then_restart_read_committed_sees_every_event_once(
+def _rank_pids(launcher_pid: int) -> list[int]:
+    return [pid for pid in descendants(launcher_pid) if "RANK" in environ(pid)]
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
+    local_stack: LocalStack,
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
     tmp_path: Path,
     cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
-    signal_mid_stream(  # mid-transaction
-        cli, pipeline_settings, tmp_path / "first.log", EXACTLY_ONCE, signal.SIGKILL
+    # 1. kill -9 mid-transaction: the transaction is left open, its records in the log. (A
+    # kill that lands between two transactions is tried again: a restart first fences the
+    # open transactions of the runs before it.)
+    for attempt in range(3):
+        log = tmp_path / f"killed-{attempt}.log"
+        proc = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS)
+        _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+        signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=6000)
+        if open_transaction_records(pipeline_settings) > 0:  # left open by the killed run
+            break
+    else:
+        pytest.fail("three kills in a row landed between transactions")
+
+    # 2. A restart (it fences that transaction), then the broker dies under it and SIGTERM
+    # comes while the broker is down: the run must not hang on the broker.
+    log = tmp_path / "second.log"
+    env = {**EXACTLY_ONCE, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
+    proc = start_run(cli, pipeline_settings, log, env, outputs=produced_count(pipeline_settings))
+    wait_for_outputs(pipeline_settings, produced_count(pipeline_settings) + 200, proc=proc, log=log)
+    try:
+        kafka_ctl("kill", local_stack)
+        time.sleep(3)  # the run is now waiting on the broker (a commit, a full queue)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        sent_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            # shutdown.timeout_s (8 s) bounds every wait, then the process exits.
+            code = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 10 s after SIGTERM\n{log.read_text()[-3000:]}")
+        exit_s = time.monotonic() - sent_at
+    finally:
+        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+    # What it had not committed could not be: it stops non-zero (a supervisor restarts it).
+    assert code == 1, log.read_text()[-3000:]
+    print(f"\nRELIABILITY sigterm-broker-down exit_status={code} exit_s={exit_s:.1f}")
+
+    # 3. A last run scores the rest.
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "third.log", EXACTLY_ONCE)
+    missing, duplicates, aborted = audit_exactly_once(
+        "kill-9-then-sigterm-broker-down", pipeline_settings, sent.ids, run_s
     )
-    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
-    recs = collect(pipeline_settings, expected=6000)  # read_committed (librdkafka's default)
-    missing, duplicates = report("kill-9", sent.ids, recs, run_s, "exactly_once")
     assert missing == 0
     assert duplicates == 0
+    assert aborted > 0  # the restart fenced the killed run's transaction: it was aborted
+
+
+def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    sent = send_events(pipeline_settings, 5000)
+    env = {**LONG_TRANSACTIONS, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
+    log = tmp_path / "first.log"
+    launcher = start_run(cli, pipeline_settings, log, env, "--nproc", "2", "--max-restarts", "2")
+    ranks = _rank_pids(launcher.pid)
+    assert len(ranks) == 2, ranks
+    # kill -9 one rank while both score, inside transactions that hold records: the killed
+    # rank's transaction is left open, and so is its partner's (it fails in the next
+    # collective); the restarted ranks fence both.
+    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both ranks scoring")
+    _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+    assert produced_count(pipeline_settings) < 5000, "the kill came too late"
+    assert launcher.poll() is None and not gone(ranks[1], timeout_s=0)
+    os.kill(ranks[1], signal.SIGKILL)
+    assert gone(ranks[1])
+    # torchrun restarts both ranks; the new rank 1 fences the dead one's transaction, and the
+    # job goes on scoring.
+    _until(lambda: len(set(_rank_pids(launcher.pid)) - set(ranks)) == 2, "restarted ranks")
+    restarted_at = produced_count(pipeline_settings)
+    wait_for_outputs(pipeline_settings, restarted_at + 200, proc=launcher, log=log)
+    # SIGTERM to the launcher alone: every rank commits its open transaction and exits.
+    exit_s = signal_run(launcher, pipeline_settings, log, signal.SIGTERM, total=10**9)
+    assert exit_s < 10.0, f"the ranks took {exit_s:.1f}s to drain"  # shutdown.timeout_s 8 s
+    assert "exitcode: -9" in log.read_text()  # torchrun saw the kill
+    print(f"\nRELIABILITY sigterm-launcher-2-ranks-exactly-once exit_s={exit_s:.1f}")
+
+    second = tmp_path / "second.log"
+    run_s = run_until_idle(cli, pipeline_settings, second, EXACTLY_ONCE, "--nproc", "2")
+    missing, duplicates, aborted = audit_exactly_once(
+        "kill-9-rank-then-sigterm-2-ranks", pipeline_settings, sent.ids, run_s
+    )
+    assert missing == 0
+    assert duplicates == 0
+    assert aborted > 0  # the killed rank's open transaction was aborted
+
+
+def test_two_ranks_across_a_broker_kill_9_and_restart_each_event_once(
+    local_stack: LocalStack,
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    sent = send_events(pipeline_settings, 5000)
+    log = tmp_path / "ranks.log"
+    args = ("--nproc", "2", "--max-restarts", "6", "--exit-when-idle", "8")
+    launcher = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS, *args)
+    assert produced_count(pipeline_settings) < 5000, "the broker kill came too late"
+    try:
+        kafka_ctl("kill", local_stack)  # a crashed broker, mid-transaction
+        time.sleep(10)  # the outage
+    finally:
+        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+    back = time.monotonic()
+    # The ranks resume their transactions, or give up, exit non-zero and are restarted by
+    # torchrun (then fence their predecessors' transactions); either way the job finishes.
+    assert launcher.wait(480) == 0, log.read_text()[-4000:]
+    recover_s = time.monotonic() - back
+    missing, duplicates, _aborted = audit_exactly_once(
+        "broker-kill-9-2-ranks", pipeline_settings, sent.ids, recover_s
+    )
+    assert missing == 0
+    assert duplicates == 0
+
+
+def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
+    pipeline_settings: Settings,
+) -> None:
+    settings = pipeline_settings.model_copy(
+        update={"delivery": DeliverySettings(guarantee=Guarantee.EXACTLY_ONCE)}
+    )
+    kafka = transactional_kafka(settings, RankContext())
+    output = settings.topics.output
+    consumer = make_consumer(kafka)
+    zombie = make_producer(kafka)
+    first = TransactionalCheckpointer(consumer, zombie, commit_interval_s=60.0)
+    checkpoint = first.open
+    for i in range(10):
+        zombie.produce(output, f"zombie-{i}".encode(), on_delivery=checkpoint.expect_delivery())
+    assert zombie.flush(30) == 0  # in the log, inside the open transaction
+
+    successor = make_producer(kafka)  # same transactional.id: a restart of the same member
+    second = TransactionalCheckpointer(consumer, successor, commit_interval_s=60.0)
+    with pytest.raises(DeliveryFailed, match="producer unusable"):
+        first.flush_and_commit(10)  # the zombie cannot commit: fenced (a fatal error)
+    assert first.aborts == 0 and first.transactions == 0
+    checkpoint = second.open
+    for i in range(5):
+        successor.produce(output, f"live-{i}".encode(), on_delivery=checkpoint.expect_delivery())
+    second.flush_and_commit(30)
+    assert second.transactions == 1
+    consumer.close()
+
+    def read(isolation_level: str, expected: int) -> list[bytes]:
+        """The output topic's values: waits for ``expected``, then 2 s for extras."""
+        reader = Consumer(
+            {
+                **settings.kafka.consumer_config(f"fence-reader-{isolation_level}"),
+                "auto.offset.reset": "earliest",
+                "isolation.level": isolation_level,
+            }
+        )
+        reader.subscribe([output])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            values += [m.value() for m in reader.consume(100, 0.5) if m.error() is None]
+            if len(values) >= expected:
+                deadline = min(deadline, time.monotonic() + 2)
+        reader.close()
+        return values
+
+    committed = read("read_committed", 5)
+    assert sorted(committed) == sorted(f"live-{i}".encode() for i in range(5))
+    uncommitted = read("read_uncommitted", 15)
+    assert sorted(v for v in uncommitted if v.startswith(b"zombie")) == sorted(
+        f"zombie-{i}".encode() for i in range(10)
+    )  # the fenced transaction's records are in the log, aborted

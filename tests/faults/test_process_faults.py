@@ -10,7 +10,6 @@ the numbers recorded in RELIABILITY.md).
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +19,8 @@ import pytest
 from confluent_kafka import KafkaException
 
 from pipeline.config import Settings
-from tests.conftest import REPO_ROOT, LocalStack
-from tests.faults.helpers import Cli, report, run_until_idle, signal_mid_stream
+from tests.conftest import LocalStack
+from tests.faults.helpers import Cli, kafka_ctl, report, run_until_idle, signal_mid_stream
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, wait_for_outputs
 
 pytestmark = pytest.mark.slow
@@ -37,7 +36,9 @@ def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
     env = {**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
-    exit_s = signal_mid_stream(cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM)
+    exit_s = signal_mid_stream(
+        cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM, total=6000
+    )
     assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
     run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
@@ -54,7 +55,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
 ) -> None:
     sent = send_events(pipeline_settings, 6000)
     log = tmp_path / "first.log"
-    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL)
+    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL, total=6000)
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
     recs = collect(pipeline_settings, expected=6000)
     missing, duplicates = report("kill-9", sent.ids, recs, run_s, "at_least_once")
@@ -73,15 +74,6 @@ def _outputs(settings: Settings, at_least: int, timeout_s: float = 120) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-
-
-def _kafka_ctl(action: str, stack: LocalStack) -> None:
-    subprocess.run(
-        [str(REPO_ROOT / "scripts" / "kafka_ctl.sh"), action, str(stack.directory)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        timeout=180,
-    )
 
 
 def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
@@ -108,10 +100,11 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     sender.start()
     try:
         assert _outputs(pipeline_settings, at_least=200) >= 200
-        _kafka_ctl("stop", local_stack)
+        assert bp.alive, bp.error
+        kafka_ctl("stop", local_stack)
         time.sleep(10)
     finally:
-        _kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
+        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
     back = time.monotonic()
     time.sleep(3)  # some events sent after the outage too
     stop_sending.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from pipeline.stages.enrich import BatchEnricher
 from pipeline.summary import RunSummary
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import SyntheticSettings
+from tests.processes import TREE_ENV, kill_marked, new_marker
 
 WORLD = SyntheticSettings(
     num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40
@@ -189,6 +189,11 @@ class BackgroundPipeline:
         self._thread.start()
         return self
 
+    @property
+    def alive(self) -> bool:
+        """Whether the pipeline is still running (it has not returned or raised)."""
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 60) -> RunSummary:
         self.pipeline.stop()
         self._thread.join(timeout)
@@ -215,13 +220,21 @@ def background_pipeline() -> Iterator[Callable[..., BackgroundPipeline]]:
             bp._thread.join(30)
 
 
-def collect(settings: Settings, expected: int, timeout_s: float = 90.0) -> list[dict[str, Any]]:
-    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras."""
+def collect(
+    settings: Settings,
+    expected: int,
+    timeout_s: float = 90.0,
+    isolation_level: str = "read_committed",
+) -> list[dict[str, Any]]:
+    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras.
+
+    ``isolation_level="read_uncommitted"`` also returns the records of aborted (and still open)
+    transactions."""
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
     consumer = make_consumer(
         settings.kafka,
         group_id=f"collect-{uuid.uuid4().hex[:8]}",
-        extra={"auto.offset.reset": "earliest"},
+        extra={"auto.offset.reset": "earliest", "isolation.level": isolation_level},
     )
     consumer.subscribe([settings.topics.output])
     out: list[dict[str, Any]] = []
@@ -307,20 +320,23 @@ def max_score_error(recs: list[dict[str, Any]], offline: dict[str, dict[int, flo
 
 @pytest.fixture
 def cli() -> Iterator[Callable[..., subprocess.Popen]]:
-    """:func:`run_cli` in a session of its own; whatever still runs at teardown is killed
-    (with torchrun's ranks)."""
-    started: list[subprocess.Popen] = []
+    """:func:`run_cli` in a session of its own; at teardown its whole process tree (torchrun
+    and the ranks included, wherever they were reparented) is killed."""
+    started: list[tuple[subprocess.Popen, str]] = []
 
     def start(settings: Settings, *args: str, **kwargs: Any) -> subprocess.Popen:
-        proc = run_cli(settings, *args, start_new_session=True, **kwargs)
-        started.append(proc)
+        tree = new_marker()
+        env = {**(kwargs.pop("extra_env", None) or {}), TREE_ENV: tree}
+        proc = run_cli(settings, *args, extra_env=env, start_new_session=True, **kwargs)
+        started.append((proc, tree))
         return proc
 
     yield start
-    for proc in started:
+    for proc, tree in started:
+        kill_marked(TREE_ENV, tree)
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+            proc.kill()
+        proc.wait(30)
 
 
 def produced_count(settings: Settings, topic: str | None = None) -> int:
@@ -341,11 +357,32 @@ def produced_count(settings: Settings, topic: str | None = None) -> int:
         consumer.close()
 
 
-def wait_for_outputs(settings: Settings, at_least: int, timeout_s: float = 180.0) -> int:
-    """Poll the output topic's size every 0.2 s until it reaches ``at_least``."""
+def wait_for_outputs(
+    settings: Settings,
+    at_least: int,
+    timeout_s: float = 180.0,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> int:
+    """Poll the output topic's size every 0.2 s until it reaches ``at_least``.
+
+    Args:
+        settings: whose output topic.
+        at_least: records to wait for (transaction markers count too).
+        timeout_s: how long; reaching it fails the test.
+        proc: the pipeline producing them: its exit before then fails the test.
+        log: ``proc``'s log, quoted in the failure.
+
+    Returns:
+        The count seen (>= ``at_least``).
+    """
     deadline = time.monotonic() + timeout_s
     count = produced_count(settings)
-    while count < at_least and time.monotonic() < deadline:
+    while count < at_least:
+        tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+        if proc is not None:
+            assert proc.poll() is None, f"exited ({proc.returncode}) after {count} outputs\n{tail}"
+        assert time.monotonic() < deadline, f"{count}/{at_least} outputs in {timeout_s}s\n{tail}"
         time.sleep(0.2)
         count = produced_count(settings)
     return count

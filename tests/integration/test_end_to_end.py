@@ -241,10 +241,11 @@ def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
         stdout=(tmp_path / "first.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    seen = wait_for_outputs(pipeline_settings, at_least=300)
+    seen = wait_for_outputs(pipeline_settings, at_least=300, proc=first)
+    assert seen < 6000, f"kill came too late ({seen} scored)"
+    assert first.poll() is None  # still scoring when killed
     first.send_signal(signal.SIGKILL)  # no chance to flush or commit
-    first.wait(30)
-    assert 300 <= seen < 6000, f"kill came too late ({seen} scored)"
+    assert first.wait(30) == -signal.SIGKILL
 
     second = cli(
         pipeline_settings,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -248,6 +249,11 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_live_pipeline(
     for path in paths:
         assert path.read_bytes().startswith(PNG_MAGIC), path
         assert _colored_pixels(path) > 200, f"{path}: no plotted line (a 'no data' plot?)"
+
+    # The run has no --exit-when-idle: stop it as an orchestrator would (SIGTERM to the
+    # launcher); every rank drains and the job exits 0.
+    ranks.send_signal(signal.SIGTERM)
+    assert ranks.wait(60) == 0, (tmp_path / "ranks.log").read_text()[-3000:]
 
 
 def _alert(name: str) -> Query:
