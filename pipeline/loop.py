@@ -217,8 +217,12 @@ class ScoringPipeline:
             stop_requested = self.shutdown.requested or (
                 max_events is not None and self.summary.events_in >= max_events
             )
-            step = self.stepper.agree(batcher.ready(), batcher.rows, stop_requested, idle)
+            step = self.stepper.agree(
+                batcher.ready(), batcher.rows, stop_requested, idle, run.processor.needs_isolation
+            )
             # process
+            if step.isolate:  # a rank's batch failed after the collective forward
+                run.processor.isolate_together(self.stepper)
             if step.run or step.stop:
                 closed = batcher.close()
                 batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
@@ -229,6 +233,12 @@ class ScoringPipeline:
             # commit
             checkpointer.commit_ready()
             if step.stop:
+                # One last agreement: a batch that failed in this last step is bisected by every
+                # rank before they leave (a single process has bisected it already).
+                last = self.stepper.agree(False, 0, True, idle, run.processor.needs_isolation)
+                if last.isolate:
+                    run.processor.isolate_together(self.stepper)
+                    checkpointer.commit_ready()
                 if idle:
                     log.info("no input for %.1fs: stopping", exit_when_idle_s)
                 return

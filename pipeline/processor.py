@@ -15,13 +15,19 @@ batch and its checkpoint; the loop (:mod:`pipeline.loop`), the revocation handle
 
 A batch whose steps fail with an error that may come from its events is bisected
 (:mod:`pipeline.isolation`): the events that fail alone are dead-lettered with
-``processing_error``, the rest are scored. Ranks of a sharded model bisect only the steps
-before the forward (the forward is collective); a failing collective forward propagates.
+``processing_error``, the rest are scored. Ranks of a sharded model bisect the steps before the
+forward on their own (no collective is involved); a batch that fails after the collective
+forward (its local compute, top-K, encode) is bisected by every rank together
+(:meth:`BatchProcessor.isolate_together`: each attempt is one collective forward, the other
+ranks join it with padding), so a poison event never crashes the ranks. An exception raised
+before a rank's part of a collective is not recoverable this way (the others wait in the
+collective): like device and communication errors, it stops the ranks uncommitted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,6 +39,7 @@ from pipeline.stages.enrich import BatchEnricher
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.publish import EncodedBatch, RecommendationSink
 from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
+from pipeline.stepping import IsolationRounds
 from pipeline.summary import RunSummary
 
 __all__ = ["BatchProcessor"]
@@ -81,6 +88,9 @@ class BatchProcessor:
         self._summary = summary
         self._overlap = overlap
         self._collective = collective
+        self._failed: list[tuple[Batch, Exception]] = []
+        """Ranks of a sharded model: batches whose collective forward went through but whose
+        scoring failed, waiting for :meth:`isolate_together`."""
 
     def submit(self, batch: Batch | None, pad_rows: int | None = None) -> None:
         """Prepare a batch and start its forward, after publishing the one in flight.
@@ -114,12 +124,50 @@ class BatchProcessor:
         try:
             done = self._executor.take(wait)
         except ForwardFailed as failed:
-            if failed.prepared is None or self._collective or not is_isolatable(failed.error):
+            if failed.prepared is None or not is_isolatable(failed.error):
                 raise failed.error from None
-            self._isolate(failed.prepared.batch, failed.error)
+            if self._collective:  # bisected together, at the next agreed step
+                log.warning("batch failed after the collective forward (%s)", failed.error)
+                self._failed.append((failed.prepared.batch, failed.error))
+            else:
+                self._isolate(failed.prepared.batch, failed.error)
             return
         if done is not None:
             self._publish_or_isolate(*done)
+
+    @property
+    def needs_isolation(self) -> bool:
+        """Whether a batch of this rank waits to be bisected by all ranks together."""
+        return bool(self._failed)
+
+    def isolate_together(self, rounds: IsolationRounds) -> None:
+        """Every rank of a sharded model, in lockstep: bisect this rank's failed batches, each
+        attempt one collective forward that the other ranks join with padding, until no rank
+        has anything left to try. Events that fail alone are dead-lettered.
+
+        Args:
+            rounds: agrees, per attempt, whether some rank still needs one and the rows to pad
+                to (:meth:`pipeline.stepping.CollectiveStepper.agree_attempt`).
+        """
+        self.collect(wait=True)  # the batch in flight (collective too) is published first
+        failed, self._failed = self._failed, []
+        for batch, error in failed:
+            log.warning("bisecting a batch of %d events with every rank", batch.events.num_events)
+
+            def attempt(group: list[int], batch: Batch = batch) -> None:
+                prepared = self._prepare(_take(batch, group))  # local: may fail alone
+                pad = rounds.agree_attempt(prepared.batch.events.num_rows)
+                self._executor.start(prepared, pad)
+                done = self._executor.take(wait=True)
+                if done is not None:
+                    self._publish(done[0], self._sink.encode_batch(*done))
+
+            found = bisect(list(range(batch.events.num_events)), _unwrapped(attempt), error)
+            self._dead_letter(batch, found.failed)
+            batch.checkpoint.seal()
+        while (pad := rounds.agree_attempt(None)) is not None:
+            self._executor.start(None, pad)  # another rank's attempt: join it with padding
+            self._executor.take(wait=True)
 
     def process(self, batch: Batch) -> None:
         """The whole path for ``batch`` now, on this thread (e.g. before a revocation)."""
@@ -215,3 +263,15 @@ class BatchProcessor:
 
 def _take(batch: Batch, group: list[int]) -> Batch:
     return batch.take(np.asarray(group, dtype=np.int64))
+
+
+def _unwrapped(attempt: Callable[[list[int]], None]) -> Callable[[list[int]], None]:
+    """``attempt`` raising the forward's own error instead of :class:`ForwardFailed`."""
+
+    def run(group: list[int]) -> None:
+        try:
+            attempt(group)
+        except ForwardFailed as failed:
+            raise failed.error from None
+
+    return run

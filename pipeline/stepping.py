@@ -28,18 +28,39 @@ class StepDecision:
         run: score now (every rank, even with an empty batch).
         rows: the largest batch among the ranks (pad to it); equals local rows when alone.
         stop: finish this step, commit and leave the loop.
+        isolate: a rank's batch failed after its collective forward: every rank bisects
+            together first (:meth:`~pipeline.processor.BatchProcessor.isolate_together`).
     """
 
     run: bool
     rows: int
     stop: bool
+    isolate: bool = False
 
 
-class Stepper(Protocol):
+class IsolationRounds(Protocol):
+    """How ranks bisect failed batches together: one collective forward per round."""
+
+    def agree_attempt(self, rows: int | None) -> int | None:
+        """Whether some rank needs one more attempt, and the rows every rank pads to.
+
+        Args:
+            rows: this rank's attempt's rows; ``None``: it has nothing left to try.
+
+        Returns:
+            The largest attempt's rows (every rank runs one forward padded to it), or ``None``
+            when no rank has anything left (the isolation is over everywhere).
+        """
+        ...
+
+
+class Stepper(IsolationRounds, Protocol):
     poll_timeout_s: float
     """Longest a Kafka poll may block per iteration."""
 
-    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+    def agree(
+        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+    ) -> StepDecision:
         """Decide this iteration's step from the local state."""
         ...
 
@@ -82,19 +103,26 @@ class LocalStepper:
     def __init__(self, metrics: Metrics | None = None) -> None:
         self._clock = StepClock(metrics)
 
-    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+    def agree(
+        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+    ) -> StepDecision:
         self._clock.deciding()
         decision = StepDecision(run=ready, rows=rows, stop=stop_requested or idle)
         self._clock.decided(decision)
         return decision
 
+    def agree_attempt(self, rows: int | None) -> int | None:
+        """Alone, an attempt pads to nothing (a single process bisects without rounds)."""
+        return rows
+
 
 class CollectiveStepper:
-    """Ranks agree with one ``all_reduce(MAX)`` of four integers per iteration.
+    """Ranks agree with one ``all_reduce(MAX)`` of five integers per iteration.
 
     - ``run``: some rank's batch is full, held an event that did not fit, or is due;
     - ``rows``: the largest local batch;
-    - ``stop``: some rank was asked to stop (SIGTERM, ``max_events``), or *every* rank is idle.
+    - ``stop``: some rank was asked to stop (SIGTERM, ``max_events``), or *every* rank is idle;
+    - ``isolate``: some rank's batch failed after the collective forward (all bisect together).
 
     Args:
         group: a process group for the control messages (gloo, on CPU); the default group when
@@ -118,16 +146,32 @@ class CollectiveStepper:
         self._metrics = metrics
         self._clock = StepClock(metrics)
 
-    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
+    def agree(
+        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+    ) -> StepDecision:
         start = self._clock.deciding()
         state = torch.tensor(
-            [int(ready), rows, int(stop_requested), int(not idle)], dtype=torch.int64
+            [int(ready), rows, int(stop_requested), int(not idle), int(isolate)],
+            dtype=torch.int64,
         )
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
-        any_ready, max_rows, any_stop, any_busy = (int(v) for v in state.tolist())
+        any_ready, max_rows, any_stop, any_busy, any_isolate = (int(v) for v in state.tolist())
         stop = bool(any_stop) or not any_busy
-        decision = StepDecision(run=bool(any_ready) and max_rows > 0, rows=max_rows, stop=stop)
+        decision = StepDecision(
+            run=bool(any_ready) and max_rows > 0,
+            rows=max_rows,
+            stop=stop,
+            isolate=bool(any_isolate),
+        )
         end = self._clock.decided(decision)
         if self._metrics is not None:
             self._metrics.record_collective(STEP_AGREE, end - start)
         return decision
+
+    def agree_attempt(self, rows: int | None) -> int | None:
+        """One round of a collective bisection (:class:`IsolationRounds`): ``all_reduce(MAX)``
+        of (needs an attempt, its rows)."""
+        state = torch.tensor([int(rows is not None), rows or 0], dtype=torch.int64)
+        dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
+        needed, max_rows = (int(v) for v in state.tolist())
+        return max(max_rows, 1) if needed else None

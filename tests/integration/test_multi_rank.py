@@ -11,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer
 
 from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
+from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
-from tests.faults.helpers import report, signal_run, start_run
+from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
+from tests.faults.helpers import dead_letters, report, signal_run, start_run
 from tests.integration.conftest import (
     SentEvents,
     collect,
@@ -24,6 +27,7 @@ from tests.integration.conftest import (
     produced_count,
 )
 from tests.processes import descendants, describe, environ, gone
+from tests.support.poison_rank import POISON_RESULTS
 
 # torchrun starts, kills and restarts ranks: the slowest tests of the suite.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -195,3 +199,44 @@ def test_sigkill_to_the_launcher_takes_every_rank_with_it_and_a_restart_loses_no
     missing, duplicates = report("kill-9-launcher-2-ranks", sent.ids, recs, 0.0, "at_least_once")
     assert missing == 0
     assert duplicates < 1000  # only the killed ranks' uncommitted batches can repeat
+
+
+def test_a_poison_event_after_the_collective_forward_is_bisected_by_both_ranks(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    consumer_factory: Callable[..., Consumer],
+    tmp_path: Path,
+    cli: Callable[..., subprocess.Popen],
+) -> None:
+    settings = pipeline_settings
+    codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    first = send_events(settings, 1)
+    poison = {**first.records[0], "event_id": "poison-collective", "num_results": POISON_RESULTS}
+    sent = send_events(settings, 300, extra_values=[codec.encode(poison)])
+    valid = first.ids | sent.ids
+    dlq = consumer_factory(settings.topics.dlq)
+    log_file = tmp_path / "ranks.log"
+    proc = cli(
+        settings,
+        "run",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "0",  # a crash would fail the job: the ranks must survive the poison event
+        "--exit-when-idle",
+        "5",
+        module="tests.support.poison_rank",
+        stdout=log_file.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+
+    recs = collect(settings, expected=len(valid))
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == valid and max(counts.values()) == 1  # 0 missing, 0 duplicates
+    (dead,) = dead_letters(dlq, expected=1)
+    headers = dict(dead.headers() or [])
+    assert headers[REASON_HEADER] == b"processing_error"
+    assert b"injected scoring failure" in headers[DETAIL_HEADER]
+    assert codec.decode(dead.value() or b"")["event_id"] == "poison-collective"
+    assert "bisecting a batch" in log_file.read_text()

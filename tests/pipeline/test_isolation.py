@@ -140,8 +140,19 @@ class _RankStepper:
 
     poll_timeout_s = 0.01
 
-    def agree(self, ready: bool, rows: int, stop_requested: bool, idle: bool) -> StepDecision:
-        return StepDecision(run=ready or stop_requested, rows=rows, stop=stop_requested or idle)
+    def __init__(self) -> None:
+        self.rounds: list[int | None] = []
+
+    def agree(
+        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+    ) -> StepDecision:
+        return StepDecision(
+            run=ready or stop_requested, rows=rows, stop=stop_requested or idle, isolate=isolate
+        )
+
+    def agree_attempt(self, rows: int | None) -> int | None:
+        self.rounds.append(rows)
+        return rows
 
 
 def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest() -> None:
@@ -153,6 +164,14 @@ def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest(
     assert consumer.committed == {(IN, 0): len(records)}
 
 
-def test_a_rank_lets_a_scoring_failure_propagate() -> None:
-    with pytest.raises(InjectedFault):  # a collective forward cannot be retried by one rank
-        _run(_records(16, set(), {5}), stepper=_RankStepper())
+def test_a_rank_bisects_a_failure_after_the_collective_forward_in_agreed_rounds() -> None:
+    records = _records(16, set(), {5})
+    stepper = _RankStepper()
+    scored, producer, consumer = _run(records, stepper=stepper)
+    assert scored == [r["event_id"] for i, r in enumerate(records) if i != 5]
+    (dead,) = producer.on_topic(DLQ)
+    assert b"injected scoring failure" in dict(dead.headers() or [])[DETAIL_HEADER]
+    assert consumer.committed == {(IN, 0): len(records)}
+    # Every attempt was one agreed round (a collective forward), then one round said "done".
+    assert stepper.rounds[-1] is None and None not in stepper.rounds[:-1]
+    assert 2 <= len(stepper.rounds) - 1 <= 2 * 4  # about 2 log2(16) attempts
