@@ -1,4 +1,5 @@
-"""``streamrank bench model|pipeline|quantize|compile|ranks``: the numbers of BENCHMARKS.md.
+"""``streamrank bench model|pipeline|quantize|compile|precision|ranks|overhead|codec|latency``:
+the numbers of BENCHMARKS.md.
 
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
@@ -7,7 +8,9 @@ model of the configured spec (same shapes, same speed; a warning says so); ``ran
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -201,3 +204,86 @@ def bench_codec_command(
 
     settings = command_settings(ctx, config)
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
+
+
+def parse_loads(text: str) -> tuple[float, ...]:
+    """``"0.25,0.5"`` -> ``(0.25, 0.5)``; fractions of capacity in (0, 2].
+
+    Raises:
+        UserError: not a comma-separated list of such fractions.
+    """
+    try:
+        loads = tuple(float(part) for part in text.split(","))
+    except ValueError as exc:
+        raise UserError(f"--loads takes fractions of capacity like 0.25,0.5; got {text!r}") from exc
+    if not all(0 < load <= 2 for load in loads):
+        raise UserError(f"--loads takes fractions of capacity in (0, 2], got {text!r}")
+    return loads
+
+
+def _previous_report(path: Path) -> dict[str, Any]:
+    """A ``bench latency --json`` report to compare with (its last JSON line)."""
+    try:
+        lines = path.read_text().strip().splitlines()
+        report = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--compare: cannot read a JSON report from {path}: {exc}") from exc
+    if not isinstance(report, dict) or "loads" not in report:
+        raise UserError(f"--compare: {path} is not a `bench latency --json` report")
+    return report
+
+
+@bench_app.command("latency")
+def bench_latency_command(
+    ctx: typer.Context,
+    loads: Annotated[
+        str, typer.Option(help="Fractions of the measured capacity to offer, comma-separated.")
+    ] = "0.25,0.5,0.75,0.9",
+    seconds: Annotated[float, typer.Option(help="How long each load is offered.")] = 20.0,
+    capacity_events: Annotated[
+        int, typer.Option(help="Backlog drained to measure capacity.")
+    ] = 10_000,
+    capacity_only: Annotated[
+        bool, typer.Option("--capacity-only", help="Measure capacity only (no loads).")
+    ] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Also write p50/p99 vs offered load to this PNG.")
+    ] = None,
+    compare: Annotated[
+        Path | None,
+        typer.Option(help="With --plot: also draw this earlier `bench latency --json` report."),
+    ] = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Capacity, then end-to-end latency at each offered load (producer in its own process)."""
+    fractions = () if capacity_only else parse_loads(loads)
+    if capacity_only and plot is not None:
+        raise UserError("--capacity-only measures no loads: there is nothing to --plot")
+    if seconds <= 0:
+        raise UserError(f"--seconds must be > 0, got {seconds:g}")
+    if capacity_events < 1:
+        raise UserError(f"--capacity-events must be >= 1, got {capacity_events}")
+    if plot is not None and not plot.parent.is_dir():
+        raise UserError(f"--plot: no such directory: {plot.parent}")
+    if compare is not None and plot is None:
+        raise UserError("--compare draws on the plot: give --plot FILE.png too")
+    earlier = _previous_report(compare) if compare is not None else None
+    from pipeline.tools.bench.latency import bench_latency
+    from pipeline.tools.bench.latency_plot import plot_latency
+
+    settings = _stack_settings(ctx, config)
+    apply_threads(settings)
+    result = bench_latency(
+        settings,
+        loads=fractions,
+        seconds=seconds,
+        capacity_events=capacity_events,
+        report=_report,
+    )
+    if plot is not None:
+        runs = [("this run", result)]
+        if earlier is not None and compare is not None:
+            runs.append((compare.stem, earlier))
+        _report(f"plot: {plot_latency(runs, plot)}")
+    emit(result, as_json)

@@ -12,6 +12,8 @@ import uuid
 
 import numpy as np
 import torch
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from model.features import FeatureColumns
 from model.model_input import ModelInput
@@ -97,6 +99,46 @@ def fresh_topics(settings: Settings, partitions: int | None = None) -> tuple[Top
         replication_factor=settings.topics.replication_factor,
     )
     return topics, tag
+
+
+def create_topics(settings: Settings, config: dict[str, str] | None = None) -> None:
+    """Create ``settings.topics`` (input, output, DLQ) with a topic ``config`` for all three.
+
+    Args:
+        settings: the cluster and the topics (partitions, replication factor).
+        config: topic configuration, e.g. ``{"message.timestamp.type": "LogAppendTime"}``.
+
+    Example::
+
+        create_topics(run_settings, {"message.timestamp.type": "LogAppendTime"})
+    """
+    topics = settings.topics
+    admin = AdminClient(settings.kafka.admin_config())
+    new = [
+        NewTopic(name, topics.partitions, topics.replication_factor, config=config or {})
+        for name in (topics.input, topics.output, topics.dlq)
+    ]
+    for future in admin.create_topics(new, operation_timeout=15).values():
+        future.result()
+
+
+def delete_topics(settings: Settings) -> None:
+    """Delete ``settings.topics`` (input, output, DLQ); missing ones are skipped, errors logged.
+
+    Args:
+        settings: the cluster and the topics.
+    """
+    topics = settings.topics
+    admin = AdminClient(settings.kafka.admin_config())
+    existing = set(admin.list_topics(timeout=15).topics)
+    names = [n for n in (topics.input, topics.output, topics.dlq) if n in existing]
+    if not names:
+        return
+    for name, future in admin.delete_topics(names, operation_timeout=15).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            log.warning("could not delete topic %s: %s", name, exc)
 
 
 def seeded_world(settings: Settings) -> SyntheticWorld:

@@ -1,0 +1,251 @@
+"""``streamrank bench latency``: end-to-end latency against offered load, in one run.
+
+1. **capacity**: events/s of the pipeline draining a backlog (:func:`drain_backlog`).
+2. for each load fraction: a fresh pipeline joins a consumer group on fresh topics; a separate
+   producer process (:mod:`pipeline.tools.bench.offered_load`) waits for the group to own the
+   input topic, then offers ``fraction * capacity`` events/s for ``seconds``, stamping each
+   ``event_time`` as it sends. The pipeline stops once idle; the topics are deleted.
+
+Latency is measured from the output topic, not from the pipeline's own samples: each
+Recommendation's ``scored_at`` (when its batch was handed to the producer) minus the
+``event_time`` the producer stamped, looked up by ``event_id``. That is the issue's "event_time
+-> recommendation produced"; it also shows that every event sent got exactly one
+Recommendation, and it does not depend on the pipeline's bookkeeping. ``delivered`` adds the
+output side: the broker's append time of the Recommendation (the topics are created with
+``message.timestamp.type=LogAppendTime``). The split of each event's latency into
+``kafka_in`` / ``queued`` / ``prepare`` / ``forward`` is defined in
+:mod:`pipeline.tools.bench.latency_trace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pipeline.config import MetricsSettings, Settings
+from pipeline.loop import ScoringPipeline
+from pipeline.metrics import Metrics
+from pipeline.stages.batch import epoch_millis
+from pipeline.stages.decode import (
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+)
+from pipeline.stages.score import Scorer
+from pipeline.tools.bench.common import (
+    create_topics,
+    delete_topics,
+    fresh_topics,
+    load_or_build_scorer,
+    seeded_world,
+)
+from pipeline.tools.bench.latency_trace import StageTrace, decompose, quantiles_ms
+from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferPlan
+from pipeline.tools.bench.pipeline import drain_backlog
+from pipeline.tools.recommendation_reader import read_messages
+
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+DEFAULT_LOADS = (0.25, 0.5, 0.75, 0.9)
+
+
+def _load_settings(settings: Settings) -> Settings:
+    """``settings`` on fresh topics and a fresh consumer group, no metrics endpoint."""
+    topics, tag = fresh_topics(settings)
+    run = settings.model_copy(update={"topics": topics, "metrics": MetricsSettings(enabled=False)})
+    run.kafka = settings.kafka.model_copy(update={"group_id": f"bench-latency-{tag}"})
+    return run
+
+
+def _broker_times(
+    settings: Settings, topic: str, schema_file: Path, expected: int
+) -> dict[str, tuple[int, int]]:
+    """``event_id`` -> (broker append time, ``scored_at`` or -1) in ms, of the records on
+    ``topic`` (created with :data:`LOG_APPEND_TIME`)."""
+    codec = RecordCodec(settings.codec, schema_file, topic)
+    out: dict[str, tuple[int, int]] = {}
+    for message in read_messages(settings, topic, max_records=expected, timeout_s=10.0):
+        record = codec.decode(message.value())  # type: ignore[arg-type]
+        _, appended_ms = message.timestamp()
+        scored_at = record.get("scored_at")
+        scored_ms = -1 if scored_at is None else epoch_millis(scored_at)
+        out[record["event_id"]] = (appended_ms, scored_ms)
+    return out
+
+
+def _aligned(
+    sent: OfferedEvents, by_id: dict[str, tuple[int, int]], field: int
+) -> npt.NDArray[np.int64]:
+    """``by_id[event_id][field]`` in sending order; -1 for events not found."""
+    return np.array([by_id[e][field] if e in by_id else -1 for e in sent.event_ids], dtype=np.int64)
+
+
+def summarise_load(
+    fraction: float,
+    rate: float,
+    sent: OfferedEvents,
+    scored_at_ms: npt.NDArray[np.int64],
+    delivered_ms: npt.NDArray[np.int64],
+    appended_in_ms: npt.NDArray[np.int64],
+    trace: StageTrace,
+) -> dict[str, Any]:
+    """One load's entry of the report (arrays in sending order; -1 marks a missing record).
+
+    Args:
+        fraction: of capacity offered.
+        rate: events/s offered.
+        sent: what the producer sent.
+        scored_at_ms: each event's Recommendation ``scored_at``.
+        delivered_ms: broker append time of each Recommendation.
+        appended_in_ms: broker append time of each event.
+        trace: the run's stage observations.
+
+    Returns:
+        Latency quantiles (ms), its split, batch sizes and the producer's pacing.
+    """
+    found = scored_at_ms >= 0
+    times = sent.event_time_ms[found]
+    parts = decompose(trace, times, scored_at_ms[found], appended_in_ms[found])
+    tail = parts.e2e >= np.quantile(parts.e2e, 0.99) if len(parts.e2e) else None
+    _, rows = trace.batch_rows.arrays()
+    _, forward_s = trace.stages["forward"].arrays()
+    batches = max(1, len(rows))
+    delivered = (delivered_ms[found] - times).astype(np.float64)
+    return {
+        "load": fraction,
+        "offered_events_per_s": round(rate, 1),
+        "sent_events_per_s": round(sent.achieved_rate, 1),
+        "producer_max_late_ms": round(sent.max_late_ms, 1),
+        "events": sent.sent,
+        "missing": int((~found).sum()),
+        "latency_ms": quantiles_ms(parts.e2e),
+        "delivered_ms": quantiles_ms(delivered),
+        "share": parts.shares(),
+        "share_slowest_1pct": parts.shares(tail),
+        "mean_ms": parts.means_ms(),
+        "mean_ms_slowest_1pct": parts.means_ms(tail),
+        "batches": len(rows),
+        "batch_rows": quantiles_ms(rows),
+        "batch_events_mean": round(len(parts.e2e) / batches, 1),
+        "forward_ms": quantiles_ms(forward_s * 1000),
+    }
+
+
+def run_load(
+    settings: Settings,
+    scorer: Scorer,
+    fraction: float,
+    rate: float,
+    seconds: float,
+    *,
+    seed: int = 0,
+    idle_s: float = 5.0,
+) -> dict[str, Any]:
+    """Offer ``rate`` events/s for ``seconds`` to a fresh pipeline; see :func:`summarise_load`.
+
+    Args:
+        settings: the stack and the pipeline's configuration (topics and group are replaced).
+        scorer: the model.
+        fraction: of capacity (reported only).
+        rate: events per second offered.
+        seconds: how long.
+        seed: the producer's sampling seed.
+        idle_s: the pipeline stops after this long without input (after the last event).
+
+    Raises:
+        RuntimeError: the producer failed, or an event got no Recommendation.
+    """
+    run = _load_settings(settings)
+    create_topics(run, LOG_APPEND_TIME)
+    offer = OfferedLoad.start(OfferPlan(run, rate, seconds, seed=seed))
+    try:
+        offer.wait_ready(300)
+        metrics = Metrics()
+        trace = StageTrace(metrics)
+        ScoringPipeline(run, scorer, metrics).run(exit_when_idle_s=idle_s)
+        sent = offer.result(60 + seconds)
+        out = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE, sent.sent)
+        inp = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE, sent.sent)
+    finally:
+        offer.close()
+        delete_topics(run)
+    result = summarise_load(
+        fraction,
+        rate,
+        sent,
+        scored_at_ms=_aligned(sent, out, 1),
+        delivered_ms=_aligned(sent, out, 0),
+        appended_in_ms=_aligned(sent, inp, 0),
+        trace=trace,
+    )
+    if result["missing"]:
+        raise RuntimeError(f"{result['missing']} of {sent.sent} events got no Recommendation")
+    return result
+
+
+def bench_latency(
+    settings: Settings,
+    *,
+    loads: Sequence[float] = DEFAULT_LOADS,
+    seconds: float = 20.0,
+    capacity_events: int = 10_000,
+    warmup_events: int = 200,
+    idle_s: float = 5.0,
+    report: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Capacity, then latency at each load fraction (see the module docstring).
+
+    Seeds the world's features into Redis first (same prefix as ``settings.redis``).
+
+    Args:
+        settings: the stack, the model and the pipeline's configuration.
+        loads: fractions of capacity to offer, in this order.
+        seconds: how long each load is offered.
+        capacity_events: the backlog drained to measure capacity.
+        warmup_events: a backlog drained first and not measured: whatever the first batches
+            of a process compile or load (numba kernels) is not counted as capacity.
+        idle_s: a load's pipeline stops after this long without input.
+        report: called with one line of progress per measurement.
+
+    Returns:
+        ``capacity_events_per_s``, the configuration measured, and ``loads``: one entry per
+        fraction (:func:`summarise_load`; none when ``loads`` is empty).
+
+    Example::
+
+        bench_latency(settings, loads=[0.5], seconds=20)["loads"][0]["latency_ms"]["p99"]
+    """
+    scorer = load_or_build_scorer(settings)
+    world = seeded_world(settings)
+    batching = settings.batching
+    if warmup_events:
+        drain_backlog(settings, scorer, world, warmup_events, batching.max_batch_rows)
+    drained = drain_backlog(settings, scorer, world, capacity_events, batching.max_batch_rows)
+    capacity = drained.events_per_s
+    report(f"capacity: {capacity:,.0f} events/s draining {capacity_events:,} events")
+    entries = []
+    for i, fraction in enumerate(loads):
+        rate = capacity * fraction
+        entry = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s)
+        lat, share = entry["latency_ms"], entry["share"]
+        report(
+            f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
+            f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
+            f"{entry['batch_rows']['mean']:.0f} rows/batch; queued {share['queued']:.0%}, "
+            f"forward {share['forward']:.0%}"
+        )
+        entries.append(entry)
+    return {
+        "capacity_events_per_s": round(capacity, 1),
+        "capacity_events": capacity_events,
+        "seconds": seconds,
+        "model_version": scorer.model_version,
+        "max_batch_rows": batching.max_batch_rows,
+        "max_delay_ms": batching.max_delay_ms,
+        "torch_threads": torch.get_num_threads(),
+        "loads": entries,
+    }
