@@ -20,6 +20,7 @@ output side: the broker's append time of the Recommendation (the topics are crea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,12 @@ from pipeline.tools.bench.common import (
     load_or_build_scorer,
     seeded_world,
 )
-from pipeline.tools.bench.latency_trace import StageTrace, decompose, quantiles_ms
+from pipeline.tools.bench.latency_trace import (
+    Decomposition,
+    StageTrace,
+    decompose,
+    quantiles_ms,
+)
 from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferPlan
 from pipeline.tools.bench.pipeline import drain_backlog
 from pipeline.tools.recommendation_reader import read_messages
@@ -84,18 +90,11 @@ def _aligned(
     return np.array([by_id[e][field] if e in by_id else -1 for e in sent.event_ids], dtype=np.int64)
 
 
-def summarise_load(
-    fraction: float,
-    rate: float,
-    sent: OfferedEvents,
-    scored_at_ms: npt.NDArray[np.int64],
-    delivered_ms: npt.NDArray[np.int64],
-    appended_in_ms: npt.NDArray[np.int64],
-    trace: StageTrace,
-) -> dict[str, Any]:
-    """One load's entry of the report (arrays in sending order; -1 marks a missing record).
+@dataclass
+class LoadRun:
+    """What one offered load left behind (arrays in sending order; -1: no record found).
 
-    Args:
+    Attributes:
         fraction: of capacity offered.
         rate: events/s offered.
         sent: what the producer sent.
@@ -103,36 +102,58 @@ def summarise_load(
         delivered_ms: broker append time of each Recommendation.
         appended_in_ms: broker append time of each event.
         trace: the run's stage observations.
-
-    Returns:
-        Latency quantiles (ms), its split, batch sizes and the producer's pacing.
     """
-    found = scored_at_ms >= 0
-    times = sent.event_time_ms[found]
-    parts = decompose(trace, times, scored_at_ms[found], appended_in_ms[found])
-    tail = parts.e2e >= np.quantile(parts.e2e, 0.99) if len(parts.e2e) else None
-    _, rows = trace.batch_rows.arrays()
-    _, forward_s = trace.stages["forward"].arrays()
-    batches = max(1, len(rows))
-    delivered = (delivered_ms[found] - times).astype(np.float64)
-    return {
-        "load": fraction,
-        "offered_events_per_s": round(rate, 1),
-        "sent_events_per_s": round(sent.achieved_rate, 1),
-        "producer_max_late_ms": round(sent.max_late_ms, 1),
-        "events": sent.sent,
-        "missing": int((~found).sum()),
-        "latency_ms": quantiles_ms(parts.e2e),
-        "delivered_ms": quantiles_ms(delivered),
-        "share": parts.shares(),
-        "share_slowest_1pct": parts.shares(tail),
-        "mean_ms": parts.means_ms(),
-        "mean_ms_slowest_1pct": parts.means_ms(tail),
-        "batches": len(rows),
-        "batch_rows": quantiles_ms(rows),
-        "batch_events_mean": round(len(parts.e2e) / batches, 1),
-        "forward_ms": quantiles_ms(forward_s * 1000),
-    }
+
+    fraction: float
+    rate: float
+    sent: OfferedEvents
+    scored_at_ms: npt.NDArray[np.int64]
+    delivered_ms: npt.NDArray[np.int64]
+    appended_in_ms: npt.NDArray[np.int64]
+    trace: StageTrace
+
+    @property
+    def found(self) -> npt.NDArray[np.bool_]:
+        """Events that got a Recommendation."""
+        return self.scored_at_ms >= 0
+
+    def decomposition(self) -> Decomposition:
+        """The latency split of the events that got a Recommendation."""
+        found = self.found
+        return decompose(
+            self.trace,
+            self.sent.event_time_ms[found],
+            self.scored_at_ms[found],
+            self.appended_in_ms[found],
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """This load's entry of the report: latency quantiles (ms), its split, batch sizes and
+        the producer's pacing."""
+        found, sent = self.found, self.sent
+        parts = self.decomposition()
+        tail = parts.e2e >= np.quantile(parts.e2e, 0.99) if len(parts.e2e) else None
+        _, rows = self.trace.batch_rows.arrays()
+        _, forward_s = self.trace.stages["forward"].arrays()
+        delivered = (self.delivered_ms - sent.event_time_ms)[found].astype(np.float64)
+        return {
+            "load": self.fraction,
+            "offered_events_per_s": round(self.rate, 1),
+            "sent_events_per_s": round(sent.achieved_rate, 1),
+            "producer_max_late_ms": round(sent.max_late_ms, 1),
+            "events": sent.sent,
+            "missing": int((~found).sum()),
+            "latency_ms": quantiles_ms(parts.e2e),
+            "delivered_ms": quantiles_ms(delivered),
+            "share": parts.shares(),
+            "share_slowest_1pct": parts.shares(tail),
+            "mean_ms": parts.means_ms(),
+            "mean_ms_slowest_1pct": parts.means_ms(tail),
+            "batches": len(rows),
+            "batch_rows": quantiles_ms(rows),
+            "batch_events_mean": round(len(parts.e2e) / max(1, len(rows)), 1),
+            "forward_ms": quantiles_ms(forward_s * 1000),
+        }
 
 
 def run_load(
@@ -144,8 +165,8 @@ def run_load(
     *,
     seed: int = 0,
     idle_s: float = 5.0,
-) -> dict[str, Any]:
-    """Offer ``rate`` events/s for ``seconds`` to a fresh pipeline; see :func:`summarise_load`.
+) -> LoadRun:
+    """Offer ``rate`` events/s for ``seconds`` to a fresh pipeline on fresh topics.
 
     Args:
         settings: the stack and the pipeline's configuration (topics and group are replaced).
@@ -156,8 +177,15 @@ def run_load(
         seed: the producer's sampling seed.
         idle_s: the pipeline stops after this long without input (after the last event).
 
+    Returns:
+        The :class:`LoadRun` (:meth:`LoadRun.summary` is the report's entry).
+
     Raises:
         RuntimeError: the producer failed, or an event got no Recommendation.
+
+    Example::
+
+        run_load(settings, scorer, 0.5, 700.0, 20.0).summary()["latency_ms"]["p99"]
     """
     run = _load_settings(settings)
     create_topics(run, LOG_APPEND_TIME)
@@ -173,7 +201,7 @@ def run_load(
     finally:
         offer.close()
         delete_topics(run)
-    result = summarise_load(
+    result = LoadRun(
         fraction,
         rate,
         sent,
@@ -182,8 +210,9 @@ def run_load(
         appended_in_ms=_aligned(sent, inp, 0),
         trace=trace,
     )
-    if result["missing"]:
-        raise RuntimeError(f"{result['missing']} of {sent.sent} events got no Recommendation")
+    missing = int((~result.found).sum())
+    if missing:
+        raise RuntimeError(f"{missing} of {sent.sent} events got no Recommendation")
     return result
 
 
@@ -230,12 +259,13 @@ def bench_latency(
     entries = []
     for i, fraction in enumerate(loads):
         rate = capacity * fraction
-        entry = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s)
+        entry = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s).summary()
         lat, share = entry["latency_ms"], entry["share"]
         report(
             f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
             f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
-            f"{entry['batch_rows']['mean']:.0f} rows/batch; queued {share['queued']:.0%}, "
+            f"{entry['batch_rows']['mean']:.0f} rows/batch; waiting behind earlier batches "
+            f"{share['behind']:.0%}, batching {share['batching']:.0%}, "
             f"forward {share['forward']:.0%}"
         )
         entries.append(entry)

@@ -6,17 +6,24 @@
 the wall-clock time it was made (the histograms themselves are untouched).
 
 :func:`decompose` then splits each event's end-to-end latency, ``scored_at - event_time``
-(``scored_at`` is when its batch's Recommendations were handed to the producer), into:
+(``scored_at`` is when its batch's Recommendations were handed to the producer), into
+:data:`COMPONENTS`, which sum to it:
 
 - **kafka_in**: ``event_time`` -> the broker appended the event (input topic created with
   ``message.timestamp.type=LogAppendTime``): the producer's linger and its request.
-- **forward**: the ``forward`` stage of the event's batch (forward and top-K on the scoring
-  thread). The event's batch is the last forward that ended at or before ``scored_at``.
-- **prepare**: the ``enrich`` and ``features`` stages of that batch (the last of each that
-  ended before the forward started).
-- **queued**: the rest: fetched by the consumer, waiting while the loop scored earlier batches,
-  waiting in the open batch until it closed (``max_delay_ms`` or full), and the event's share
-  of decode and encode (per chunk, small).
+- **behind**: from then until its batch closed (its ``enrich`` started), the time the loop was
+  busy with earlier batches (their enrich, features, forward and produce stages): queueing
+  behind work in front of it.
+- **batching**: the rest of that wait, when the loop was *not* working on another batch: the
+  consumer's fetch, polling, decoding, and the open batch waiting to fill or for
+  ``max_delay_ms``.
+- **prepare**: the ``enrich`` and ``features`` stages of its own batch.
+- **forward**: the ``forward`` stage of its batch (forward and top-K on the scoring thread).
+- **rest**: what is left (hand-offs between the stages); small.
+
+An event's batch is the last forward that ended at or before its ``scored_at``; a batch's
+enrich and features are the last ones that ended before that forward started. **queued** in the
+reports is ``behind + batching``.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import numpy.typing as npt
 
 from pipeline.metrics import Metrics
 
-TRACED_STAGES = ("enrich", "features", "forward")
-COMPONENTS = ("kafka_in", "queued", "prepare", "forward")
+TRACED_STAGES = ("enrich", "features", "forward", "produce")
+BUSY_STAGES = ("enrich", "features", "forward", "produce")
+"""The stages of a batch; an event waiting while one of another batch runs waits "behind"."""
+COMPONENTS = ("kafka_in", "behind", "batching", "prepare", "forward", "rest")
 
 
 @dataclass
@@ -116,6 +125,56 @@ def _last_before(ends: npt.NDArray[np.float64], times: npt.NDArray[np.float64]) 
     return np.searchsorted(ends, times, side="right") - 1
 
 
+class BusyTime:
+    """How much of a time range the loop spent in :data:`BUSY_STAGES` (their union).
+
+    Args:
+        trace: the run's stage observations.
+    """
+
+    def __init__(self, trace: StageTrace) -> None:
+        spans: list[tuple[float, float]] = []
+        for name in BUSY_STAGES:
+            ends, secs = trace.stages[name].arrays()
+            spans.extend(zip((ends - secs).tolist(), ends.tolist(), strict=True))
+        merged: list[list[float]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        bounds = np.asarray(merged, dtype=np.float64).reshape(-1, 2)
+        self._starts, self._ends = bounds[:, 0], bounds[:, 1]
+        self._before = np.concatenate([[0.0], np.cumsum(self._ends - self._starts)])
+
+    def until(self, t: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Busy seconds before each time in ``t``."""
+        if not len(self._starts):
+            return np.zeros_like(t)
+        k = np.searchsorted(self._starts, t, side="right")  # spans started by t
+        last = np.maximum(k - 1, 0)
+        partial = np.clip(t - self._starts[last], 0.0, self._ends[last] - self._starts[last])
+        return np.where(k > 0, self._before[last] + partial, 0.0)
+
+    def between(self, lo: npt.NDArray[np.float64], hi: npt.NDArray[np.float64]) -> npt.NDArray:
+        """Busy seconds within each ``[lo, hi]``."""
+        return np.maximum(self.until(hi) - self.until(lo), 0.0)
+
+
+def _per_batch(
+    trace: StageTrace, name: str, forward_starts: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per forward, (start, seconds) of the last ``name`` stage that ended before it started
+    (NaN, 0 when none)."""
+    ends, secs = trace.stages[name].arrays()
+    if not len(ends):
+        return np.full(len(forward_starts), np.nan), np.zeros(len(forward_starts))
+    k = _last_before(ends, forward_starts)
+    ok = k >= 0
+    pick = np.maximum(k, 0)
+    return np.where(ok, ends[pick] - secs[pick], np.nan), np.where(ok, secs[pick], 0.0)
+
+
 def decompose(
     trace: StageTrace,
     event_time_ms: npt.NDArray[np.int64],
@@ -133,28 +192,38 @@ def decompose(
     Returns:
         The per-event :class:`Decomposition`.
     """
+    n = len(event_time_ms)
     e2e = (scored_at_ms - event_time_ms).astype(np.float64)
+    kafka_in = np.clip((appended_ms - event_time_ms).astype(np.float64), 0.0, e2e)
     f_ends, f_secs = trace.stages["forward"].arrays()
     # scored_at is whole milliseconds taken after the forward ended: compare in whole ms.
     batch = _last_before(np.floor(f_ends * 1000), scored_at_ms.astype(np.float64))
-    matched = batch >= 0
-    forward = np.zeros(len(e2e))
-    prepare = np.zeros(len(e2e))
+    zeros = np.zeros(n)
+    forward, prepare, behind, batching = zeros, zeros.copy(), zeros, zeros
     if len(f_secs):
-        forward = np.where(matched, f_secs[np.maximum(batch, 0)] * 1000, 0.0)
-        starts = f_ends - f_secs
-        for name in ("enrich", "features"):
-            ends, secs = trace.stages[name].arrays()
-            if not len(ends):
-                continue
-            before = _last_before(ends, starts)
-            per_batch = np.where(before >= 0, secs[np.maximum(before, 0)] * 1000, 0.0)
-            prepare += np.where(matched, per_batch[np.maximum(batch, 0)], 0.0)
-    kafka_in = np.clip((appended_ms - event_time_ms).astype(np.float64), 0.0, e2e)
-    queued = e2e - kafka_in - prepare - forward
+        matched, pick = batch >= 0, np.maximum(batch, 0)
+        forward = np.where(matched, f_secs[pick] * 1000, 0.0)
+        f_starts = f_ends - f_secs
+        enrich_start, enrich_s = _per_batch(trace, "enrich", f_starts)
+        _, features_s = _per_batch(trace, "features", f_starts)
+        prepare = np.where(matched, (enrich_s + features_s)[pick] * 1000, 0.0)
+        closed = np.where(np.isnan(enrich_start), f_starts, enrich_start)[pick]  # batch closed
+        arrived = appended_ms / 1000.0
+        waited = np.where(matched, np.maximum(closed - arrived, 0.0), 0.0) * 1000
+        behind = np.minimum(BusyTime(trace).between(arrived, closed) * 1000, waited)
+        behind = np.where(matched, behind, 0.0)
+        batching = waited - behind
+    rest = e2e - kafka_in - behind - batching - prepare - forward
     return Decomposition(
         e2e=e2e,
-        components={"kafka_in": kafka_in, "queued": queued, "prepare": prepare, "forward": forward},
+        components={
+            "kafka_in": kafka_in,
+            "behind": behind,
+            "batching": batching,
+            "prepare": prepare,
+            "forward": forward,
+            "rest": rest,
+        },
         batch=batch.astype(np.int64),
     )
 

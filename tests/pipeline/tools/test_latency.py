@@ -15,7 +15,7 @@ from pipeline.config import BatchingSettings, Settings
 from pipeline.metrics import Metrics
 from pipeline.tools.bench.latency import bench_latency
 from pipeline.tools.bench.latency_plot import plot_latency
-from pipeline.tools.bench.latency_trace import COMPONENTS, StageTrace, decompose, quantiles_ms
+from pipeline.tools.bench.latency_trace import BusyTime, StageTrace, decompose, quantiles_ms
 from pipeline.tools.bench.offered_load import OfferPlan, Pacer
 from tests.integration.conftest import WORLD, model_settings
 
@@ -92,34 +92,46 @@ def test_the_trace_keeps_what_the_pipeline_observes_and_still_exports_it() -> No
     assert count == 1.0
 
 
-def test_each_event_is_charged_its_own_batchs_stages_and_the_rest_is_queued() -> None:
+def test_each_event_is_charged_its_own_batchs_stages_and_its_waits() -> None:
     t0 = 1_700_000_000.0
-    # Batch 0: enrich ends t0+0.010 (2 ms), features t0+0.013 (3 ms), forward t0+0.033 (20 ms).
-    # Batch 1: enrich ends t0+0.050 (4 ms), features t0+0.051 (1 ms), forward t0+0.091 (40 ms).
+    # Batch 0: enrich 8-10 ms, features 10-13, forward 13-33, produce 34-36 (ms after t0).
+    # Batch 1: enrich 46-50, features 50-51, forward 51-91, produce 91-93.
     trace = _trace(
         {
             "enrich": [(t0 + 0.010, 0.002), (t0 + 0.050, 0.004)],
             "features": [(t0 + 0.013, 0.003), (t0 + 0.051, 0.001)],
             "forward": [(t0 + 0.033, 0.020), (t0 + 0.091, 0.040)],
+            "produce": [(t0 + 0.036, 0.002), (t0 + 0.093, 0.002)],
         },
         rows=[100.0, 300.0],
     )
     ms = int(t0 * 1000)
     event_time = np.array([ms - 20, ms + 30], dtype=np.int64)
+    appended = np.array([ms - 15, ms + 31], dtype=np.int64)
     scored_at = np.array([ms + 34, ms + 92], dtype=np.int64)
-    appended = np.array([ms - 15, ms + 36], dtype=np.int64)
     parts = decompose(trace, event_time, scored_at, appended)
     assert parts.batch.tolist() == [0, 1]
     assert parts.e2e.tolist() == [54.0, 62.0]
-    assert parts.components["kafka_in"].tolist() == [5.0, 6.0]
-    assert parts.components["forward"].tolist() == pytest.approx([20.0, 40.0])
-    assert parts.components["prepare"].tolist() == pytest.approx([5.0, 5.0])
-    assert parts.components["queued"].tolist() == pytest.approx([24.0, 11.0])
-    total = sum(parts.components[k] for k in COMPONENTS)
-    assert total.tolist() == pytest.approx(parts.e2e.tolist())
+    got = {k: pytest.approx(v.tolist(), abs=1e-3) for k, v in parts.components.items()}
+    assert got == {
+        "kafka_in": [5.0, 1.0],
+        # event 0 waited 23 ms for its batch to close (t0+8 ms), the loop idle all along;
+        # event 1 waited 15 ms (31 -> 46), 4 of them while batch 0's forward and produce ran.
+        "behind": [0.0, 4.0],
+        "batching": [23.0, 11.0],
+        "prepare": [5.0, 5.0],
+        "forward": [20.0, 40.0],
+        "rest": [1.0, 1.0],
+    }
     assert sum(parts.shares().values()) == pytest.approx(1.0, abs=0.002)
-    tail = parts.e2e >= 60
-    assert parts.means_ms(tail)["forward"] == pytest.approx(40.0)
+    assert parts.means_ms(parts.e2e >= 60)["forward"] == pytest.approx(40.0)
+
+
+def test_busy_time_counts_overlapping_stages_once() -> None:
+    trace = _trace({"forward": [(10.0, 4.0)], "enrich": [(8.0, 2.0), (12.0, 1.0)]}, rows=[])
+    busy = BusyTime(trace)  # union: [6, 10] and [11, 12]
+    lo, hi = np.array([0.0, 7.0, 10.5]), np.array([20.0, 9.0, 11.5])
+    assert busy.between(lo, hi).tolist() == pytest.approx([5.0, 2.0, 0.5])
 
 
 def test_quantiles_of_nothing_are_nan() -> None:
