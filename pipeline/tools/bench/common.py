@@ -12,7 +12,7 @@ import uuid
 
 import numpy as np
 import torch
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from model.features import FeatureColumns
@@ -22,6 +22,7 @@ from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.config import Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
+from pipeline.kafka_io import make_consumer
 from pipeline.stages.score import Scorer
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
 
@@ -139,6 +140,25 @@ def delete_topics(settings: Settings) -> None:
             future.result()
         except KafkaException as exc:
             log.warning("could not delete topic %s: %s", name, exc)
+
+
+def record_count(settings: Settings, topic: str) -> int:
+    """How many records ``topic`` holds (high minus low watermark, summed over partitions).
+
+    Args:
+        settings: the cluster.
+        topic: a topic without transactional markers (every offset is a record).
+    """
+    consumer = make_consumer(settings.kafka, group_id=f"bench-count-{uuid.uuid4().hex[:8]}")
+    try:
+        metadata = consumer.list_topics(topic, timeout=15).topics[topic]
+        total = 0
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
 
 
 def seeded_world(settings: Settings) -> SyntheticWorld:

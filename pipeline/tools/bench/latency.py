@@ -9,11 +9,11 @@
 Latency is measured from the output topic, not from the pipeline's own samples: each
 Recommendation's ``scored_at`` (when its batch was handed to the producer) minus the
 ``event_time`` the producer stamped, looked up by ``event_id``. That is the issue's "event_time
--> recommendation produced"; it also shows that every event sent got exactly one
-Recommendation, and it does not depend on the pipeline's bookkeeping. ``delivered`` adds the
-output side: the broker's append time of the Recommendation (the topics are created with
-``message.timestamp.type=LogAppendTime``). The split of each event's latency into
-``kafka_in`` / ``queued`` / ``prepare`` / ``forward`` is defined in
+-> recommendation produced"; it also counts events without a Recommendation (an error) and
+with more than one (``duplicates``), and it does not depend on the pipeline's bookkeeping.
+``delivered`` adds the output side: the broker's append time of the Recommendation (the topics
+are created with ``message.timestamp.type=LogAppendTime``). The split of each event's latency
+(``kafka_in``, ``behind``, ``batching``, ``prepare``, ``forward``, ``rest``) is defined in
 :mod:`pipeline.tools.bench.latency_trace`.
 """
 
@@ -43,6 +43,7 @@ from pipeline.tools.bench.common import (
     delete_topics,
     fresh_topics,
     load_or_build_scorer,
+    record_count,
     seeded_world,
 )
 from pipeline.tools.bench.latency_trace import (
@@ -68,19 +69,26 @@ def _load_settings(settings: Settings) -> Settings:
 
 
 def _broker_times(
-    settings: Settings, topic: str, schema_file: Path, expected: int
-) -> dict[str, tuple[int, int]]:
-    """``event_id`` -> (broker append time, ``scored_at`` or -1) in ms, of the records on
-    ``topic`` (created with :data:`LOG_APPEND_TIME`)."""
+    settings: Settings, topic: str, schema_file: Path
+) -> tuple[dict[str, tuple[int, int]], int]:
+    """Every record on ``topic`` (created with :data:`LOG_APPEND_TIME`), by ``event_id``.
+
+    Returns:
+        ``event_id`` -> (broker append time ms, ``scored_at`` ms or -1), and how many records
+        the topic holds (more than the ids when some were written twice).
+    """
     codec = RecordCodec(settings.codec, schema_file, topic)
+    total = record_count(settings, topic)
     out: dict[str, tuple[int, int]] = {}
-    for message in read_messages(settings, topic, max_records=expected, timeout_s=10.0):
+    for message in read_messages(settings, topic, max_records=total, timeout_s=10.0):
         record = codec.decode(message.value())  # type: ignore[arg-type]
         _, appended_ms = message.timestamp()
         scored_at = record.get("scored_at")
-        scored_ms = -1 if scored_at is None else epoch_millis(scored_at)
-        out[record["event_id"]] = (appended_ms, scored_ms)
-    return out
+        out[record["event_id"]] = (
+            appended_ms,
+            -1 if scored_at is None else epoch_millis(scored_at),
+        )
+    return out, total
 
 
 def _aligned(
@@ -102,6 +110,7 @@ class LoadRun:
         delivered_ms: broker append time of each Recommendation.
         appended_in_ms: broker append time of each event.
         trace: the run's stage observations.
+        duplicates: Recommendations beyond one per event.
     """
 
     fraction: float
@@ -111,6 +120,7 @@ class LoadRun:
     delivered_ms: npt.NDArray[np.int64]
     appended_in_ms: npt.NDArray[np.int64]
     trace: StageTrace
+    duplicates: int = 0
 
     @property
     def found(self) -> npt.NDArray[np.bool_]:
@@ -143,6 +153,7 @@ class LoadRun:
             "producer_max_late_ms": round(sent.max_late_ms, 1),
             "events": sent.sent,
             "missing": int((~found).sum()),
+            "duplicates": self.duplicates,
             "latency_ms": quantiles_ms(parts.e2e),
             "delivered_ms": quantiles_ms(delivered),
             "share": parts.shares(),
@@ -196,8 +207,8 @@ def run_load(
         trace = StageTrace(metrics)
         ScoringPipeline(run, scorer, metrics).run(exit_when_idle_s=idle_s)
         sent = offer.result(60 + seconds)
-        out = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE, sent.sent)
-        inp = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE, sent.sent)
+        out, out_records = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE)
+        inp, _ = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE)
     finally:
         offer.close()
         delete_topics(run)
@@ -209,6 +220,7 @@ def run_load(
         delivered_ms=_aligned(sent, out, 0),
         appended_in_ms=_aligned(sent, inp, 0),
         trace=trace,
+        duplicates=out_records - len(out),
     )
     missing = int((~result.found).sum())
     if missing:

@@ -222,9 +222,17 @@ class OfferedLoad:
         return cls(process, receiver)
 
     def _receive(self, timeout_s: float) -> object:
-        if not self._conn.poll(timeout_s):
-            raise TimeoutError(f"the producer process said nothing for {timeout_s:g}s")
-        message = self._conn.recv()
+        try:
+            if not self._conn.poll(timeout_s):
+                raise TimeoutError(f"the producer process said nothing for {timeout_s:g}s")
+            message = self._conn.recv()
+        except EOFError:
+            self._process.join(10)
+            raise RuntimeError(
+                f"the producer process ended (exit code {self._process.exitcode}) without "
+                "reporting (its traceback is on stderr; a script that starts it needs an "
+                '`if __name__ == "__main__":` guard: multiprocessing spawn)'
+            ) from None
         if isinstance(message, str) and message != "ready":
             raise RuntimeError(f"the producer process failed:\n{message}")
         return message
