@@ -240,6 +240,10 @@ def bench_latency_command(
         str, typer.Option(help="Fractions of the measured capacity to offer, comma-separated.")
     ] = "0.25,0.5,0.75,0.9",
     seconds: Annotated[float, typer.Option(help="How long each load is offered.")] = 20.0,
+    warmup_seconds: Annotated[
+        float,
+        typer.Option(help="Events sent in each load's first seconds are left out of latency."),
+    ] = 1.0,
     capacity_events: Annotated[
         int, typer.Option(help="Backlog drained to measure capacity.")
     ] = 10_000,
@@ -262,6 +266,11 @@ def bench_latency_command(
         raise UserError("--capacity-only measures no loads: there is nothing to --plot")
     if seconds <= 0:
         raise UserError(f"--seconds must be > 0, got {seconds:g}")
+    if not 0 <= warmup_seconds < seconds:
+        raise UserError(
+            f"--warmup-seconds must be >= 0 and below --seconds ({seconds:g}), "
+            f"got {warmup_seconds:g}"
+        )
     if capacity_events < 1:
         raise UserError(f"--capacity-events must be >= 1, got {capacity_events}")
     if plot is not None and not plot.parent.is_dir():
@@ -279,6 +288,7 @@ def bench_latency_command(
         loads=fractions,
         seconds=seconds,
         capacity_events=capacity_events,
+        warmup_s=warmup_seconds,
         report=_report,
     )
     if plot is not None:

@@ -137,15 +137,24 @@ class LoadRun:
             self.appended_in_ms[found],
         )
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, warmup_s: float = 0.0) -> dict[str, Any]:
         """This load's entry of the report: latency quantiles (ms), its split, batch sizes and
-        the producer's pacing."""
+        the producer's pacing.
+
+        Args:
+            warmup_s: events sent in the first ``warmup_s`` seconds are left out of the latency
+                figures (their quantiles are ``warmup_latency_ms``): the steady state, not the
+                first fetches after the group join. Batch figures cover the whole run.
+        """
         found, sent = self.found, self.sent
         parts = self.decomposition()
-        tail = parts.e2e >= np.quantile(parts.e2e, 0.99) if len(parts.e2e) else None
+        sent_at = sent.event_time_ms[found] - sent.event_time_ms.min()
+        steady = sent_at >= warmup_s * 1000
+        e2e = parts.e2e[steady]
+        tail = steady & (parts.e2e >= np.quantile(e2e, 0.99)) if len(e2e) else steady
         _, rows = self.trace.batch_rows.arrays()
         _, forward_s = self.trace.stages["forward"].arrays()
-        delivered = (self.delivered_ms - sent.event_time_ms)[found].astype(np.float64)
+        delivered = (self.delivered_ms - sent.event_time_ms)[found][steady].astype(np.float64)
         return {
             "load": self.fraction,
             "offered_events_per_s": round(self.rate, 1),
@@ -154,11 +163,13 @@ class LoadRun:
             "events": sent.sent,
             "missing": int((~found).sum()),
             "duplicates": self.duplicates,
-            "latency_ms": quantiles_ms(parts.e2e),
+            "measured_events": int(steady.sum()),
+            "latency_ms": quantiles_ms(e2e),
             "delivered_ms": quantiles_ms(delivered),
-            "share": parts.shares(),
+            "warmup_latency_ms": quantiles_ms(parts.e2e[~steady]),
+            "share": parts.shares(steady),
             "share_slowest_1pct": parts.shares(tail),
-            "mean_ms": parts.means_ms(),
+            "mean_ms": parts.means_ms(steady),
             "mean_ms_slowest_1pct": parts.means_ms(tail),
             "batches": len(rows),
             "batch_rows": quantiles_ms(rows),
@@ -235,6 +246,7 @@ def bench_latency(
     seconds: float = 20.0,
     capacity_events: int = 10_000,
     warmup_events: int = 200,
+    warmup_s: float = 1.0,
     idle_s: float = 5.0,
     report: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -249,6 +261,8 @@ def bench_latency(
         capacity_events: the backlog drained to measure capacity.
         warmup_events: a backlog drained first and not measured: whatever the first batches
             of a process compile or load (numba kernels) is not counted as capacity.
+        warmup_s: at each load, events sent in the first ``warmup_s`` seconds after the group
+            join are left out of the latency figures (reported apart, ``warmup_latency_ms``).
         idle_s: a load's pipeline stops after this long without input.
         report: called with one line of progress per measurement.
 
@@ -271,7 +285,8 @@ def bench_latency(
     entries = []
     for i, fraction in enumerate(loads):
         rate = capacity * fraction
-        entry = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s).summary()
+        run = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s)
+        entry = run.summary(warmup_s)
         lat, share = entry["latency_ms"], entry["share"]
         report(
             f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
@@ -288,6 +303,7 @@ def bench_latency(
         "model_version": scorer.model_version,
         "max_batch_rows": batching.max_batch_rows,
         "max_delay_ms": batching.max_delay_ms,
+        "warmup_s": warmup_s,
         "torch_threads": torch.get_num_threads(),
         "loads": entries,
     }

@@ -124,6 +124,7 @@ def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
         (["--loads", "half"], "--loads"),
         (["--loads", "0.5,0"], "(0, 2]"),
         (["--seconds", "0"], "--seconds"),
+        (["--seconds", "2", "--warmup-seconds", "2"], "--warmup-seconds"),
         (["--plot", "/no/such/dir/l.png"], "/no/such/dir"),
         (["--compare", "old.json"], "--plot"),
         (["--capacity-only", "--plot", "l.png"], "--capacity-only"),
