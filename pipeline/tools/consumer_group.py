@@ -90,7 +90,8 @@ def wait_for_assignment(
 
         wait_for_assignment(settings.kafka, settings.kafka.group_id, settings.topics.input, 120)
     """
-    admin = AdminClient(settings.admin_config())
+    # log_level 4: without librdkafka's info line about unserved background events at exit
+    admin = AdminClient({**settings.admin_config(), "log_level": 4})
     deadline = clock() + timeout_s
     while True:
         total = topic_partitions(admin, topic)

@@ -114,7 +114,7 @@ def create_topics(settings: Settings, config: dict[str, str] | None = None) -> N
         create_topics(run_settings, {"message.timestamp.type": "LogAppendTime"})
     """
     topics = settings.topics
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient({**settings.kafka.admin_config(), "log_level": 4})  # no info lines
     new = [
         NewTopic(name, topics.partitions, topics.replication_factor, config=config or {})
         for name in (topics.input, topics.output, topics.dlq)
@@ -130,7 +130,7 @@ def delete_topics(settings: Settings) -> None:
         settings: the cluster and the topics.
     """
     topics = settings.topics
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient({**settings.kafka.admin_config(), "log_level": 4})  # no info lines
     existing = set(admin.list_topics(timeout=15).topics)
     names = [n for n in (topics.input, topics.output, topics.dlq) if n in existing]
     if not names:
