@@ -1,5 +1,6 @@
-"""``streamrank bench model|pipeline|quantize|compile|ranks|...|soak``: the numbers of
-BENCHMARKS.md and RELIABILITY.md.
+"""``streamrank bench model|pipeline|quantize|compile|precision|ranks|overhead|codec|retrieval``:
+the numbers of BENCHMARKS.md (the benchmarks that offer a load over time, ``latency`` and
+``soak``, are in :mod:`pipeline.cli.bench_load`).
 
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -62,7 +62,7 @@ def _model_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
     return settings
 
 
-def _stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
+def stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
     """Settings of a benchmark on the stack, after checking the device, Kafka and Redis."""
     settings = command_settings(ctx, config)
     require_device(settings.model.device)
@@ -111,7 +111,7 @@ def bench_pipeline_command(
     """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
     from pipeline.tools.bench.pipeline import bench_pipeline
 
-    settings = _stack_settings(ctx, config)
+    settings = stack_settings(ctx, config)
     apply_threads(settings)
     result = bench_pipeline(
         settings,
@@ -198,9 +198,9 @@ def bench_ranks_command(
         raise UserError(f"--nproc takes world sizes like 1,2,4; got {nproc!r}") from exc
     if not nprocs or min(nprocs) < 1:
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
-    settings = _stack_settings(ctx, config)
+    settings = stack_settings(ctx, config)
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
-    _export_config_file(ctx, config)
+    export_config_file(ctx, config)
     emit(
         bench_ranks(settings, events, rounds, nprocs, report=say, keep_topics=keep_topics),
         as_json,
@@ -218,7 +218,7 @@ def bench_overhead_command(
     """CPU per event around the model: Kafka passthrough vs the pipeline with a tiny ranker."""
     from pipeline.tools.bench.overhead import bench_overhead
 
-    settings = _stack_settings(ctx, config)
+    settings = stack_settings(ctx, config)
     emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
 
 
@@ -236,73 +236,6 @@ def bench_codec_command(
 
     settings = command_settings(ctx, config)
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
-
-
-@bench_app.command("soak")
-def bench_soak_command(
-    ctx: typer.Context,
-    minutes: Annotated[float, typer.Option(help="How long to offer load.")] = 10.0,
-    load: Annotated[float, typer.Option(help="Fraction of the measured capacity to offer.")] = 0.5,
-    rate: Annotated[
-        float | None, typer.Option(help="Events/s to offer instead (skips the capacity run).")
-    ] = None,
-    capacity_events: Annotated[
-        int, typer.Option(help="Backlog scored to measure the capacity.")
-    ] = 20_000,
-    sample_s: Annotated[float, typer.Option(help="Seconds between samples.")] = 30.0,
-    warmup_s: Annotated[
-        float | None,
-        typer.Option(help="Samples before this are not checked (default: 60 s, at most 20%)."),
-    ] = None,
-    max_rss_growth: Annotated[
-        float, typer.Option(help="Largest RSS growth after warm-up that passes.")
-    ] = 0.05,
-    max_lag_s: Annotated[
-        float, typer.Option(help="Lag bound after warm-up, in seconds of offered input.")
-    ] = 10.0,
-    out: Annotated[Path, typer.Option(help="Directory for soak.json, soak.png and logs.")] = Path(
-        "artifacts/soak"
-    ),
-    as_json: JsonOption = False,
-    config: ConfigOption = None,
-) -> None:
-    """A long run at a fraction of capacity: RSS, lag and p99 sampled and plotted; checks that
-    memory stays flat, lag stays bounded and nothing is lost (exit 1 when a check fails)."""
-    from pipeline.tools.bench.soak import SoakPlan, bench_soak
-
-    if minutes <= 0 or sample_s <= 0 or capacity_events < 1:
-        raise UserError("--minutes, --sample-s and --capacity-events must be positive")
-    if not 0 < load <= 1:
-        raise UserError(f"--load is a fraction of capacity in (0, 1], got {load}")
-    if rate is not None and rate <= 0:
-        raise UserError(f"--rate must be positive, got {rate}")
-    settings = _stack_settings(ctx, config)
-    require_checkpoint(settings.model.checkpoint)
-    _export_config_file(ctx, config)
-    plan = SoakPlan(
-        minutes=minutes,
-        load=load,
-        rate=rate,
-        capacity_events=capacity_events,
-        sample_s=sample_s,
-        warmup_s=min(60.0, minutes * 60 * 0.2) if warmup_s is None else warmup_s,
-        max_rss_growth=max_rss_growth,
-        max_lag_s=max_lag_s,
-    )
-    result = bench_soak(settings, plan, out, report=say)
-    emit({k: v for k, v in result.items() if k != "samples"} if not as_json else result, as_json)
-    if not result["passed"]:
-        failed = [name for name, ok in result["checks"].items() if not ok]
-        say(f"soak checks failed: {', '.join(failed)} (see {result['json']})")
-        raise typer.Exit(1)
-
-
-def _export_config_file(ctx: typer.Context, config: ConfigOption) -> None:
-    """Hand the chosen ``--config`` file to the child processes a benchmark starts."""
-    state = ctx.find_object(CliState)
-    chosen = config if config is not None else (state.config_file if state else None)
-    if chosen is not None:
-        os.environ[CONFIG_ENV_VAR] = str(chosen.resolve())
 
 
 @bench_app.command("retrieval")
@@ -340,3 +273,11 @@ def bench_retrieval_command(
         except ValueError as exc:
             raise UserError(f"--threads: {exc}") from exc
     emit(bench_retrieval(settings, retrieval_config, items, queries, batch, k, nprobes), as_json)
+
+
+def export_config_file(ctx: typer.Context, config: ConfigOption) -> None:
+    """Hand the chosen ``--config`` file to the child processes a benchmark starts."""
+    state = ctx.find_object(CliState)
+    chosen = config if config is not None else (state.config_file if state else None)
+    if chosen is not None:
+        os.environ[CONFIG_ENV_VAR] = str(chosen.resolve())

@@ -24,9 +24,21 @@ def produce(
     malformed: Annotated[
         int, typer.Option(help="Also send this many malformed messages (they go to the DLQ).")
     ] = 0,
+    wait_for_group: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-group",
+            help="Start sending only once the consumer group (kafka.group_id) owns every "
+            "partition of the input topic: latency then excludes the pipeline's start-up.",
+        ),
+    ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option(help="With --wait-for-group: give up after this many seconds.")
+    ] = 300.0,
     config: ConfigOption = None,
 ) -> None:
     """Produce synthetic UserEvents (the synthetic world of the config) to the input topic."""
+    from pipeline.tools.consumer_group import GroupNotReadyError, wait_for_assignment
     from pipeline.tools.synthetic_io import build_world, produce_events
 
     settings = command_settings(ctx, config)
@@ -34,6 +46,12 @@ def produce(
     require_schema_registry(settings.codec)
     world = build_world(settings)
     console = progress_console(ctx)
+    if wait_for_group:
+        group, topic = settings.kafka.group_id, settings.topics.input
+        try:
+            wait_for_assignment(settings.kafka, group, topic, wait_timeout)
+        except GroupNotReadyError as exc:
+            raise UserError(f"{exc}: is `streamrank run` running with this config?") from exc
     with Progress(
         TextColumn("producing"),
         BarColumn(),

@@ -1,4 +1,5 @@
-"""Reading the output topic: decoded Recommendations, for ``streamrank consume`` and tests."""
+"""Reading topics back: raw messages, and decoded Recommendations for ``streamrank consume``,
+the benchmarks and tests."""
 
 from __future__ import annotations
 
@@ -7,10 +8,66 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from confluent_kafka import Message
+
 from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.avro.rules import epoch_millis
 from pipeline.config import Settings
 from pipeline.kafka_io import make_consumer
+
+
+def read_messages(
+    settings: Settings,
+    topic: str,
+    *,
+    max_records: int | None = None,
+    timeout_s: float = 10.0,
+    group_id: str | None = None,
+    from_beginning: bool = True,
+) -> Iterator[Message]:
+    """Yield the messages of ``topic`` until ``max_records`` or ``timeout_s`` without one.
+
+    Args:
+        settings: the cluster.
+        topic: what to read.
+        max_records: stop after this many (``None``: until idle).
+        timeout_s: stop after this long without a new message.
+        group_id: consumer group (default: a throw-away one, nothing committed).
+        from_beginning: start at the earliest offset for a new group.
+
+    Yields:
+        Messages that carry data (client errors are skipped), in each partition's order.
+
+    Example::
+
+        for message in read_messages(settings, settings.topics.input, timeout_s=2):
+            message.timestamp()
+    """
+    consumer = make_consumer(
+        settings.kafka,
+        group_id=group_id or f"streamrank-consume-{uuid.uuid4().hex[:8]}",
+        extra={"auto.offset.reset": "earliest" if from_beginning else "latest"},
+    )
+    consumer.subscribe([topic])
+    seen = 0
+    last = time.monotonic()
+    try:
+        while max_records is None or seen < max_records:
+            messages = consumer.consume(500, 0.2)
+            if not messages:
+                if time.monotonic() - last >= timeout_s:
+                    return
+                continue
+            last = time.monotonic()
+            for msg in messages:
+                if msg.error() is not None:
+                    continue
+                yield msg
+                seen += 1
+                if max_records is not None and seen >= max_records:
+                    return
+    finally:
+        consumer.close()
 
 
 def read_recommendations(
@@ -34,32 +91,16 @@ def read_recommendations(
         Decoded records; ``scored_at`` is epoch milliseconds.
     """
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
-    consumer = make_consumer(
-        settings.kafka,
-        group_id=group_id or f"streamrank-consume-{uuid.uuid4().hex[:8]}",
-        extra={"auto.offset.reset": "earliest" if from_beginning else "latest"},
-    )
-    consumer.subscribe([settings.topics.output])
-    seen = 0
-    last = time.monotonic()
-    try:
-        while max_records is None or seen < max_records:
-            messages = consumer.consume(500, 0.2)
-            if not messages:
-                if time.monotonic() - last >= timeout_s:
-                    return
-                continue
-            last = time.monotonic()
-            for msg in messages:
-                if msg.error() is not None:
-                    continue
-                record = codec.decode(msg.value() or b"")
-                scored_at = record["scored_at"]
-                if not isinstance(scored_at, int):
-                    record["scored_at"] = epoch_millis(scored_at)
-                yield record
-                seen += 1
-                if max_records is not None and seen >= max_records:
-                    return
-    finally:
-        consumer.close()
+    for msg in read_messages(
+        settings,
+        settings.topics.output,
+        max_records=max_records,
+        timeout_s=timeout_s,
+        group_id=group_id,
+        from_beginning=from_beginning,
+    ):
+        record = codec.decode(msg.value() or b"")
+        scored_at = record["scored_at"]
+        if not isinstance(scored_at, int):
+            record["scored_at"] = epoch_millis(scored_at)
+        yield record

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from model.features import FeatureColumns
 from model.model_input import ModelInput
@@ -31,6 +31,7 @@ from model.synthetic import SyntheticWorld, feature_columns
 from model.versions import NoCurrentVersionError, resolve_checkpoint
 from pipeline.config import Settings, TopicsSettings
 from pipeline.feature_store import FeatureStoreWriter
+from pipeline.kafka_io import make_consumer
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,56 @@ def score_backlog(
         job = json.loads(summary.read_text())
         ranks: list[dict[str, Any]] = job.get("ranks", [job])
         return ranks
+
+
+def create_topics(settings: Settings, config: dict[str, str] | None = None) -> None:
+    """Create ``settings.topics`` (input, output, DLQ) with a topic ``config`` for all three.
+
+    Args:
+        settings: the cluster and the topics (partitions, replication factor).
+        config: topic configuration, e.g. ``{"message.timestamp.type": "LogAppendTime"}``.
+
+    Example::
+
+        create_topics(run_settings, {"message.timestamp.type": "LogAppendTime"})
+    """
+    topics = settings.topics
+    admin = AdminClient({**settings.kafka.admin_config(), "log_level": 4})  # no info lines
+    new = [
+        NewTopic(name, topics.partitions, topics.replication_factor, config=config or {})
+        for name in (topics.input, topics.output, topics.dlq)
+    ]
+    for future in admin.create_topics(new, operation_timeout=15).values():
+        future.result()
+
+
+def delete_run_topics(settings: Settings) -> None:
+    """Delete ``settings.topics`` (input, output, DLQ) (:func:`delete_topics`).
+
+    Args:
+        settings: the cluster and the topics.
+    """
+    topics = settings.topics
+    delete_topics(settings, [topics.input, topics.output, topics.dlq])
+
+
+def record_count(settings: Settings, topic: str) -> int:
+    """How many records ``topic`` holds (high minus low watermark, summed over partitions).
+
+    Args:
+        settings: the cluster.
+        topic: a topic without transactional markers (every offset is a record).
+    """
+    consumer = make_consumer(settings.kafka, group_id=f"bench-count-{uuid.uuid4().hex[:8]}")
+    try:
+        metadata = consumer.list_topics(topic, timeout=15).topics[topic]
+        total = 0
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
 
 
 def seeded_world(settings: Settings) -> SyntheticWorld:

@@ -16,7 +16,14 @@ from model.serving import Scorer
 from model.synthetic import SyntheticWorld
 from pipeline.config import MetricsSettings, Settings
 from pipeline.loop import ScoringPipeline
-from pipeline.tools.bench.common import BenchTopics, load_or_build_scorer, seeded_world
+from pipeline.summary import RunSummary
+from pipeline.tools.bench.common import (
+    BenchTopics,
+    delete_run_topics,
+    fresh_topics,
+    load_or_build_scorer,
+    seeded_world,
+)
 from pipeline.tools.bench.model import bench_model
 from pipeline.tools.synthetic_io import produce_events
 
@@ -64,20 +71,39 @@ class PipelineBench:
         }
 
 
-def _run_pipeline_once(
+def drain_backlog(
     settings: Settings,
     scorer: Scorer,
     world: SyntheticWorld,
     events: int,
     max_batch_rows: int,
-    topics_of_bench: BenchTopics,
-) -> float:
-    """Produce ``events`` to fresh topics first, then score them all; returns rows/s.
+    topics_of_bench: BenchTopics | None = None,
+) -> RunSummary:
+    """Produce ``events`` to fresh topics first, then score them all (the topics are deleted:
+    by ``topics_of_bench`` when the benchmark ends, or here).
 
-    The backlog is in Kafka before the pipeline starts, so this measures sustained throughput
-    (end-to-end latency here would only measure the backlog, and is not reported).
+    The backlog is in Kafka before the pipeline starts, so ``events_per_s``/``rows_per_s`` of
+    the summary are sustained throughput: capacity (end-to-end latency here would only measure
+    the backlog).
+
+    Args:
+        settings: the stack and the pipeline's configuration.
+        scorer: the model.
+        world: where the events come from (its features already in Redis).
+        events: the backlog.
+        max_batch_rows: ``batching.max_batch_rows`` of this run.
+
+    Returns:
+        The run's summary.
+
+    Raises:
+        RuntimeError: not every event was scored.
+
+    Example::
+
+        drain_backlog(settings, scorer, seeded_world(settings), 5000, 4096).events_per_s
     """
-    topics, tag = topics_of_bench.fresh()
+    topics, tag = topics_of_bench.fresh() if topics_of_bench else fresh_topics(settings)
     run_settings = settings.model_copy(
         update={
             "topics": topics,
@@ -86,12 +112,15 @@ def _run_pipeline_once(
             "kafka": settings.kafka.model_copy(update={"group_id": f"bench-{tag}"}),
         }
     )
-    produce_events(run_settings, world, events)
-    pipeline = ScoringPipeline(run_settings, scorer)
-    summary = pipeline.run(exit_when_idle_s=2.0, max_events=None)
+    try:
+        produce_events(run_settings, world, events)
+        summary = ScoringPipeline(run_settings, scorer).run(exit_when_idle_s=2.0, max_events=None)
+    finally:
+        if topics_of_bench is None:
+            delete_run_topics(run_settings)
     if summary.events_out != events:
         raise RuntimeError(f"bench run scored {summary.events_out} of {events} events")
-    return summary.rows_per_s
+    return summary
 
 
 def bench_pipeline(
@@ -138,13 +167,15 @@ def bench_pipeline(
                 f"{bare.distinct_batches} distinct batches, {bare.same_batch_rows_per_s:,.0f} "
                 f"on one batch repeated ({bare.batch_rows} rows)"
             )
-            rows_per_s = _run_pipeline_once(settings, scorer, world, events, batch_rows, topics)
+            rows_per_s = drain_backlog(
+                settings, scorer, world, events, batch_rows, topics
+            ).rows_per_s
             result.e2e_rows_per_s.append(rows_per_s)
             report(f"round {r + 1}: end-to-end batched {rows_per_s:,.0f} rows/s")
             if per_event_events:
-                rows_per_s = _run_pipeline_once(
+                rows_per_s = drain_backlog(
                     settings, scorer, world, per_event_events, 1, topics
-                )
+                ).rows_per_s
                 result.per_event_rows_per_s.append(rows_per_s)
                 report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")
     return result

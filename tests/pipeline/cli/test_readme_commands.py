@@ -360,6 +360,13 @@ def check_bench_retrieval(ws: Workspace) -> None:
     assert 0.0 <= row["recall_at_k"] <= 1.0 and report["exact"]["ms_per_event"] > 0
 
 
+@smoke("bench latency")
+def check_bench_latency(ws: Workspace) -> None:
+    args = ["--capacity-only", "--capacity-events", "100", "--json"]
+    report = strict_json(ws.cli("bench", "latency", *args).stdout.splitlines()[-1])
+    assert report["capacity_events_per_s"] > 0 and report["loads"] == []
+
+
 def test_readme_table_lists_every_command_and_each_has_a_smoke_test() -> None:
     readme, cli = readme_commands(), cli_commands()
     assert set(readme) == set(cli), "README's command table and the CLI disagree"

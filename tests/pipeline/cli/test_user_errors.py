@@ -120,6 +120,36 @@ def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--loads", "half"], "--loads"),
+        (["--loads", "0.5,0"], "(0, 2]"),
+        (["--seconds", "0"], "--seconds"),
+        (["--seconds", "2", "--warmup-seconds", "2"], "--warmup-seconds"),
+        (["--plot", "/no/such/dir/l.png"], "/no/such/dir"),
+        (["--compare", "old.json"], "--plot"),
+        (["--capacity-only", "--plot", "l.png"], "--capacity-only"),
+    ],
+)
+def test_bench_latency_bad_options(run_cli: CliRunner, args: list[str], fragment: str) -> None:
+    _assert_one_line_user_error(run_cli("bench", "latency", *args), fragment)
+
+
+def test_bench_latency_compare_with_a_file_that_is_not_a_report(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    (tmp_path / "old.json").write_text('{"capacity": 1}\n')
+    result = run_cli("bench", "latency", "--plot", "l.png", "--compare", "old.json")
+    _assert_one_line_user_error(result, "old.json", "bench latency --json")
+
+
+def test_produce_waiting_for_a_group_that_never_joins(run_cli: CliRunner, local_stack) -> None:
+    env = {"STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers}
+    result = run_cli("produce", "-n", "1", "--wait-for-group", "--wait-timeout", "0.5", env=env)
+    _assert_one_line_user_error(result, "did not own all partitions", "streamrank run")
+
+
+@pytest.mark.parametrize(
     ("variable", "value", "key"),
     [("STREAMRANK_MODEL__QUANTIZE", "int8", "model.quantize"),
      ("STREAMRANK_MODEL__COMPILE", "true", "model.compile")],
