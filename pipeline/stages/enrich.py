@@ -1,19 +1,22 @@
 """Enrichment: user and item features for a whole batch, in one Redis round trip.
 
-For each batch the enricher takes the unique user and item ids, serves what it can from an
-in-process TTL cache, and fetches the rest with ONE ``MGET`` (never a GET per event). Missing
-keys, malformed values and Redis outages never lose an event: the features fall back to
-defaults (zeros, no recent items, category 0) and the event's Recommendation lists the feature
-group in ``fallback_features``. After an outage Redis is left alone for ``retry_after_s`` so a
-dead server does not add its timeout to every batch.
+For each batch the enricher looks every event's user and every row's item up in an
+in-process TTL cache (:mod:`pipeline.feature_cache`: one compiled pass each, no Python object
+per id), and fetches the distinct ids it misses with ONE ``MGET`` (never a GET per event).
+Missing keys, malformed values and Redis outages never lose an event: the features fall back
+to defaults (zeros, no recent items, category 0) and the event's Recommendation lists the
+feature group in ``fallback_features``. After an outage Redis is left alone for
+``retry_after_s`` so a dead server does not add its timeout to every batch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from itertools import compress
 from typing import Protocol, cast
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import redis
@@ -21,10 +24,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from pipeline.config import RedisSettings
-from pipeline.feature_store import FLOAT32, INT64, item_key, item_record_dtype, user_key
+from pipeline.feature_cache import CacheLookup, FeatureCache
+from pipeline.feature_store import item_key, item_record_dtype, user_key
 from pipeline.metrics import Metrics
 from pipeline.records import Enrichment
-from pipeline.slot_table import SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -35,41 +38,6 @@ class BatchEnricher(Protocol):
     def enrich(
         self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
     ) -> Enrichment: ...
-
-
-class _SlotCache:
-    """id -> slot map over fixed arrays; TTL per entry; oldest-inserted slot is reused first.
-
-    Lookups are one compiled hash-table pass per batch (:class:`SlotTable`); TTL checks and
-    payload gathers are numpy.
-    """
-
-    def __init__(self, capacity: int, ttl_s: float) -> None:
-        self.capacity = max(1, capacity)
-        self._ttl_s = ttl_s
-        self._table = SlotTable(self.capacity)
-        self._stored_at = np.zeros(self.capacity, dtype=np.float64)
-        self._next = 0
-
-    def lookup(self, ids: npt.NDArray[np.int64], now: float) -> npt.NDArray[np.int64]:
-        """Slots of ``ids``; -1 where absent or expired."""
-        slots = self._table.find(ids)
-        found = slots >= 0
-        expired = found.copy()
-        expired[found] = self._stored_at[slots[found]] < now - self._ttl_s
-        slots[expired] = -1
-        return slots
-
-    def allocate(self, ids: npt.NDArray[np.int64], now: float) -> npt.NDArray[np.int64]:
-        """Slots for ``ids`` (evicting the oldest entries); the caller fills the payload."""
-        if len(ids) > self.capacity:
-            raise ValueError(f"{len(ids)} entries do not fit a cache of {self.capacity}")
-        n = len(ids)
-        slots = (self._next + np.arange(n)) % self.capacity
-        self._next = (self._next + n) % self.capacity
-        self._table.assign(ids, slots)
-        self._stored_at[slots] = now
-        return slots
 
 
 class FeatureEnricher:
@@ -102,7 +70,9 @@ class FeatureEnricher:
         self._settings = settings
         self._prefix = settings.key_prefix
         self._user_dim = user_dense_dim
+        self._item_dim = item_dense_dim
         self._item_dtype = item_record_dtype(item_dense_dim)
+        self._recent_cap = recent_cap
         self._metrics = metrics
         # No client-side retries: an outage must cost one timeout, then defaults (see module doc).
         self._client = client or redis.Redis.from_url(
@@ -113,65 +83,47 @@ class FeatureEnricher:
             **settings.client_kwargs(),
         )
         self._down_until = 0.0
-        capacity = settings.cache_max_entries
-        ttl = settings.cache_ttl_s
-        self._user_cache = _SlotCache(capacity, ttl)
-        self._user_dense = np.zeros((self._user_cache.capacity, user_dense_dim), dtype=np.float32)
-        self._recent_cap = recent_cap
-        self._user_recent = np.zeros((self._user_cache.capacity, recent_cap), dtype=np.int64)
-        self._user_recent_len = np.zeros(self._user_cache.capacity, dtype=np.int64)
-        self._item_cache = _SlotCache(capacity, ttl)
-        self._item_records = np.zeros(self._item_cache.capacity, dtype=self._item_dtype)
+        capacity, ttl = settings.cache_max_entries, settings.cache_ttl_s
+        # Users: the recent list's length in the row, the list itself in the side array (too
+        # wide for a cache line). Items: category and dense vector, all in the row. Building
+        # the caches loads (or compiles) their kernels, so the first batch does not wait.
+        self._users = FeatureCache(capacity, ttl, 1, user_dense_dim, side_width=recent_cap)
+        self._items = FeatureCache(capacity, ttl, 1, item_dense_dim)
+        for fetched in (self._decode_users([]), self._decode_items([])):  # load the kernels now
+            fetched.fill(fetched.missing_rows, fetched.missing_rows, fetched)
 
     def enrich(
         self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
     ) -> Enrichment:
         """Features for events ``user_ids`` (E) and rows ``item_ids`` (R)."""
         now = time.monotonic()
-        users, user_inverse = np.unique(user_ids, return_inverse=True)
-        items, item_inverse = np.unique(item_ids, return_inverse=True)
-        user_slots = self._user_cache.lookup(users, now)
-        item_slots = self._item_cache.lookup(items, now)
-        user_todo = np.flatnonzero(user_slots < 0)
-        item_todo = np.flatnonzero(item_slots < 0)
-        self._metrics.record_cache("user", len(users) - len(user_todo), len(user_todo))
-        self._metrics.record_cache("item", len(items) - len(item_todo), len(item_todo))
+        users = self._users.lookup(user_ids, now)
+        items = self._items.lookup(item_ids, now)
+        user_todo, user_source = _distinct(user_ids, users.missing_rows)
+        item_todo, item_source = _distinct(item_ids, items.missing_rows)
+        self._metrics.record_cache("user", users.served, len(user_todo))
+        self._metrics.record_cache("item", items.served, len(item_todo))
+        if len(user_todo) or len(item_todo):
+            user_values, item_values = self._fetch(user_todo.tolist(), item_todo.tolist())
+            for cache, todo, found, source, fetched in (
+                (self._users, user_todo, users, user_source, self._decode_users(user_values)),
+                (self._items, item_todo, items, item_source, self._decode_items(item_values)),
+            ):
+                found.fill(found.missing_rows, source, fetched)
+                # Defaults after misses, malformed values and outages are never cached.
+                ok = ~fetched.missing
+                cache.store(todo[ok], fetched.ints[ok], fetched.floats[ok], fetched.side[ok], now)
 
-        # Per unique id: cached values first, then what Redis returns; defaults stay elsewhere.
-        user_found = user_slots >= 0
-        cached = user_slots[user_found]
-        user_dense = np.zeros((len(users), self._user_dim), dtype=np.float32)
-        user_dense[user_found] = self._user_dense[cached]
-        user_recent = np.zeros((len(users), self._recent_cap), dtype=np.int64)
-        user_recent[user_found] = self._user_recent[cached]
-        recent_len = np.zeros(len(users), dtype=np.int64)
-        recent_len[user_found] = self._user_recent_len[cached]
-        item_found = item_slots >= 0
-        items_out = np.zeros(len(items), dtype=self._item_dtype)
-        items_out[item_found] = self._item_records[item_slots[item_found]]
-
-        user_values, item_values = self._fetch(users[user_todo].tolist(), items[item_todo].tolist())
-        fetched_users = self._decode_users(
-            user_todo, user_values, user_dense, user_recent, recent_len
-        )
-        user_found[fetched_users] = True
-        fetched_items = self._decode_items(item_todo, item_values, items_out)
-        item_found[fetched_items] = True
-        self._remember_users(
-            users[fetched_users], fetched_users, user_dense, user_recent, recent_len, now
-        )
-        self._remember_items(items[fetched_items], items_out[fetched_items], now)
-
-        event_recent_len = recent_len[user_inverse]
-        kept = np.arange(self._recent_cap)[None, :] < event_recent_len[:, None]
+        recent_len = users.ints.reshape(-1)
+        kept = np.arange(self._recent_cap)[None, :] < recent_len[:, None]
         return Enrichment(
-            user_dense=user_dense[user_inverse],
-            user_recent_counts=event_recent_len,
-            user_recent_ids=user_recent[user_inverse][kept],
-            user_missing=~user_found[user_inverse],
-            item_category=items_out["category"][item_inverse],
-            item_dense=items_out["dense"][item_inverse],
-            item_missing=~item_found[item_inverse],
+            user_dense=users.floats,
+            user_recent_counts=recent_len,
+            user_recent_ids=users.side[kept],
+            user_missing=users.missing,
+            item_category=items.ints.reshape(-1),
+            item_dense=items.floats,
+            item_missing=items.missing,
         )
 
     def _fetch(
@@ -200,85 +152,136 @@ class FeatureEnricher:
             return nothing
         return values[: len(user_ids)], values[len(user_ids) :]
 
-    def _decode_users(
-        self,
-        todo: npt.NDArray[np.int64],
-        values: list[bytes | None],
-        dense_out: npt.NDArray[np.float32],
-        recent_out: npt.NDArray[np.int64],
-        recent_len: npt.NDArray[np.int64],
-    ) -> npt.NDArray[np.int64]:
-        """Fill rows ``todo`` from Redis values; returns the positions that decoded."""
-        dense_bytes = 4 * self._user_dim
-        decoded: list[int] = []
-        for k, v in zip(todo.tolist(), values, strict=True):
-            if v is None:
-                continue
-            if len(v) < dense_bytes or (len(v) - dense_bytes) % 8:
-                log.warning("malformed user features (%d bytes); using defaults", len(v))
-                continue
-            dense = np.frombuffer(v, FLOAT32, self._user_dim)
-            if not np.isfinite(dense).all():
-                log.warning("non-finite user features (NaN/inf); using defaults")
-                continue
-            dense_out[k] = dense
-            recent = np.frombuffer(v, INT64, offset=dense_bytes)[: self._recent_cap]
-            recent_out[k, : len(recent)] = recent
-            recent_len[k] = len(recent)
-            decoded.append(k)
-        return np.asarray(decoded, dtype=np.int64)
+    def _decode_users(self, values: list[bytes | None]) -> CacheLookup:
+        """User values from Redis: ``float32[dim]`` then ``int64[k]`` recent items (kept up to
+        the cap); ``missing`` where absent, malformed or non-finite. One compiled pass."""
+        dim, cap = self._user_dim, self._recent_cap
+        lengths = _lengths(values)
+        good = (lengths >= 4 * dim) & ((lengths - 4 * dim) % 8 == 0)
+        _warn_malformed("user", lengths, good)
+        out = CacheLookup.defaults(len(values), 1, dim, cap)
+        words = _joined_words(values, good)  # every good value is a whole number of words
+        bad = _parse_users(
+            words, words.view(np.float32), lengths, good,
+            out.ints, out.floats, out.side, out.missing,
+        )  # fmt: skip
+        if bad:
+            log.warning("%d user feature values non-finite (NaN/inf); using defaults", bad)
+        return out
 
-    def _decode_items(
-        self,
-        todo: npt.NDArray[np.int64],
-        values: list[bytes | None],
-        out: npt.NDArray[np.void],
-    ) -> npt.NDArray[np.int64]:
-        """Fill rows ``todo`` from Redis values (one frombuffer); returns those that decoded."""
-        size = self._item_dtype.itemsize
-        good = [v is not None and len(v) == size for v in values]
-        malformed = sum(v is not None for v in values) - sum(good)
-        if malformed:
-            log.warning("%d malformed item feature values; using defaults", malformed)
-        positions = todo[np.asarray(good, dtype=bool)] if good else todo[:0]
-        if len(positions):
-            records = np.frombuffer(
-                b"".join(v for v, ok in zip(values, good, strict=True) if ok and v is not None),
-                dtype=self._item_dtype,
-            )
-            finite = np.isfinite(records["dense"]).reshape(len(records), -1).all(axis=1)
-            if not finite.all():
-                log.warning(
-                    "%d item feature values non-finite (NaN/inf); using defaults",
-                    int((~finite).sum()),
-                )
-                records, positions = records[finite], positions[finite]
-            out[positions] = records
-        return positions
+    def _decode_items(self, values: list[bytes | None]) -> CacheLookup:
+        """Item values from Redis: ``int64`` category then ``float32[dim]``; ``missing`` where
+        absent, malformed or non-finite. One compiled pass."""
+        lengths = _lengths(values)
+        good = lengths == self._item_dtype.itemsize
+        _warn_malformed("item", lengths, good)
+        out = CacheLookup.defaults(len(values), 1, self._item_dim, 0)
+        words = _joined_words(values, good)  # a good value is a whole number of words
+        bad = _parse_items(words, words.view(np.float32), good, out.ints, out.floats, out.missing)
+        if bad:
+            log.warning("%d item feature values non-finite (NaN/inf); using defaults", bad)
+        return out
 
-    def _remember_users(
-        self,
-        ids: npt.NDArray[np.int64],
-        rows: npt.NDArray[np.int64],
-        dense: npt.NDArray[np.float32],
-        recent: npt.NDArray[np.int64],
-        recent_len: npt.NDArray[np.int64],
-        now: float,
-    ) -> None:
-        """Cache the users Redis returned (defaults after misses/outages are never cached)."""
-        capacity = self._user_cache.capacity
-        ids, rows = ids[-capacity:], rows[-capacity:]
-        if len(ids):
-            slots = self._user_cache.allocate(ids, now)
-            self._user_dense[slots] = dense[rows]
-            self._user_recent[slots] = recent[rows]
-            self._user_recent_len[slots] = recent_len[rows]
 
-    def _remember_items(
-        self, ids: npt.NDArray[np.int64], records: npt.NDArray[np.void], now: float
-    ) -> None:
-        """Cache the items Redis returned."""
-        capacity = self._item_cache.capacity
-        ids, records = ids[-capacity:], records[-capacity:]
-        if len(ids):
-            self._item_records[self._item_cache.allocate(ids, now)] = records
+def _distinct(
+    ids: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct ids of ``rows`` (sorted), and for each row its position among them."""
+    if not len(rows):
+        return rows, rows
+    todo, source = np.unique(ids[rows], return_inverse=True)
+    return todo, source.reshape(-1)
+
+
+def _lengths(values: list[bytes | None]) -> npt.NDArray[np.int64]:
+    """Byte length of every value, -1 for None."""
+    return np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values))
+
+
+def _joined_words(
+    values: list[bytes | None], good: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.uint32]:
+    """The ``good`` values laid end to end, as 32-bit little-endian words."""
+    joined = b"".join(cast(list[bytes], list(compress(values, good))))
+    return np.frombuffer(joined, dtype="<u4")
+
+
+def _warn_malformed(kind: str, lengths: npt.NDArray[np.int64], good: npt.NDArray[np.bool_]) -> None:
+    bad = int((lengths >= 0).sum()) - int(good.sum())
+    if bad:
+        log.warning("%d malformed %s feature values; using defaults", bad, kind)
+
+
+@numba.njit(cache=True, nogil=True)
+def _int64_at(words: npt.NDArray[np.uint32], w: int) -> int:
+    """The little-endian int64 in ``words[w], words[w + 1]``."""
+    return int(np.int64(np.uint64(words[w]) | (np.uint64(words[w + 1]) << np.uint64(32))))
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_users(
+    words: npt.NDArray[np.uint32],
+    floats: npt.NDArray[np.float32],
+    lengths: npt.NDArray[np.int64],
+    good: npt.NDArray[np.bool_],
+    recent_len: npt.NDArray[np.int64],
+    dense: npt.NDArray[np.float32],
+    recent: npt.NDArray[np.int64],
+    missing: npt.NDArray[np.bool_],
+) -> int:
+    """Fill row ``i`` from value ``i`` where ``good`` (values laid end to end in ``words``);
+    returns how many good values were not finite (left missing)."""
+    dim, cap = dense.shape[1], recent.shape[1]
+    w = 0
+    bad = 0
+    for i in range(len(good)):
+        if not good[i]:
+            continue
+        start, size = w, lengths[i] // 4
+        w += size
+        finite = True
+        for j in range(dim):
+            finite = finite and np.isfinite(floats[start + j])
+        if not finite:
+            bad += 1
+            continue
+        missing[i] = False
+        for j in range(dim):
+            dense[i, j] = floats[start + j]
+        count = min((size - dim) // 2, cap)
+        recent_len[i, 0] = count
+        for k in range(count):
+            recent[i, k] = _int64_at(words, start + dim + 2 * k)
+    return bad
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_items(
+    words: npt.NDArray[np.uint32],
+    floats: npt.NDArray[np.float32],
+    good: npt.NDArray[np.bool_],
+    category: npt.NDArray[np.int64],
+    dense: npt.NDArray[np.float32],
+    missing: npt.NDArray[np.bool_],
+) -> int:
+    """Fill row ``i`` from value ``i`` where ``good`` (fixed-size values laid end to end);
+    returns how many good values were not finite (left missing)."""
+    dim = dense.shape[1]
+    w = 0
+    bad = 0
+    for i in range(len(good)):
+        if not good[i]:
+            continue
+        start = w
+        w += 2 + dim
+        finite = True
+        for j in range(dim):
+            finite = finite and np.isfinite(floats[start + 2 + j])
+        if not finite:
+            bad += 1
+            continue
+        missing[i] = False
+        category[i, 0] = _int64_at(words, start)
+        for j in range(dim):
+            dense[i, j] = floats[start + 2 + j]
+    return bad
