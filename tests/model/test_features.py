@@ -186,3 +186,60 @@ def test_model_input_to(cols: FeatureColumns, spec: FeatureSpec) -> None:
     assert isinstance(moved, ModelInput)
     assert moved.dense.device.type == "cpu"
     assert torch.equal(moved.sparse.values(), inp.sparse.values())
+
+
+def _numpy_layout(cols: FeatureColumns, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The KJT's flat values and lengths by numpy index arithmetic (the formulation the
+    compiled pass replaced)."""
+    row_event = segment_ids(cols.candidate_counts)
+    recent_hashed = spec.hash_ids(SparseFeature.RECENT_ITEMS, cols.recent_ids)
+    starts = np.concatenate([[0], np.cumsum(cols.recent_counts)[:-1]]).astype(np.int64)
+    row_len = cols.recent_counts[row_event]
+    recent_index = np.repeat(starts[row_event], row_len) + (
+        np.arange(int(row_len.sum())) - np.repeat(np.cumsum(row_len) - row_len, row_len)
+    )
+    values = np.concatenate(
+        [
+            spec.hash_ids(SparseFeature.USER_ID, cols.user_ids)[row_event],
+            spec.hash_ids(SparseFeature.ITEM_ID, cols.candidate_ids),
+            spec.hash_ids(SparseFeature.ITEM_CATEGORY, cols.item_category),
+            spec.hash_ids(SparseFeature.DEVICE, cols.device_ids)[row_event],
+            spec.hash_ids(SparseFeature.COUNTRY, cols.country_ids)[row_event],
+            recent_hashed[recent_index],
+        ]
+    )
+    lengths = np.concatenate([np.ones(5 * cols.num_rows, dtype=np.int64), row_len])
+    return values, lengths
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_flat_layout_equals_the_numpy_formulation(spec: FeatureSpec, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cols = _random_columns(rng, spec, 50)
+    cols.candidate_counts[1] = 0  # an event without rows
+    cols = dataclasses.replace(
+        cols,
+        candidate_ids=cols.candidate_ids[: int(cols.candidate_counts.sum())],
+        item_category=cols.item_category[: int(cols.candidate_counts.sum())],
+        item_dense=cols.item_dense[: int(cols.candidate_counts.sum())],
+    )
+    inp = build_model_input(cols, spec)
+    values, lengths = _numpy_layout(cols, spec)
+    np.testing.assert_array_equal(inp.sparse.values().numpy(), values)
+    np.testing.assert_array_equal(inp.sparse.lengths().numpy(), lengths)
+    per_key = [cols.num_rows] * 5 + [int(lengths[5 * cols.num_rows :].sum())]
+    assert inp.sparse.length_per_key() == per_key
+
+
+def test_strided_columns_give_the_same_input(spec: FeatureSpec) -> None:
+    """Views that are not contiguous (e.g. a column of a wider array) are laid out the same."""
+    cols = _random_columns(np.random.default_rng(7), spec, 20)
+    wide = np.stack([cols.candidate_ids, cols.candidate_ids], axis=1)
+    dense = np.concatenate([cols.item_dense, cols.item_dense], axis=1)
+    strided = dataclasses.replace(
+        cols, candidate_ids=wide[:, 0], item_dense=dense[:, : spec.item_dense_dim]
+    )
+    assert not strided.candidate_ids.flags.c_contiguous
+    a, b = build_model_input(cols, spec), build_model_input(strided, spec)
+    assert torch.equal(a.sparse.values(), b.sparse.values())
+    assert torch.equal(a.dense, b.dense)
