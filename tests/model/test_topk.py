@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import model.topk as topk_mod
 from model.topk import top_k_per_event
 
 
@@ -75,3 +76,43 @@ def test_shape_errors() -> None:
         top_k_per_event(torch.zeros(3), np.array([2, 1]), np.array([1]))
     with pytest.raises(ValueError, match="1-d"):
         top_k_per_event(torch.zeros(3, 1), np.array([2, 1]), np.array([1, 1]))
+
+
+def _hard_scores(rng: np.random.Generator, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Coarse scores (many ties) with NaN, +-inf and -0.0 among them."""
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], dtype=np.float64)
+    values = np.round(rng.random(n), 1)
+    pick = rng.random(n) < 0.2
+    values[pick] = rng.choice(special, int(pick.sum()))
+    return torch.from_numpy(values).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_host_kernel_equals_the_tensor_sort(dtype: torch.dtype, seed: int) -> None:
+    """The CPU's compiled pass and the tensor path a GPU runs (here on the CPU) agree exactly:
+    ties, NaN (first), +-inf, -0.0 == 0.0, events without candidates, k <= 0 and k > count."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 70, size=60).astype(np.int64)
+    counts[:3] = [0, 1, 200]
+    ks = rng.integers(-2, 90, size=60).astype(np.int64)
+    scores = _hard_scores(rng, int(counts.sum()), dtype)
+    top = top_k_per_event(scores, counts, ks)  # CPU tensor: the compiled pass
+    take = np.minimum(np.maximum(ks, 0), counts)
+    want_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    want = topk_mod._device_top_k(scores.to(want_dtype), counts, take, int(take.max()))
+    assert top.counts.tolist() == want.counts.tolist()
+    assert top.row_index.tolist() == want.row_index.tolist()
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.scores.dtype == want.scores.dtype
+    as_f8 = scores.to(torch.float64).numpy()  # NaN first: NaN -> inf, inf -> the largest
+    ordered = np.nan_to_num(as_f8, nan=np.inf, posinf=np.finfo(np.float64).max)
+    slow_counts, slow_rows, _ = _slow_top_k(ordered, counts, ks)
+    assert top.row_index.tolist() == slow_rows and top.counts.tolist() == slow_counts
+
+
+def test_scores_made_under_inference_mode() -> None:
+    with torch.inference_mode():
+        scores = torch.tensor([0.2, 0.7, 0.1]) * 1.0
+    top = top_k_per_event(scores, np.array([3]), np.array([2]))
+    assert top.row_index.tolist() == [1, 0]
