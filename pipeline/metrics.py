@@ -61,6 +61,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from model.rank import RankContext
+from pipeline.batch_histogram import BatchHistogram
 from pipeline.records import RejectReason
 
 log = logging.getLogger(__name__)
@@ -224,10 +225,13 @@ class Metrics:
         self.stage_seconds = self._seconds(
             "streamrank_stage_duration_seconds", "Time per batch in each stage.", "stage"
         )
-        self.end_to_end_seconds = self._seconds(
+        self.end_to_end_seconds = BatchHistogram(
             "streamrank_end_to_end_latency_seconds",
             "From event_time to the recommendation produced.",
+            _LATENCY_BUCKETS,
+            r,
         )
+        """Observed a batch at a time (``observe_many``): one bucket count per batch."""
         self.cache_requests = Counter(
             "streamrank_feature_cache_requests",
             "Feature-cache lookups.",
@@ -287,8 +291,9 @@ class Metrics:
             self.dead_lettered.labels(reason=reason.value)
         for feature in FALLBACK_FEATURES:
             self.fallbacks.labels(feature=feature)
-        for name in STAGES:
-            self.stage_seconds.labels(stage=name)
+        self._stage_histograms = {name: self.stage_seconds.labels(stage=name) for name in STAGES}
+        self._cache_counters: dict[str, tuple[Counter, Counter]] = {}
+        """kind -> its (hit, miss) series, made by the first :meth:`record_cache` of the kind."""
         self._hits = 0
         self._lookups = 0
         # Model versions (pipeline/model_watch.py): what is served, swaps, failed loads.
@@ -320,11 +325,12 @@ class Metrics:
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time a block as one observation of ``streamrank_stage_duration_seconds{stage=name}``."""
+        histogram = self._stage_histograms.get(name) or self.stage_seconds.labels(stage=name)
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.stage_seconds.labels(stage=name).observe(time.perf_counter() - start)
+            histogram.observe(time.perf_counter() - start)
 
     def record_step(self, seconds: float) -> None:
         """One scoring step of this rank took ``seconds``."""
@@ -349,8 +355,15 @@ class Metrics:
 
     def record_cache(self, kind: str, hits: int, misses: int) -> None:
         """Count ``hits`` and ``misses`` of the ``kind`` (user/item) feature cache."""
-        self.cache_requests.labels(kind=kind, result="hit").inc(hits)
-        self.cache_requests.labels(kind=kind, result="miss").inc(misses)
+        series = self._cache_counters.get(kind)
+        if series is None:
+            series = self._cache_counters[kind] = (
+                self.cache_requests.labels(kind=kind, result="hit"),
+                self.cache_requests.labels(kind=kind, result="miss"),
+            )
+        hit, miss = series
+        hit.inc(hits)
+        miss.inc(misses)
         self._hits += hits
         self._lookups += hits + misses
         if self._lookups:

@@ -91,6 +91,25 @@ class RecommendationSink:
         self._topic = topic
         self._header = np.frombuffer(header, dtype=np.uint8)
         self._metrics = metrics
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Encode one record now: loads (or compiles) the encoder, so the first batch after
+        the consumer joins does not wait for it."""
+        one = np.ones(1, dtype=np.int64)
+        events = EventColumns(
+            event_id_bytes=np.frombuffer(b"e", dtype=np.uint8),
+            event_id_offsets=np.array([0, 1], dtype=np.int64),
+            **{name: one for name in ("user_ids", "event_time_ms", "device_ids", "country_ids")},
+            num_results=one,
+            candidate_counts=one,
+            candidate_ids=one,
+            recent_counts=np.zeros(1, dtype=np.int64),
+            recent_ids=np.zeros(0, dtype=np.int64),
+        )
+        scored = ScoredBatch(one, one, np.ones(1), "warm-up")
+        no = np.zeros(1, dtype=bool)
+        self.encode(events, scored, FallbackFlags(user=no, item=no), 0)
 
     def publish(self, prepared: PreparedBatch, scored: ScoredBatch) -> npt.NDArray[np.float64]:
         """:meth:`encode_batch` then :meth:`send`.
@@ -107,7 +126,7 @@ class RecommendationSink:
         flags = fallback_flags(events, prepared.enrichment)
         now_ms = int(time.time() * 1000)
         return EncodedBatch(
-            keys=[str(u).encode() for u in events.user_ids.tolist()],
+            keys=[b"%d" % u for u in events.user_ids.tolist()],
             values=self.encode(events, scored, flags, now_ms),
             flags=flags,
             produced_at_ms=now_ms,
@@ -172,13 +191,12 @@ class RecommendationSink:
     ) -> None:
         metrics = self._metrics
         metrics.events_out.inc(events)
-        for value in latency_s.tolist():
-            metrics.end_to_end_seconds.observe(value)
+        metrics.end_to_end_seconds.observe_many(latency_s)
         for feature, mask in (
             (FallbackFeature.USER, flags.user),
             (FallbackFeature.ITEM, flags.item),
         ):
-            count = int(mask.sum())
+            count = int(np.count_nonzero(mask))
             if count:
                 metrics.fallbacks.labels(feature=feature.value).inc(count)
         metrics.batch_rows.observe(rows)
