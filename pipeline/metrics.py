@@ -325,12 +325,16 @@ class Metrics:
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time a block as one observation of ``streamrank_stage_duration_seconds{stage=name}``."""
-        histogram = self._stage_histograms.get(name) or self.stage_seconds.labels(stage=name)
         start = time.perf_counter()
         try:
             yield
         finally:
-            histogram.observe(time.perf_counter() - start)
+            self.observe_stage(name, time.perf_counter() - start)
+
+    def observe_stage(self, name: str, seconds: float) -> None:
+        """One observation of ``streamrank_stage_duration_seconds{stage=name}``."""
+        histogram = self._stage_histograms.get(name) or self.stage_seconds.labels(stage=name)
+        histogram.observe(seconds)
 
     def record_step(self, seconds: float) -> None:
         """One scoring step of this rank took ``seconds``."""

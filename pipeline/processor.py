@@ -107,7 +107,7 @@ class BatchProcessor:
             if pad:
                 self._executor.start(None, pad)
             return
-        self._executor.start(prepared, pad)
+        self._executor.start(prepared, pad, here=not (self._overlap or self._collective))
         if not self._overlap:
             self.collect(wait=True)
 

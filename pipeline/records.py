@@ -138,10 +138,10 @@ class EventColumns:
         """Events ``start:stop`` (views, no copies)."""
         start, stop, _ = slice(start, stop).indices(self.num_events)
         stop = max(start, stop)
-        rows = offsets(self.candidate_counts)
-        recent = offsets(self.recent_counts)
+        counts, recent = self.candidate_counts, self.recent_counts
+        r0, q0 = int(counts[:start].sum()), int(recent[:start].sum())
+        r1, q1 = r0 + int(counts[start:stop].sum()), q0 + int(recent[start:stop].sum())
         ids = self.event_id_offsets
-        r0, r1, q0, q1 = int(rows[start]), int(rows[stop]), int(recent[start]), int(recent[stop])
         return EventColumns(
             event_id_bytes=self.event_id_bytes[int(ids[start]) : int(ids[stop])],
             event_id_offsets=ids[start : stop + 1] - ids[start],
@@ -266,6 +266,8 @@ class DecodedMessages:
     def event_messages(self) -> list[Message]:
         """The source message of every accepted event."""
         messages = self.messages
+        if len(self.event_message) == len(messages):  # every message is an event: all of them
+            return messages
         return [messages[i] for i in self.event_message.tolist()]
 
     def __len__(self) -> int:

@@ -1,9 +1,10 @@
 """Score: one forward and the top-K of every event, for one prepared batch at a time.
 
 :class:`ForwardExecutor` runs them on one scoring thread, at most one batch in flight, so that
-the loop can consume and prepare batch n+1 while batch n's forward runs (``overlap``). It hands
-the finished batch back to whoever asks (:meth:`ForwardExecutor.take`): it never calls up into
-the loop or the processor.
+the loop can consume and prepare batch n+1 while batch n's forward runs (``overlap``). A caller
+that waits for the result anyway (no overlap) has a CPU model score the batch on its own thread
+instead: no hand-off and wake-up per batch. It hands the finished batch back to whoever asks
+(:meth:`ForwardExecutor.take`): it never calls up into the loop or the processor.
 
 Example::
 
@@ -88,14 +89,33 @@ class ForwardExecutor:
         """Whether a batch has been started and not taken yet."""
         return self._inflight is not None
 
-    def start(self, prepared: PreparedBatch | None, pad_rows: int | None = None) -> None:
+    def start(
+        self, prepared: PreparedBatch | None, pad_rows: int | None = None, *, here: bool = False
+    ) -> None:
         """Start a batch's forward (``None``: a collective forward with padding only).
+
+        Args:
+            prepared: the batch.
+            pad_rows: the agreed row count of a collective forward.
+            here: the caller waits for the result anyway: a model on the CPU that replays no
+                CUDA graphs is scored on the calling thread (no hand-off to the scoring thread
+                and back); :meth:`take` returns it all the same.
 
         Raises:
             RuntimeError: the previous batch was not taken yet.
         """
         if self._inflight is not None:
             raise RuntimeError("the previous batch's forward was not taken")
+        scorer = self.scorer
+        # No device to bind, no CUDA graphs recorded on the scoring thread: any thread may run it.
+        if here and scorer.device.type == "cpu" and not scorer.graph_shapes:
+            done: Future[ScoredBatch | None] = Future()
+            try:
+                done.set_result(self._score(prepared, pad_rows))
+            except Exception as exc:
+                done.set_exception(exc)
+            self._inflight = (prepared, done)
+            return
         self._inflight = (prepared, self._pool.submit(self._score, prepared, pad_rows))
 
     def take(self, wait: bool = True) -> tuple[PreparedBatch, ScoredBatch] | None:
@@ -134,7 +154,7 @@ class ForwardExecutor:
             self.scorer.forward_padding(pad_rows)
             return None
         scored = score_batch(self.scorer, prepared, pad_rows)
-        self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
+        self._metrics.observe_stage("forward", time.perf_counter() - start)
         return scored
 
 

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from model.graph_shapes import GraphShape
 from model.serving import Scorer
 from pipeline.metrics import Metrics
 from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
@@ -80,4 +81,43 @@ def test_a_failed_forward_is_raised_by_take_with_its_batch() -> None:
         executor.take(wait=True)
     assert failed.value.prepared is prepared and isinstance(failed.value.error, RuntimeError)
     assert not executor.busy
+    executor.shutdown()
+
+
+def test_a_cpu_batch_the_caller_waits_for_is_scored_on_the_calling_thread() -> None:
+    scorer = GatedScorer()
+    scorer.gate.set()
+    executor = ForwardExecutor(scorer, Metrics())
+    prepared = prepared_batch([user_event(3)], scorer)
+    executor.start(prepared, here=True)
+    assert scorer.threads == {threading.current_thread().name}
+    assert executor.busy
+    done = executor.take(wait=False)  # already done: no wait
+    assert done is not None and done[0] is prepared and done[1].counts.tolist() == [2]
+    assert not executor.busy
+    executor.shutdown()
+
+
+def test_a_failure_on_the_calling_thread_is_raised_by_take_too() -> None:
+    scorer = tiny_scorer()
+    executor = ForwardExecutor(scorer, Metrics())
+    prepared = prepared_batch([user_event(3)], scorer)
+    prepared.staged.model_input.dense = prepared.staged.model_input.dense[:, :1]
+    executor.start(prepared, here=True)
+    with pytest.raises(ForwardFailed) as failed:
+        executor.take(wait=True)
+    assert failed.value.prepared is prepared and isinstance(failed.value.error, RuntimeError)
+    executor.shutdown()
+
+
+def test_cuda_graph_models_stay_on_the_scoring_thread() -> None:
+    """A model replaying CUDA graphs recorded them on the scoring thread: ``here`` is ignored."""
+    scorer = GatedScorer()
+    scorer.gate.set()
+    executor = ForwardExecutor(scorer, Metrics())
+    prepared = prepared_batch([user_event(3)], scorer)
+    scorer.graph_shapes = (GraphShape(rows=4, values_per_key=(4, 4, 4, 4, 4, 16)),)
+    executor.start(prepared, here=True)
+    assert executor.take(wait=True) is not None
+    assert all(name.startswith("forward") for name in scorer.threads)
     executor.shutdown()
