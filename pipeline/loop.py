@@ -7,8 +7,10 @@ Follow one message through :meth:`ScoringPipeline.run`, in the order the data fl
    or a reject reason per message; each message is decoded once.
 3. **batch** (:mod:`pipeline.stages.batch`): the events that fit join the open micro-batch;
    the admitted messages' offsets join the open checkpoint (:mod:`pipeline.stages.commit`)
-   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). When to
-   score is the stepper's decision (:mod:`pipeline.stepping`, agreed across ranks).
+   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). Whether
+   the batch is ready is the batch policy's call (:mod:`pipeline.batch_policy`: as soon
+   as the scorer is free, within a latency budget); when to score is the stepper's decision
+   (:mod:`pipeline.stepping`, agreed across ranks).
 4. **process** (:class:`~pipeline.processor.BatchProcessor`): enrich -> features -> forward ->
    top-K -> publish for the closed batch and the checkpoint cut for it.
 5. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
@@ -31,6 +33,7 @@ from model.rank import RankContext
 from model.serving import Scorer
 from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.backpressure import BackpressuredProducer
+from pipeline.batch_policy import BatchPolicy
 from pipeline.config import Settings
 from pipeline.delivery_settings import Guarantee
 from pipeline.kafka_io import ClientFactory, connect
@@ -107,6 +110,7 @@ class ScoringPipeline:
             self.metrics,
         )
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
+        self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
         self.stepper: Stepper = stepper or LocalStepper(self.metrics)
         self.collective = not isinstance(self.stepper, LocalStepper)
         overlap = batching.overlap_forward
@@ -192,7 +196,6 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
-            source.held_back,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         rebalance = RebalanceHandler(source, self.batcher, checkpointer, processor, self.collective)
@@ -202,23 +205,28 @@ class ScoringPipeline:
     def _loop(self, run: _Run, exit_when_idle_s: float | None, max_events: int | None) -> None:
         """One step per iteration. Every rank runs the same number of iterations."""
         batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
+        processor, policy = run.processor, self.policy
         poll_s = self.stepper.poll_timeout_s
-        # Never wait longer than half the delay budget for a batch's first event, or past an
-        # open batch's deadline.
-        first_wait_s = min(poll_s, batcher.max_delay_s / 2)
         while True:
-            # consume
+            # consume: what is queued at once; block only while there is nothing to do
             if not (source.backlog or batcher.waiting or batcher.is_complete or batcher.full):
-                source.poll(min(poll_s, batcher.time_left() if len(batcher) else first_wait_s))
+                free, now = not processor.busy, time.monotonic()
+                _, wait_s = policy.decide(batcher.rows, batcher.oldest, now, free, source.drained)
+                source.poll(min(poll_s, wait_s))
             # decode -> batch
             self._fill_batch(run, max_events)
             # when to score (agreed across ranks)
+            drained = source.drained and not source.backlog and not batcher.waiting
+            score_now, _ = policy.decide(
+                batcher.rows, batcher.oldest, time.monotonic(), not processor.busy, drained
+            )
+            ready = batcher.full or batcher.is_complete or score_now
             idle = self._idle(source.last_activity, exit_when_idle_s, source.backlog)
             stop_requested = self.shutdown.requested or (
                 max_events is not None and self.summary.events_in >= max_events
             )
             step = self.stepper.agree(
-                batcher.ready(), batcher.rows, stop_requested, idle, run.processor.needs_isolation
+                ready, batcher.rows, stop_requested, idle, processor.needs_isolation
             )
             # process
             if step.isolate:  # a rank's batch failed after the collective forward
@@ -230,6 +238,8 @@ class ScoringPipeline:
             elif not len(batcher):
                 checkpointer.seal_open()  # offsets of dead-lettered messages alone
             run.processor.collect(wait=step.stop)
+            for rows, seconds in run.processor.take_costs():
+                policy.cost.observe(rows, seconds)
             # commit
             checkpointer.commit_ready()
             if step.stop:
@@ -248,7 +258,7 @@ class ScoringPipeline:
         the open checkpoint, their rejects go to the dead-letter topic."""
         batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
         while True:
-            admitted = batcher.admit()
+            admitted = batcher.admit(self.policy.row_cap(batcher.oldest, time.monotonic()))
             if admitted is not None:
                 checkpointer.consumed(admitted.topic, admitted.partitions, admitted.offsets)
                 for index, rejection in admitted.rejections:
@@ -262,12 +272,13 @@ class ScoringPipeline:
                 limit = min(limit, max_events - self._taken)
             if batcher.is_complete or batcher.full or limit <= 0:
                 return
+            arrived = source.head_arrival
             messages = source.take(limit)
             if not messages:
                 return
             self._taken += len(messages)
             with self.metrics.stage("decode"):
-                batcher.queue(self.decoder.decode(source.topic, messages))
+                batcher.queue(self.decoder.decode(source.topic, messages), arrived)
 
     def _idle(
         self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int

@@ -369,11 +369,13 @@ class PreparedBatch:
         batch: the events, their messages and checkpoint.
         enrichment: their Redis features.
         staged: dense tensor + KJT on (or being copied to) the model's device.
+        prepare_s: seconds its enrich and features took.
     """
 
     batch: Batch
     enrichment: Enrichment
     staged: StagedInput
+    prepare_s: float = 0.0
 
 
 @dataclass
@@ -385,9 +387,11 @@ class ScoredBatch:
         item_ids: int64[counts.sum()].
         scores: float64[counts.sum()].
         model_version: of the model that scored the batch.
+        forward_s: seconds its forward and top-K took.
     """
 
     counts: Int64Array
     item_ids: Int64Array
     scores: npt.NDArray[np.float64]
     model_version: str
+    forward_s: float = 0.0

@@ -134,7 +134,8 @@ class ForwardExecutor:
             self.scorer.forward_padding(pad_rows)
             return None
         scored = score_batch(self.scorer, prepared, pad_rows)
-        self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
+        scored.forward_s = time.perf_counter() - start
+        self._metrics.stage_seconds.labels(stage="forward").observe(scored.forward_s)
         return scored
 
 
