@@ -7,10 +7,25 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    RECOMMENDATION_V1_SCHEMA_FILE,
+    RecordCodec,
+)
 from pipeline.avro.rules import epoch_millis
 from pipeline.config import Settings
 from pipeline.kafka_io import make_consumer
+
+
+def recommendation_codec(settings: Settings) -> RecordCodec:
+    """The codec readers of the output topic use: the current Recommendation schema, and
+    the previous one for records written before it (raw framing)."""
+    return RecordCodec(
+        settings.codec,
+        RECOMMENDATION_SCHEMA_FILE,
+        settings.topics.output,
+        previous=[RECOMMENDATION_V1_SCHEMA_FILE],
+    )
 
 
 def read_recommendations(
@@ -31,9 +46,12 @@ def read_recommendations(
         from_beginning: start at the earliest offset for a new group.
 
     Yields:
-        Decoded records; ``scored_at`` is epoch milliseconds.
+        Decoded records; ``scored_at`` is epoch milliseconds. Records written before the
+        schema gained ``retrieved`` read as ``retrieved = False`` (in raw framing they are
+        decoded with the previous schema, ``schemas/v1``; in Confluent framing the registry
+        resolves them).
     """
-    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    codec = recommendation_codec(settings)
     consumer = make_consumer(
         settings.kafka,
         group_id=group_id or f"streamrank-consume-{uuid.uuid4().hex[:8]}",
