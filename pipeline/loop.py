@@ -4,7 +4,8 @@ Follow one message through :meth:`ScoringPipeline.run`, in the order the data fl
 
 1. **consume** (:mod:`pipeline.stages.source`): ``consume`` fills a bounded backlog.
 2. **decode** (:mod:`pipeline.stages.decode`): a run of messages -> validated event columns,
-   or a reject reason per message; each message is decoded once.
+   or a reject reason per message; each message is decoded once. Events without candidates
+   get retrieved ones right away (:mod:`pipeline.retrieve`, with ``[retrieval]`` on).
 3. **batch** (:mod:`pipeline.stages.batch`): the events that fit join the open micro-batch;
    the admitted messages' offsets join the open checkpoint (:mod:`pipeline.stages.commit`)
    and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). When to
@@ -13,6 +14,9 @@ Follow one message through :meth:`ScoringPipeline.run`, in the order the data fl
    top-K -> publish for the closed batch and the checkpoint cut for it.
 5. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
    guard is acknowledged.
+
+Between two steps the served model version may change (:mod:`pipeline.model_swap`: agreed in
+the step, carried out here when nothing decoded waits for a batch and no forward is in flight).
 
 Rebalances are handled by :mod:`pipeline.rebalance`; Kafka clients come from a
 :data:`~pipeline.kafka_io.ClientFactory` (the real broker by default, fakes in unit tests).
@@ -26,6 +30,7 @@ import signal
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from model.rank import RankContext
 from model.serving import Scorer
@@ -35,9 +40,11 @@ from pipeline.config import Settings
 from pipeline.delivery_settings import Guarantee
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
+from pipeline.model_swap import ModelSwap, SwapAction
 from pipeline.processor import BatchProcessor
 from pipeline.rebalance import RebalanceHandler
 from pipeline.records import Batch
+from pipeline.retrieve import CandidateRetriever
 from pipeline.shutdown import Shutdown
 from pipeline.stages.batch import MicroBatcher
 from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
@@ -47,8 +54,11 @@ from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.publish import RecommendationSink
 from pipeline.stages.score import ForwardExecutor
 from pipeline.stages.source import KafkaSource
-from pipeline.stepping import LocalStepper, Stepper
+from pipeline.stepping import NO_SWAP, LocalStepper, StepDecision, Stepper
 from pipeline.summary import RunSummary
+
+if TYPE_CHECKING:
+    from model.retrieval import RetrievalIndex
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +86,10 @@ class ScoringPipeline:
             :class:`~pipeline.stepping.CollectiveStepper` for the ranks of a sharded model.
         clients: builds the Kafka clients (default :func:`pipeline.kafka_io.connect`).
         rank: this process's place in the job (the transactional id of exactly-once).
+        index: the served version's retrieval index (``None``: events without candidates
+            are dead-lettered, ``no_candidates``).
+        models: follows a versions directory and swaps new versions in
+            (:class:`~pipeline.model_swap.ModelSwap`); ``None``: the model never changes.
 
     Example::
 
@@ -92,13 +106,19 @@ class ScoringPipeline:
         stepper: Stepper | None = None,
         clients: ClientFactory = connect,
         rank: RankContext | None = None,
+        index: RetrievalIndex | None = None,
+        models: ModelSwap | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
-        spec, batching = scorer.spec, settings.batching
-        self.decoder = MessageDecoder(settings.codec, recent_cap=spec.recent_items_cap)
+        spec, batching, retrieval = scorer.spec, settings.batching, settings.retrieval
+        self.decoder = MessageDecoder(
+            settings.codec, recent_cap=spec.recent_items_cap, retrieve=retrieval.enabled
+        )
+        self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
+        self.models = models
         self.enricher: BatchEnricher = enricher or FeatureEnricher(
             settings.redis,
             spec.user_dense_dim,
@@ -151,6 +171,8 @@ class ScoringPipeline:
         """
         run = self._run = self._start()
         started = time.monotonic()
+        if self.models is not None:
+            self.models.start()
         try:
             self._loop(run, exit_when_idle_s, max_events)
             run.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
@@ -161,6 +183,8 @@ class ScoringPipeline:
             self.summary.seconds = time.monotonic() - started
             self.summary.first_input_at = run.source.first_input_at
             self.metrics.set_up(False)
+            if self.models is not None:
+                self.models.stop()
             run.source.close()
             run.processor.close()
         return self.summary
@@ -217,7 +241,10 @@ class ScoringPipeline:
             stop_requested = self.shutdown.requested or (
                 max_events is not None and self.summary.events_in >= max_events
             )
-            step = self.stepper.agree(batcher.ready(), batcher.rows, stop_requested, idle)
+            holding = self.models is not None and self.models.holding
+            ready = batcher.ready() or (holding and len(batcher) > 0)  # a swap waits for it
+            offer = self.models.offer(not batcher.waiting) if self.models else NO_SWAP
+            step = self.stepper.agree(ready, batcher.rows, stop_requested, idle, offer)
             # process
             if step.run or step.stop:
                 closed = batcher.close()
@@ -226,6 +253,8 @@ class ScoringPipeline:
             elif not len(batcher):
                 checkpointer.seal_open()  # offsets of dead-lettered messages alone
             run.processor.collect(wait=step.stop)
+            if self.models is not None and not step.stop:
+                self._follow_models(run, step)
             # commit
             checkpointer.commit_ready()
             if step.stop:
@@ -250,14 +279,42 @@ class ScoringPipeline:
             limit = self.settings.batching.consume_batch_size
             if max_events is not None:
                 limit = min(limit, max_events - self._taken)
-            if batcher.is_complete or batcher.full or limit <= 0:
+            holding = self.models is not None and self.models.holding
+            if batcher.is_complete or batcher.full or limit <= 0 or holding:
                 return
             messages = source.take(limit)
             if not messages:
                 return
             self._taken += len(messages)
             with self.metrics.stage("decode"):
-                batcher.queue(self.decoder.decode(source.topic, messages))
+                decoded = self.decoder.decode(source.topic, messages)
+            batcher.queue(self.retriever.fill(decoded))
+
+    def _follow_models(self, run: _Run, step: StepDecision) -> None:
+        """After a step: swap in the agreed model version once every batcher is empty.
+
+        The scorer of the processor and executor and the retriever's index switch together,
+        between two batches (the batch in flight is published first), so every event of a
+        batch is scored by one version, with candidates retrieved by that version.
+        """
+        assert self.models is not None
+        action = self.models.decide(step.swap, batches_empty=step.run or step.rows == 0)
+        if action is not SwapAction.SWAP:
+            return
+        run.processor.collect(wait=True)  # no forward in flight from here on
+        served = self.models.complete(self.stepper)
+        if served is None:
+            return
+        try:
+            run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
+        except Exception as exc:
+            if self.collective:  # a collective warm-up failed: the ranks cannot go on apart
+                raise
+            self.models.failed(served, exc)
+            return
+        self.scorer = served.scorer
+        self.retriever.index = served.index
+        self.models.swapped(served)
 
     def _idle(
         self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int

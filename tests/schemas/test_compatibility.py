@@ -135,7 +135,9 @@ def test_retrieved_is_appended_last_with_a_default() -> None:
 
 
 def test_the_shipped_previous_schema_is_v1() -> None:
-    shipped = fastavro.parse_schema(json.loads((REPO / "schemas/v1/recommendation.avsc").read_text()))
+    shipped = fastavro.parse_schema(
+        json.loads((REPO / "schemas/v1/recommendation.avsc").read_text())
+    )
     assert to_parsing_canonical_form(shipped) == to_parsing_canonical_form(REC_V1)
 
 

@@ -186,9 +186,9 @@ def test_an_event_without_candidates_is_valid_only_with_retrieval() -> None:
     events, accepted, rejections = MessageDecoder(LIMITS, RECENT_CAP).decode_values(values)
     assert accepted.tolist() == [1]
     assert [(i, r.reason) for i, r in rejections] == [(0, RejectReason.NO_CANDIDATES)]
-    events, accepted, rejections = MessageDecoder(
-        LIMITS, RECENT_CAP, retrieve=True
-    ).decode_values(values)
+    events, accepted, rejections = MessageDecoder(LIMITS, RECENT_CAP, retrieve=True).decode_values(
+        values
+    )
     assert accepted.tolist() == [0, 1] and rejections == []
     assert events.candidate_counts.tolist() == [0, 2]
     assert events.recent_counts.tolist() == [2, 2]
