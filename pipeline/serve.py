@@ -24,6 +24,7 @@ from model.rank import RankContext
 from model.versions import is_versions_dir, resolve_checkpoint
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
+from pipeline.kafka_io import ClientFactory, connect
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.model_loader import ModelLoader
@@ -104,6 +105,7 @@ def build_pipeline(
     metrics: Metrics,
     checkpoint: Path | None = None,
     enricher: BatchEnricher | None = None,
+    clients: ClientFactory = connect,
 ) -> ScoringPipeline:
     """The scoring loop of this process, its model version loaded (collective with ranks).
 
@@ -118,6 +120,7 @@ def build_pipeline(
         metrics: the process's metrics.
         checkpoint: the checkpoint directory to serve (default ``model.checkpoint``).
         enricher: the feature source (default: Redis as configured).
+        clients: builds the Kafka clients (default: the configured broker).
 
     Returns:
         The pipeline, ready to :meth:`~pipeline.loop.ScoringPipeline.run`.
@@ -144,6 +147,7 @@ def build_pipeline(
         enricher=enricher,
         stepper=stepper,
         rank=rank,
+        clients=clients,
         index=served.index,
         models=_follow_versions(settings, loader, checkpoint, metrics),
     )
