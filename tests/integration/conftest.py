@@ -164,6 +164,8 @@ class BackgroundPipeline:
         settings: the run's settings.
         scorer: the model (default: the settings' checkpoint).
         enricher: the feature source (default: Redis as configured).
+        pipeline: a pipeline built already (e.g. by :func:`pipeline.serve.build_pipeline`,
+            which also loads the retrieval index and follows a versions directory).
     """
 
     def __init__(
@@ -171,8 +173,9 @@ class BackgroundPipeline:
         settings: Settings,
         scorer: Scorer | None = None,
         enricher: BatchEnricher | None = None,
+        pipeline: ScoringPipeline | None = None,
     ) -> None:
-        self.pipeline = ScoringPipeline(
+        self.pipeline = pipeline or ScoringPipeline(
             settings, scorer or checkpoint_scorer(settings), enricher=enricher
         )
         self.summary: RunSummary | None = None
