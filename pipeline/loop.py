@@ -305,6 +305,7 @@ class ScoringPipeline:
         served = self.models.complete(self.stepper)
         if served is None:
             return
+        start = time.perf_counter()
         try:
             run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
         except Exception as exc:
@@ -314,7 +315,7 @@ class ScoringPipeline:
             return
         self.scorer = served.scorer
         self.retriever.index = served.index
-        self.models.swapped(served)
+        self.models.swapped(served, warm_up_s=time.perf_counter() - start)
 
     def _idle(
         self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int

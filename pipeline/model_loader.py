@@ -158,7 +158,6 @@ class ModelLoader:
 
         meta = load_meta(checkpoint)
         self._check_compatible(meta.spec)
-        index = self._index(checkpoint)
         scorer = None
         if self.rank.distributed:
             _verify_weights(checkpoint)
@@ -166,6 +165,7 @@ class ModelLoader:
             from model.serving import ScorerFactory
 
             scorer = ScorerFactory(self.options(checkpoint), self.rank).create_scorer()
+        index = self._index(checkpoint)  # after the weights: a corrupt version fails first
         return PendingModel(checkpoint, meta.model_version, index, scorer)
 
     def complete(self, pending: PendingModel) -> ServedModel:

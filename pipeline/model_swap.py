@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from pipeline.model_loader import ModelLoader, PendingModel, ServedModel
@@ -94,6 +95,7 @@ class ModelSwap:
         self._committed = False
         self._resolved = 0
         """The latest generation swapped in or discarded (never offered again)."""
+        self._built_s = 0.0
 
     @property
     def holding(self) -> bool:
@@ -158,7 +160,10 @@ class ModelSwap:
             if candidate is not None and candidate.generation == generation:
                 self.watcher.report_failure(candidate.version, "it failed to load on another rank")
             return SwapAction.DISCARD
-        self._committed = True
+        if not self._committed:
+            self._committed = True
+            version = self._candidate.version if self._candidate is not None else "?"
+            log.info("model version %s is ready everywhere: swapping it in next", version)
         if agreed.drained and batches_empty:
             return SwapAction.SWAP
         return SwapAction.HOLD
@@ -180,6 +185,8 @@ class ModelSwap:
         self._resolved = candidate.generation
         served: ServedModel | None = None
         error = ""
+        log.info("swapping model version %s in (agreed)", candidate.version)
+        start = time.perf_counter()
         try:
             served = self._loader.complete(candidate.model)
         except Exception as exc:  # a version that cannot be built keeps the old one serving
@@ -187,10 +194,25 @@ class ModelSwap:
         if not stepper.all_ok(served is not None):
             self.watcher.report_failure(candidate.version, error or "it failed on another rank")
             return None
+        self._built_s = time.perf_counter() - start
         return served
 
-    def swapped(self, served: ServedModel) -> None:
-        """The loop serves ``served`` now (metrics, the watcher's served version)."""
+    def swapped(self, served: ServedModel, warm_up_s: float) -> None:
+        """The loop serves ``served`` now (metrics, the watcher's served version).
+
+        Args:
+            served: the new version.
+            warm_up_s: how long its warm-up on the scoring thread took (logged with the time
+                :meth:`complete` took: the loop's pause for the swap).
+        """
+        log.info(
+            "model version %s serving: the loop paused %.3fs for it (%.3fs built here, "
+            "%.3fs warm-up)",
+            served.version,
+            self._built_s + warm_up_s,
+            self._built_s,
+            warm_up_s,
+        )
         self.watcher.swapped(served.version)
         if self._metrics is not None:
             self._metrics.embedding_bytes.set(served.scorer.embedding_bytes())

@@ -345,10 +345,17 @@ def produced_count(settings: Settings, topic: str | None = None) -> int:
 
 
 def wait_for_outputs(settings: Settings, at_least: int, timeout_s: float = 180.0) -> int:
-    """Poll the output topic's size every 0.2 s until it reaches ``at_least``."""
+    """Poll the output topic's size every 0.2 s until it reaches ``at_least`` (a topic created
+    a moment ago may not have its partition leaders yet: asked again)."""
+    from confluent_kafka import KafkaException
+
     deadline = time.monotonic() + timeout_s
-    count = produced_count(settings)
+    count = -1
     while count < at_least and time.monotonic() < deadline:
-        time.sleep(0.2)
-        count = produced_count(settings)
+        if count >= 0:
+            time.sleep(0.2)
+        try:
+            count = produced_count(settings)
+        except KafkaException:
+            count = max(count, 0)
     return count

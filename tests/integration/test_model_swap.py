@@ -210,6 +210,7 @@ def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
         extra_env={
             "STREAMRANK_MODEL_SWAP__POLL_INTERVAL_S": "0.3",
             "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128",
+            "COLUMNS": "400",  # log lines unwrapped
         },
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
@@ -218,7 +219,7 @@ def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
 
     def wait_for_lines(text: str, count: int, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
-        while log_file.read_text().count(text) < count:
+        while " ".join(log_file.read_text().split()).count(text) < count:
             assert proc.poll() is None, log_file.read_text()[-4000:]
             assert time.monotonic() < deadline, f"no {text!r}: {log_file.read_text()[-4000:]}"
             time.sleep(0.2)

@@ -91,7 +91,7 @@ def test_one_process_holds_until_drained_then_swaps(versions: ModelVersions) -> 
     assert swap.decide(offer, batches_empty=True) is SwapAction.SWAP
     served = swap.complete(LocalStepper())
     assert served is not None and served.version == "v2"
-    swap.swapped(served)
+    swap.swapped(served, warm_up_s=0.0)
     assert not swap.holding
     assert ("swapped", "v1", "v2") in seen.calls
     # v3 (loaded during the hold) is the next offer
