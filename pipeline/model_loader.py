@@ -138,13 +138,16 @@ class ModelLoader:
             UnsupportedOption: a ``[model]`` option this job cannot serve.
             FileNotFoundError / ValueError: a missing, corrupt or incompatible checkpoint.
         """
-        return self.complete(self.load_local(checkpoint))
+        return self.complete(self.load_local(checkpoint, check_weights=False))
 
-    def load_local(self, checkpoint: Path) -> PendingModel:
+    def load_local(self, checkpoint: Path, check_weights: bool = True) -> PendingModel:
         """Everything that needs no other rank (safe on a background thread).
 
         Args:
             checkpoint: the version's checkpoint directory.
+            check_weights: with several ranks, read the weights against their digest now
+                (``False`` at start-up, where a failure stops the job anyway and the sharded
+                load checks the digest again).
 
         Returns:
             The pending version.
@@ -160,7 +163,8 @@ class ModelLoader:
         self._check_compatible(meta.spec)
         scorer = None
         if self.rank.distributed:
-            _verify_weights(checkpoint)
+            if check_weights:
+                _verify_weights(checkpoint)
         else:
             from model.serving import ScorerFactory
 
