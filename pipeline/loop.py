@@ -137,6 +137,8 @@ class ScoringPipeline:
         self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
+        self._busy_at = 0.0
+        """Monotonic time the loop last had events to batch or score."""
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -320,13 +322,16 @@ class ScoringPipeline:
     def _idle(
         self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int
     ) -> bool:
-        """No input for ``exit_when_idle_s`` (counted once in the group) and nothing open."""
+        """No input and nothing to do for ``exit_when_idle_s`` (counted once in the group): a
+        loop that spent longer than that scoring what one poll brought is not idle when it is
+        done (a rebalance may be what keeps the next poll empty)."""
         batcher = self.batcher
+        now = time.monotonic()
+        if len(batcher) or batcher.waiting or backlog:
+            self._busy_at = now
+            return False
         return (
             exit_when_idle_s is not None
             and last_activity is not None
-            and not len(batcher)
-            and not batcher.waiting
-            and not backlog
-            and time.monotonic() - last_activity >= exit_when_idle_s
+            and now - max(last_activity, self._busy_at) >= exit_when_idle_s
         )

@@ -77,6 +77,8 @@ class Stream:
     def __init__(self, settings: Settings, world: SyntheticWorld, n: int, rate: float) -> None:
         self.settings, self.world, self.n, self.rate = settings, world, n, rate
         self.ids: list[str] = []
+        self.asks: set[str] = set()
+        """Ids of the events sent without candidates."""
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -104,6 +106,7 @@ class Stream:
                 record["event_time"] = int(time.time() * 1000)
                 if i % 5 == 4:
                     record["candidate_item_ids"] = []
+                    self.asks.add(record["event_id"])
                 key = str(record["user_id"]).encode()
                 produce(producer, settings.topics.input, codec.encode(record), key=key)
                 self.ids.append(record["event_id"])
@@ -111,6 +114,14 @@ class Stream:
             assert producer.flush(30) == 0
         except BaseException as exc:
             self.error = exc
+
+
+def warm_up(settings: Settings, world: SyntheticWorld, timeout_s: float = 120) -> Stream:
+    """A few events, answered before the stream starts: the pipeline is up and scoring."""
+    warm = Stream(settings, world, n=25, rate=500).start()
+    n = len(warm.join())
+    assert wait_for_outputs(settings, n, timeout_s) >= n, "the pipeline is not up"
+    return warm
 
 
 def input_positions(settings: Settings, expected: int) -> dict[str, tuple[int, int]]:
@@ -135,7 +146,10 @@ def input_positions(settings: Settings, expected: int) -> dict[str, tuple[int, i
 
 
 def assert_switched_once_in_order(
-    recs: list[dict[str, Any]], ids: list[str], positions: dict[str, tuple[int, int]]
+    recs: list[dict[str, Any]],
+    ids: list[str],
+    asks: set[str],
+    positions: dict[str, tuple[int, int]],
 ) -> dict[int, list[str]]:
     """0 missing, 0 duplicates, and per input partition (by offset) the old version's outputs
     then the new one's. Returns the versions per partition."""
@@ -151,7 +165,7 @@ def assert_switched_once_in_order(
         switch = seen.index(NEW) if NEW in seen else len(seen)
         assert seen == [OLD] * switch + [NEW] * (len(seen) - switch), partition
     retrieved = [r for r in recs if r["retrieved"]]
-    assert len(retrieved) == sum(1 for i in range(len(ids)) if i % 5 == 4)
+    assert {r["event_id"] for r in retrieved} == asks  # answered from the index
     assert all(len(r["items"]) > 0 for r in retrieved)
     return versions
 
@@ -166,9 +180,10 @@ def test_one_process_swaps_mid_stream_and_keeps_a_corrupt_version_out(
         swap_settings, RankContext(), Metrics(), checkpoint=versions.current_path()
     )
     bp = background_pipeline(swap_settings, pipeline=pipeline)
+    warm = warm_up(swap_settings, world)
     stream = Stream(swap_settings, world, n=1500, rate=150).start()
     registry = pipeline.metrics.registry
-    assert wait_for_outputs(swap_settings, 300) >= 300
+    assert wait_for_outputs(swap_settings, len(warm.ids) + 300) >= len(warm.ids) + 300
     versions.promote(CORRUPT)
     deadline = time.monotonic() + 60
     while registry.get_sample_value("streamrank_model_load_failures_total") != 1:
@@ -179,12 +194,13 @@ def test_one_process_swaps_mid_stream_and_keeps_a_corrupt_version_out(
     while registry.get_sample_value("streamrank_model_swaps_total") != 1:
         assert time.monotonic() < deadline + 60, "the new version was not swapped in"
         time.sleep(0.1)
-    ids = stream.join()
+    ids = warm.ids + stream.join()
     recs = collect(swap_settings, expected=len(ids))
     bp.stop()
 
+    asks = warm.asks | stream.asks
     versions_seen = assert_switched_once_in_order(
-        recs, ids, input_positions(swap_settings, len(ids))
+        recs, ids, asks, input_positions(swap_settings, len(ids))
     )
     assert all(OLD in seen and NEW in seen for seen in versions_seen.values())  # mid-stream
     assert CORRUPT not in {r["model_version"] for r in recs}
@@ -210,11 +226,13 @@ def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
         extra_env={
             "STREAMRANK_MODEL_SWAP__POLL_INTERVAL_S": "0.3",
             "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128",
+            "STREAMRANK_BATCHING__CONSUME_BATCH_SIZE": "100",
             "COLUMNS": "400",  # log lines unwrapped
         },
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
     )
+    warm = warm_up(swap_settings, world, timeout_s=240)
     stream = Stream(swap_settings, world, n=1200, rate=100).start()
 
     def wait_for_lines(text: str, count: int, timeout_s: float = 120) -> None:
@@ -224,17 +242,19 @@ def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
             assert time.monotonic() < deadline, f"no {text!r}: {log_file.read_text()[-4000:]}"
             time.sleep(0.2)
 
-    assert wait_for_outputs(swap_settings, 200) >= 200, log_file.read_text()[-4000:]
+    seen = wait_for_outputs(swap_settings, len(warm.ids) + 200)
+    assert seen >= len(warm.ids) + 200, log_file.read_text()[-4000:]
     versions.promote(CORRUPT)
     wait_for_lines(f"model version {CORRUPT} failed to load, still serving {OLD}", 2)
     versions.promote(NEW)
     wait_for_lines(f"model swapped: {OLD} -> {NEW}", 2)
-    ids = stream.join()
+    ids = warm.ids + stream.join()
     assert proc.wait(300) == 0, log_file.read_text()[-4000:]
     recs = collect(swap_settings, expected=len(ids))
 
+    asks = warm.asks | stream.asks
     versions_seen = assert_switched_once_in_order(
-        recs, ids, input_positions(swap_settings, len(ids))
+        recs, ids, asks, input_positions(swap_settings, len(ids))
     )
     assert any(OLD in seen and NEW in seen for seen in versions_seen.values())
     assert CORRUPT not in {r["model_version"] for r in recs}
