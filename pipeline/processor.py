@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from model.serving import Scorer
 from pipeline.isolation import bisect, is_isolatable
 from pipeline.metrics import Metrics
 from pipeline.records import Batch, PreparedBatch, RejectedMessage, RejectReason, ScoredBatch
@@ -175,6 +176,21 @@ class BatchProcessor:
         """The whole path for ``batch`` now, on this thread (e.g. before a revocation)."""
         self.submit(batch)
         self.collect(wait=True)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The model that scores the next batch."""
+        return self._executor.scorer
+
+    def swap_scorer(self, scorer: Scorer) -> None:
+        """Publish the batch in flight, then score every later batch with ``scorer`` (warmed
+        up on the scoring thread first: :meth:`ForwardExecutor.swap`).
+
+        Raises:
+            Exception: what the warm-up raised (the old model keeps serving).
+        """
+        self.collect(wait=True)
+        self._executor.swap(scorer)
 
     def close(self) -> None:
         """Stop the scoring thread."""
