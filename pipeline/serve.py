@@ -1,10 +1,12 @@
 """Serving one process of a job: build the scorer, start the loop, report what it did.
 
 One path for a single process and for each rank of a sharded job (``streamrank run --nproc N``
-starts the ranks under torchrun: :mod:`pipeline.launch`). The model comes from one factory
-(:class:`~model.serving.ScorerFactory`: device, load, shard or quantize, precision, compile,
-warm-up), so both get every ``[model]`` option or refuse it in one line, and both are warm
-before the consumer joins the group. With several ranks, each one also:
+starts the ranks under torchrun: :mod:`pipeline.launch`). The model comes from one loader
+(:class:`~pipeline.model_loader.ModelLoader`: the one :class:`~model.serving.ScorerFactory`
+for device, load, shard or quantize, precision, compile; and the retrieval index), so both get
+every ``[model]`` option or refuse it in one line, and both are warm before the consumer joins
+the group. A versions directory is followed while serving (:mod:`pipeline.model_swap`). With
+several ranks, each one also:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo), plans
    and loads its shards (inside the factory);
@@ -19,16 +21,21 @@ import logging
 from pathlib import Path
 
 from model.rank import RankContext
-from model.serving import ScorerFactory
+from model.versions import is_versions_dir, resolve_checkpoint
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
+from pipeline.kafka_io import ClientFactory, connect
 from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
+from pipeline.model_loader import ModelLoader
+from pipeline.model_swap import ModelSwap
+from pipeline.model_watch import MetricsSwapObserver, ModelWatcher
+from pipeline.stages.enrich import BatchEnricher
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
 from pipeline.summary import RunSummary
 
-__all__ = ["serve"]
+__all__ = ["build_pipeline", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +72,70 @@ def serve(
     """
     if rank.distributed:
         bind_rank_to_launcher()  # dies with torchrun's agent and the launcher (pipeline.lifetime)
-    options = settings.model.serving_options(
-        settings.batching.max_batch_rows, settings.codec.max_candidates, checkpoint
-    )
-    scorer = ScorerFactory(options, rank).create_scorer()
     metrics = Metrics(rank=rank, degradations=degradations)
-    metrics.embedding_bytes.set(scorer.embedding_bytes())
-    metrics.model_info.info({"model_version": scorer.model_version})
-    if degradations and rank.rank == 0:
-        log.warning(
-            "running on %d ranks after %d degradation(s) (streamrank_degradations)",
-            rank.world_size,
-            degradations,
+    try:
+        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
+        if degradations and rank.rank == 0:
+            log.warning(
+                "running on %d ranks after %d degradation(s) (streamrank_degradations)",
+                rank.world_size,
+                degradations,
+            )
+        if settings.metrics.enabled:
+            port = settings.metrics.port + rank.rank if settings.metrics.port else 0
+            metrics.serve(settings.metrics.host, port)
+        pipeline.stop_on_signals()
+        log.info(
+            "scoring %s -> %s (dlq %s) with model %s",
+            settings.topics.input,
+            settings.topics.output,
+            settings.topics.dlq,
+            pipeline.scorer.model_version,
         )
-    if settings.metrics.enabled:
-        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
-        metrics.serve(settings.metrics.host, port)
+        summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
+        return summary, step_stats(metrics) if rank.distributed else {}
+    finally:
+        if rank.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def build_pipeline(
+    settings: Settings,
+    rank: RankContext,
+    metrics: Metrics,
+    checkpoint: Path | None = None,
+    enricher: BatchEnricher | None = None,
+    clients: ClientFactory = connect,
+) -> ScoringPipeline:
+    """The scoring loop of this process, its model version loaded (collective with ranks).
+
+    The model (scorer and retrieval index) comes from :class:`~pipeline.model_loader.
+    ModelLoader`, the same loader that loads later versions; with ``model_swap.enabled`` and
+    ``model.checkpoint`` a versions directory, the pipeline follows its current version
+    (:mod:`pipeline.model_swap`).
+
+    Args:
+        settings: the configuration.
+        rank: this process's place in the job.
+        metrics: the process's metrics.
+        checkpoint: the checkpoint directory to serve (default ``model.checkpoint``).
+        enricher: the feature source (default: Redis as configured).
+        clients: builds the Kafka clients (default: the configured broker).
+
+    Returns:
+        The pipeline, ready to :meth:`~pipeline.loop.ScoringPipeline.run`.
+
+    Example::
+
+        pipeline = build_pipeline(settings, RankContext(), Metrics())
+    """
+    loader = ModelLoader(settings, rank)
+    served = loader.load(checkpoint or settings.model.checkpoint)
+    metrics.embedding_bytes.set(served.scorer.embedding_bytes())
+    metrics.model_info.info({"model_version": served.version})
     stepper: Stepper = LocalStepper(metrics)
     if rank.distributed:
         import torch.distributed as dist
@@ -88,20 +143,33 @@ def serve(
         # The step agreement runs on the loop's thread while the forward's collectives run on
         # the scoring thread: separate groups keep their message orders apart.
         stepper = CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)
-    pipeline = ScoringPipeline(settings, scorer, metrics, stepper=stepper, rank=rank)
-    pipeline.stop_on_signals()
-    log.info(
-        "scoring %s -> %s (dlq %s) with model %s",
-        settings.topics.input,
-        settings.topics.output,
-        settings.topics.dlq,
-        scorer.model_version,
+    return ScoringPipeline(
+        settings,
+        served.scorer,
+        metrics,
+        enricher=enricher,
+        stepper=stepper,
+        rank=rank,
+        clients=clients,
+        index=served.index,
+        models=_follow_versions(settings, loader, checkpoint, metrics),
     )
-    try:
-        summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
-        return summary, step_stats(metrics) if rank.distributed else {}
-    finally:
-        if rank.distributed:
-            import torch.distributed as dist
 
-            dist.destroy_process_group()
+
+def _follow_versions(
+    settings: Settings, loader: ModelLoader, checkpoint: Path | None, metrics: Metrics
+) -> ModelSwap | None:
+    """A :class:`ModelSwap` watching ``model.checkpoint`` when it is a versions directory."""
+    root = settings.model.checkpoint
+    if not settings.model_swap.enabled or not is_versions_dir(root):
+        return None
+    served = checkpoint or resolve_checkpoint(root)
+    watcher = ModelWatcher(
+        root,
+        loader.load_local,
+        served.name,
+        poll_interval_s=settings.model_swap.poll_interval_s,
+        observer=MetricsSwapObserver(metrics),
+    )
+    log.info("following the model versions of %s (serving %s)", root, served.name)
+    return ModelSwap(watcher, loader, metrics)
