@@ -11,24 +11,31 @@ before the consumer joins the group. With several ranks, each one also:
 2. steps with the others (:class:`~pipeline.stepping.CollectiveStepper` on a gloo group of its
    own, so control traffic never syncs the GPU);
 3. is a member of the Kafka consumer group, and commits its own partitions' offsets.
+
+With ``batching.ingest_workers = K`` a process (or each rank) builds and warms up its model the
+same way, then starts K worker processes (:func:`serve_ingest_worker`, each a complete loop
+and consumer-group member whose forwards run here) and becomes their scoring server
+(:mod:`pipeline.ingest`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from model.rank import RankContext
 from model.serving import ScorerFactory
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
+from pipeline.ingest import WorkerAssignment, serve_with_workers, worker_process
 from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
 from pipeline.summary import RunSummary
 
-__all__ = ["serve"]
+__all__ = ["serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,7 @@ def serve(
     max_events: int | None = None,
     degradations: int = 0,
     checkpoint: Path | None = None,
+    worker_setup: Callable[[], object] | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -51,6 +59,8 @@ def serve(
         degradations: times the launcher restarted the job with fewer ranks.
         checkpoint: the checkpoint directory to serve (a versions directory's current version,
             resolved by the caller); default ``model.checkpoint``.
+        worker_setup: with ingest workers, run first in each of them (e.g. the CLI's logging
+            configuration; picklable).
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -78,9 +88,6 @@ def serve(
             rank.world_size,
             degradations,
         )
-    if settings.metrics.enabled:
-        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
-        metrics.serve(settings.metrics.host, port)
     stepper: Stepper = LocalStepper(metrics)
     if rank.distributed:
         import torch.distributed as dist
@@ -88,6 +95,28 @@ def serve(
         # The step agreement runs on the loop's thread while the forward's collectives run on
         # the scoring thread: separate groups keep their message orders apart.
         stepper = CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)
+    if settings.batching.ingest_workers:
+        try:
+            summary = serve_with_workers(
+                settings,
+                rank,
+                scorer,
+                metrics,
+                stepper,
+                serve_ingest_worker,
+                exit_when_idle_s,
+                max_events,
+                worker_setup,
+            )
+            return summary, step_stats(metrics) if rank.distributed else {}
+        finally:
+            if rank.distributed:
+                import torch.distributed as dist
+
+                dist.destroy_process_group()
+    if settings.metrics.enabled:
+        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
+        metrics.serve(settings.metrics.host, port)
     pipeline = ScoringPipeline(settings, scorer, metrics, stepper=stepper, rank=rank)
     pipeline.stop_on_signals()
     log.info(
@@ -105,3 +134,30 @@ def serve(
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def serve_ingest_worker(assignment: WorkerAssignment) -> None:
+    """An ingest worker's process (spawned by its rank): a complete consumer-group member whose
+    forwards run in the rank (:mod:`pipeline.ingest`).
+
+    Args:
+        assignment: what the rank gave it (settings, slots, pipe, share of ``--max-events``).
+
+    Example::
+
+        # spawned by pipeline.ingest.IngestWorkers, never called directly
+        serve_ingest_worker(assignment)
+    """
+    with worker_process(assignment) as worker:
+        pipeline = ScoringPipeline(
+            worker.settings,
+            worker.scorer,
+            worker.metrics,
+            stepper=worker.stepper,
+            rank=assignment.rank,
+        )
+        pipeline.stop_on_signals()
+        summary = pipeline.run(
+            exit_when_idle_s=assignment.exit_when_idle_s, max_events=assignment.max_events
+        )
+        worker.finish(summary)
