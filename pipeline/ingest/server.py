@@ -5,8 +5,9 @@ One loop on the rank's main thread (the thread that bound the device and warmed 
 
 1. **receive**: wait for a message or an exit of any worker (``multiprocessing.connection.wait``
    on the pipes and the process sentinels): score requests queue up in arrival order; metrics
-   and summaries are kept (:mod:`pipeline.ingest.relay`); once every worker is ready, all are
-   told to join the consumer group;
+   and summaries are kept (:mod:`pipeline.ingest.relay`). Before the first step every worker
+   must be ready (with several ranks: every rank's, agreed in one step), then all of them are
+   told to join the consumer group at once;
 2. **agree**: the rank's :class:`~pipeline.stepping.Stepper` decides the step as the loop of one
    process does: alone, score whenever a request waits and stop once every worker is done
    (:class:`~pipeline.stepping.LocalStepper`); with several ranks of a sharded model
@@ -69,8 +70,13 @@ class WorkerPool(Protocol):
         """Notice exits and failures; enforce the stop deadline."""
         ...
 
-    def mark_ready(self, channel: Channel) -> None:
-        """``channel``'s worker is ready to join the group."""
+    @property
+    def ready(self) -> bool:
+        """Every worker is ready to join the group (or has exited)."""
+        ...
+
+    def release(self) -> None:
+        """Tell every ready worker to join the group."""
         ...
 
 
@@ -109,12 +115,13 @@ class ScoringServer:
             Exception: a forward failed with an error of the device or the ranks.
         """
         bind_thread(self._scorer.device)
+        self._start(workers)
         pending = self._pending
         while True:
             # receive
             for channel in workers.wait(0.0 if pending else self._stepper.poll_timeout_s):
                 for message in channel.receive():
-                    self._dispatch(workers, channel, message)
+                    self._dispatch(channel, message)
             workers.check()
             if workers.failure is not None and workers.finished:
                 raise IngestWorkerFailed(workers.failure)
@@ -127,11 +134,24 @@ class ScoringServer:
             if step.stop:
                 return
 
-    def _dispatch(self, workers: WorkerPool, channel: Channel, message: object) -> None:
+    def _start(self, workers: WorkerPool) -> None:
+        """Wait until every worker is ready, agree with the other ranks that theirs are too
+        (one step agreement: a barrier), then let all of them join the group at once."""
+        while not workers.ready:
+            for channel in workers.wait(self._stepper.poll_timeout_s):
+                for message in channel.receive():
+                    self._dispatch(channel, message)
+            workers.check()
+            if workers.failure is not None and workers.finished:
+                raise IngestWorkerFailed(workers.failure)
+        self._stepper.agree(False, 0, False, False)
+        workers.release()
+
+    def _dispatch(self, channel: Channel, message: object) -> None:
         if isinstance(message, ScoreRequest):
             self._pending.append((channel, message))
         elif isinstance(message, WorkerReady):
-            workers.mark_ready(channel)
+            channel.ready = True
         elif isinstance(message, MetricsReport):
             if self._metrics is not None:
                 self._metrics.update(channel.index, message.families)

@@ -115,7 +115,6 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
         SystemExit: 1 when the loop failed (logged first).
     """
     die_with_parent(assignment.parent_pid)
-
     if assignment.setup is not None:
         assignment.setup()
     label = _WorkerLabel(assignment.index)

@@ -265,17 +265,18 @@ class IngestWorkers:
             shape.nbytes / 2**20,
         )
 
-    def mark_ready(self, channel: Channel) -> None:
-        """``channel``'s worker is ready; once all are, every one of them is told to start."""
-        channel.ready = True
-        waiting = [c for c in self.channels if not c.exited]
-        if len(self.channels) == self.settings.batching.ingest_workers and all(
-            c.ready for c in waiting
-        ):
-            for c in waiting:
-                if not c.started:
-                    c.started = True
-                    c.reply(StartConsuming())
+    @property
+    def ready(self) -> bool:
+        """Every worker is ready to join the group (or has exited)."""
+        count = self.settings.batching.ingest_workers
+        return len(self.channels) == count and all(c.ready or c.exited for c in self.channels)
+
+    def release(self) -> None:
+        """Tell every ready worker to join the consumer group now."""
+        for channel in self.channels:
+            if channel.ready and not channel.started:
+                channel.started = True
+                channel.reply(StartConsuming())
 
     def stop(self) -> None:
         """Ask every worker to finish its open batch, commit and exit (signal safe: only

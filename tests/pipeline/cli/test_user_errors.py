@@ -135,6 +135,24 @@ def test_bench_latency_bad_options(run_cli: CliRunner, args: list[str], fragment
     _assert_one_line_user_error(run_cli("bench", "latency", *args), fragment)
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--workers", "one,two"], "--workers"),
+        (["--workers", "0,-1"], "--workers must be >= 0"),
+        (["--events", "0"], "--events"),
+    ],
+)
+def test_bench_ingest_bad_options(run_cli: CliRunner, args: list[str], fragment: str) -> None:
+    _assert_one_line_user_error(run_cli("bench", "ingest", *args), fragment)
+
+
+def test_a_negative_number_of_ingest_workers(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text("[batching]\ningest_workers = -1\n")
+    result = run_cli("run", "--config", str(toml))
+    _assert_one_line_user_error(result, "batching.ingest_workers", "must be >= 0")
+
+
 def test_bench_latency_compare_with_a_file_that_is_not_a_report(
     run_cli: CliRunner, tmp_path: Path
 ) -> None:
