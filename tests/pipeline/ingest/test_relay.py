@@ -50,7 +50,7 @@ def test_worker_counts_add_up_and_the_rank_keeps_its_own_families() -> None:
     assert values[("streamrank_consumer_lag_messages", (("partition", "0"), ("topic", "in")))] == 2
     assert values[("streamrank_embedding_bytes", ())] == 1000
     assert values[("streamrank_rank_step_duration_seconds_count", (("rank", "0"),))] == 1
-    assert text.count("# TYPE streamrank_consumed_messages counter") == 1  # one family each
+    assert text.count("# TYPE streamrank_consumed_messages_total counter") == 1  # one family each
     created = "streamrank_consumed_messages_created"
     sources = [rank, *workers]
     earliest = min(_samples(generate_latest(m.registry).decode())[(created, ())] for m in sources)
