@@ -14,8 +14,9 @@ rank's consumer group, its own producer and commits) is built by the serving ent
    relayed to the rank (:class:`~pipeline.ingest.relay.MetricsRelay`), once every worker of the
    rank is ready (they join the consumer group together: one first assignment over all of them,
    no worker idle while a second one is under way);
-5. at the end sends the run summary (:class:`~pipeline.ingest.transport.WorkerDone`); a failure
-   is logged as one record and the process exits 1.
+5. at the end sends the run summary (:class:`~pipeline.ingest.transport.WorkerDone`) and ends
+   the process without the interpreter's teardown; a failure is logged as one record and the
+   process exits 1.
 
 Example::
 
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -111,10 +114,13 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
     Yields:
         The runtime to build the loop from.
 
-    Raises:
-        SystemExit: 1 when the loop failed (logged first).
+    The process ends when the ``with`` block does: exit status 0, or 1 when the loop raised
+    (logged first as one record).
     """
     die_with_parent(assignment.parent_pid)
+    # Ctrl-C reaches every process of a terminal's group: until its loop handles signals, a
+    # worker leaves SIGINT to its rank, which passes a SIGTERM on.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if assignment.setup is not None:
         assignment.setup()
     label = _WorkerLabel(assignment.index)
@@ -142,8 +148,17 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
     except BaseException as exc:
         relay.stop()
         log.critical("ingest worker %d failed: %r", assignment.index, exc, exc_info=exc)
-        logging.shutdown()
-        sys.exit(1)
-    finally:
-        stepper.leave()
-        link.close()
+        _leave(stepper, link, 1)
+    _leave(stepper, link, 0)
+
+
+def _leave(stepper: WorkerStepper, link: WorkerLink, code: int) -> NoReturn:
+    """End the worker's process now: its clients are closed and its records flushed (or left
+    uncommitted), its summary sent; the interpreter's teardown (seconds for torch, numba and
+    librdkafka on a busy host, during which the rank waits) is skipped, as a rank's is."""
+    stepper.leave()
+    link.close()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
