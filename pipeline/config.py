@@ -153,16 +153,25 @@ class RedisSettings(_Section):
 
 
 class BatchingSettings(_Section):
-    """Dynamic micro-batching: a batch closes at ``max_batch_rows`` or ``max_delay_ms``."""
+    """Dynamic micro-batching (:mod:`pipeline.batch_policy`): a batch is scored as soon
+    as the scorer is free, and at the latest at ``max_batch_rows``, ``max_delay_ms`` or when the
+    latency budget would be exceeded."""
 
     max_batch_rows: int = 4096
     """Rows are (event x candidate) pairs; an event is never split across batches."""
     max_delay_ms: float = 20.0
-    """Longest an event waits for its batch to fill, measured from its arrival."""
+    """Longest an event waits for its batch to be scored, measured from when it was consumed
+    (a free scorer does not wait this long: it waits at most one batch's fixed cost)."""
+    latency_budget_ms: float = 100.0
+    """A batch's oldest event's wait plus the batch's estimated processing time (enrich to
+    publish, learnt online) stays within this: the batch is scored, or cut, before it would not.
+    A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
     consume_batch_size: int = 500
     """Messages asked from Kafka per poll."""
-    max_in_flight_batches: int = 4
-    """Batches produced but not yet acknowledged by the broker before we wait for acks."""
+    max_in_flight_batches: int = 16
+    """Batches produced but not yet acknowledged by the broker before the loop waits for acks
+    (without pausing the input). Batches are small under light load (scored as soon as the
+    scorer is free), so this counts a few milliseconds of producer linger, not a backlog."""
     overlap_forward: bool | None = None
     """Run each batch's forward on a scoring thread while the loop consumes the next batch.
     ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
@@ -185,6 +194,13 @@ class BatchingSettings(_Section):
     def _not_negative(cls, value: int) -> int:
         if value < 0:
             raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("latency_budget_ms")
+    @classmethod
+    def _budget(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
         return value
 
     @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")

@@ -2,7 +2,8 @@
 run ends on SIGTERM/SIGINT.
 
 ``at_least_once`` (default): offsets are committed after every record they guard is
-acknowledged (:mod:`pipeline.stages.commit`); a crash can repeat a few recommendations.
+acknowledged, at most every ``commit_interval_ms`` (:mod:`pipeline.stages.commit`); a crash can
+repeat the recommendations of up to that long.
 
 ``exactly_once``: the recommendations, dead letters and consumed offsets of the batches of each
 ``commit_interval_ms`` go into one Kafka transaction
@@ -38,7 +39,9 @@ class DeliverySettings(BaseModel):
 
     guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
     commit_interval_ms: float = 100.0
-    """exactly_once: a transaction spans the batches of this long, then commits."""
+    """exactly_once: a transaction spans the batches of this long, then commits.
+    at_least_once: the least time between two offset commits (each is a broker request; with
+    batches scored as soon as the scorer is free they can be a few milliseconds apart)."""
     transactional_id: str | None = None
     """exactly_once: the producer's ``transactional.id``; default
     ``<group_id>-<client_id>-<RANK>``. Must be stable across restarts of one member (so a

@@ -4,15 +4,21 @@ Follow one message through :meth:`ScoringPipeline.run`, in the order the data fl
 
 1. **consume** (:mod:`pipeline.stages.source`): ``consume`` fills a bounded backlog.
 2. **decode** (:mod:`pipeline.stages.decode`): a run of messages -> validated event columns,
-   or a reject reason per message; each message is decoded once.
+   or a reject reason per message; each message is decoded once. Events without candidates
+   get retrieved ones right away (:mod:`pipeline.retrieve`, with ``[retrieval]`` on).
 3. **batch** (:mod:`pipeline.stages.batch`): the events that fit join the open micro-batch;
    the admitted messages' offsets join the open checkpoint (:mod:`pipeline.stages.commit`)
-   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). When to
-   score is the stepper's decision (:mod:`pipeline.stepping`, agreed across ranks).
+   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). Whether
+   the batch is ready is the batch policy's call (:mod:`pipeline.batch_policy`: as soon
+   as the scorer is free, within a latency budget); when to score is the stepper's decision
+   (:mod:`pipeline.stepping`, agreed across ranks).
 4. **process** (:class:`~pipeline.processor.BatchProcessor`): enrich -> features -> forward ->
    top-K -> publish for the closed batch and the checkpoint cut for it.
 5. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
    guard is acknowledged.
+
+Between two steps the served model version may change (:mod:`pipeline.model_swap`: agreed in
+the step, carried out here when nothing decoded waits for a batch and no forward is in flight).
 
 Rebalances are handled by :mod:`pipeline.rebalance`; Kafka clients come from a
 :data:`~pipeline.kafka_io.ClientFactory` (the real broker by default, fakes in unit tests).
@@ -26,18 +32,22 @@ import signal
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from model.rank import RankContext
 from model.serving import Scorer
 from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.backpressure import BackpressuredProducer
+from pipeline.batch_policy import BatchPolicy
 from pipeline.config import Settings
 from pipeline.delivery_settings import Guarantee
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.metrics import Metrics
+from pipeline.model_swap import ModelSwap, SwapAction
 from pipeline.processor import BatchProcessor
 from pipeline.rebalance import RebalanceHandler
 from pipeline.records import Batch
+from pipeline.retrieve import CandidateRetriever
 from pipeline.shutdown import Shutdown
 from pipeline.stages.batch import MicroBatcher
 from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
@@ -47,8 +57,11 @@ from pipeline.stages.enrich import BatchEnricher, FeatureEnricher
 from pipeline.stages.publish import RecommendationSink
 from pipeline.stages.score import ForwardExecutor
 from pipeline.stages.source import KafkaSource
-from pipeline.stepping import LocalStepper, Stepper
+from pipeline.stepping import NO_SWAP, LocalStepper, StepDecision, Stepper
 from pipeline.summary import RunSummary
+
+if TYPE_CHECKING:
+    from model.retrieval import RetrievalIndex
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +89,10 @@ class ScoringPipeline:
             :class:`~pipeline.stepping.CollectiveStepper` for the ranks of a sharded model.
         clients: builds the Kafka clients (default :func:`pipeline.kafka_io.connect`).
         rank: this process's place in the job (the transactional id of exactly-once).
+        index: the served version's retrieval index (``None``: events without candidates
+            are dead-lettered, ``no_candidates``).
+        models: follows a versions directory and swaps new versions in
+            (:class:`~pipeline.model_swap.ModelSwap`); ``None``: the model never changes.
 
     Example::
 
@@ -92,13 +109,19 @@ class ScoringPipeline:
         stepper: Stepper | None = None,
         clients: ClientFactory = connect,
         rank: RankContext | None = None,
+        index: RetrievalIndex | None = None,
+        models: ModelSwap | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
-        spec, batching = scorer.spec, settings.batching
-        self.decoder = MessageDecoder(settings.codec, recent_cap=spec.recent_items_cap)
+        spec, batching, retrieval = scorer.spec, settings.batching, settings.retrieval
+        self.decoder = MessageDecoder(
+            settings.codec, recent_cap=spec.recent_items_cap, retrieve=retrieval.enabled
+        )
+        self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
+        self.models = models
         self.enricher: BatchEnricher = enricher or FeatureEnricher(
             settings.redis,
             spec.user_dense_dim,
@@ -107,6 +130,7 @@ class ScoringPipeline:
             self.metrics,
         )
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
+        self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
         self.stepper: Stepper = stepper or LocalStepper(self.metrics)
         self.collective = not isinstance(self.stepper, LocalStepper)
         overlap = batching.overlap_forward
@@ -117,6 +141,8 @@ class ScoringPipeline:
         self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
+        self._busy_at = 0.0
+        """Monotonic time the loop last had events to batch or score."""
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -151,6 +177,8 @@ class ScoringPipeline:
         """
         run = self._run = self._start()
         started = time.monotonic()
+        if self.models is not None:
+            self.models.start()
         try:
             self._loop(run, exit_when_idle_s, max_events)
             run.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
@@ -161,6 +189,8 @@ class ScoringPipeline:
             self.summary.seconds = time.monotonic() - started
             self.summary.first_input_at = run.source.first_input_at
             self.metrics.set_up(False)
+            if self.models is not None:
+                self.models.stop()
             run.source.close()
             run.processor.close()
         return self.summary
@@ -192,7 +222,6 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
-            source.held_back,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         rebalance = RebalanceHandler(source, self.batcher, checkpointer, processor, self.collective)
@@ -202,23 +231,31 @@ class ScoringPipeline:
     def _loop(self, run: _Run, exit_when_idle_s: float | None, max_events: int | None) -> None:
         """One step per iteration. Every rank runs the same number of iterations."""
         batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
+        processor, policy = run.processor, self.policy
         poll_s = self.stepper.poll_timeout_s
-        # Never wait longer than half the delay budget for a batch's first event, or past an
-        # open batch's deadline.
-        first_wait_s = min(poll_s, batcher.max_delay_s / 2)
         while True:
-            # consume
+            # consume: what is queued at once; block only while there is nothing to do
             if not (source.backlog or batcher.waiting or batcher.is_complete or batcher.full):
-                source.poll(min(poll_s, batcher.time_left() if len(batcher) else first_wait_s))
+                free, now = not processor.busy, time.monotonic()
+                _, wait_s = policy.decide(batcher.rows, batcher.oldest, now, free, source.drained)
+                source.poll(min(poll_s, wait_s))
             # decode -> batch
             self._fill_batch(run, max_events)
             # when to score (agreed across ranks)
+            drained = source.drained and not source.backlog and not batcher.waiting
+            score_now, _ = policy.decide(
+                batcher.rows, batcher.oldest, time.monotonic(), not processor.busy, drained
+            )
+            ready = batcher.full or batcher.is_complete or score_now
             idle = self._idle(source.last_activity, exit_when_idle_s, source.backlog)
             stop_requested = self.shutdown.requested or (
                 max_events is not None and self.summary.events_in >= max_events
             )
+            holding = self.models is not None and self.models.holding
+            ready = ready or (holding and len(batcher) > 0)  # a swap waits for it
+            offer = self.models.offer(not batcher.waiting) if self.models else NO_SWAP
             step = self.stepper.agree(
-                batcher.ready(), batcher.rows, stop_requested, idle, run.processor.needs_isolation
+                ready, batcher.rows, stop_requested, idle, processor.needs_isolation, offer
             )
             # process
             if step.isolate:  # a rank's batch failed after the collective forward
@@ -230,6 +267,10 @@ class ScoringPipeline:
             elif not len(batcher):
                 checkpointer.seal_open()  # offsets of dead-lettered messages alone
             run.processor.collect(wait=step.stop)
+            for rows, seconds in run.processor.take_costs():
+                policy.cost.observe(rows, seconds)
+            if self.models is not None and not step.stop:
+                self._follow_models(run, step)
             # commit
             checkpointer.commit_ready()
             if step.stop:
@@ -248,7 +289,7 @@ class ScoringPipeline:
         the open checkpoint, their rejects go to the dead-letter topic."""
         batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
         while True:
-            admitted = batcher.admit()
+            admitted = batcher.admit(self.policy.row_cap(batcher.oldest, time.monotonic()))
             if admitted is not None:
                 checkpointer.consumed(admitted.topic, admitted.partitions, admitted.offsets)
                 for index, rejection in admitted.rejections:
@@ -260,25 +301,58 @@ class ScoringPipeline:
             limit = self.settings.batching.consume_batch_size
             if max_events is not None:
                 limit = min(limit, max_events - self._taken)
-            if batcher.is_complete or batcher.full or limit <= 0:
+            holding = self.models is not None and self.models.holding
+            if batcher.is_complete or batcher.full or limit <= 0 or holding:
                 return
+            arrived = source.head_arrival
             messages = source.take(limit)
             if not messages:
                 return
             self._taken += len(messages)
             with self.metrics.stage("decode"):
-                batcher.queue(self.decoder.decode(source.topic, messages))
+                decoded = self.decoder.decode(source.topic, messages)
+            batcher.queue(self.retriever.fill(decoded), arrived)
+
+    def _follow_models(self, run: _Run, step: StepDecision) -> None:
+        """After a step: swap in the agreed model version once every batcher is empty.
+
+        The scorer of the processor and executor and the retriever's index switch together,
+        between two batches (the batch in flight is published first), so every event of a
+        batch is scored by one version, with candidates retrieved by that version.
+        """
+        assert self.models is not None
+        action = self.models.decide(step.swap, batches_empty=step.run or step.rows == 0)
+        if action is not SwapAction.SWAP:
+            return
+        run.processor.collect(wait=True)  # no forward in flight from here on
+        served = self.models.complete(self.stepper)
+        if served is None:
+            return
+        start = time.perf_counter()
+        try:
+            run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
+        except Exception as exc:
+            if self.collective:  # a collective warm-up failed: the ranks cannot go on apart
+                raise
+            self.models.failed(served, exc)
+            return
+        self.scorer = served.scorer
+        self.retriever.index = served.index
+        self.models.swapped(served, warm_up_s=time.perf_counter() - start)
 
     def _idle(
         self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int
     ) -> bool:
-        """No input for ``exit_when_idle_s`` (counted once in the group) and nothing open."""
+        """No input and nothing to do for ``exit_when_idle_s`` (counted once in the group): a
+        loop that spent longer than that scoring what one poll brought is not idle when it is
+        done (a rebalance may be what keeps the next poll empty)."""
         batcher = self.batcher
+        now = time.monotonic()
+        if len(batcher) or batcher.waiting or backlog:
+            self._busy_at = now
+            return False
         return (
             exit_when_idle_s is not None
             and last_activity is not None
-            and not len(batcher)
-            and not batcher.waiting
-            and not backlog
-            and time.monotonic() - last_activity >= exit_when_idle_s
+            and now - max(last_activity, self._busy_at) >= exit_when_idle_s
         )

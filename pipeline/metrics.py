@@ -13,13 +13,14 @@ metric                                             type       labels / meaning
 ``streamrank_produced_recommendations_total``      counter    recommendations produced
 ``streamrank_dead_letter_messages_total``          counter    ``reason``: messages sent to the DLQ
 ``streamrank_batch_rows``                          histogram  rows (event x candidate) per batch
-``streamrank_stage_duration_seconds``              histogram  ``stage``: decode, enrich,
-                                                              features, forward, produce
+``streamrank_stage_duration_seconds``              histogram  ``stage``: decode, retrieve,
+                                                              enrich, features, forward, produce
 ``streamrank_end_to_end_latency_seconds``          histogram  event_time -> produced
 ``streamrank_feature_cache_requests_total``        counter    ``kind`` (user/item), ``result``
                                                               (hit/miss)
 ``streamrank_feature_cache_hit_ratio``             gauge      hits / requests since start
 ``streamrank_feature_fallback_events_total``       counter    ``feature``: events served defaults
+``streamrank_retrieved_events_total``              counter    events given retrieved candidates
 ``streamrank_embedding_bytes``                     gauge      embedding bytes held by this rank
 ``streamrank_consumer_lag_messages``               gauge      ``topic``, ``partition``
 ``streamrank_commit_failures_total``               counter    offset commits that failed (each is
@@ -37,7 +38,8 @@ metric                                             type       labels / meaning
 ``streamrank_model_swaps_total``                   counter    newly promoted versions swapped in
 ``streamrank_model_load_failures_total``           counter    promoted versions that failed to
                                                               load (the old one kept serving)
-``streamrank_model_load_seconds``                  gauge      last successful load + warm-up
+``streamrank_model_load_seconds``                  gauge      last successful load (weights,
+                                                              retrieval index) off the loop
 =================================================  =========  ====================================
 """
 
@@ -65,7 +67,7 @@ from pipeline.records import RejectReason
 
 log = logging.getLogger(__name__)
 
-STAGES = ("decode", "enrich", "features", "forward", "produce")
+STAGES = ("decode", "retrieve", "enrich", "features", "forward", "produce")
 FALLBACK_FEATURES = ("user_features", "item_features")
 """Values of :class:`pipeline.stages.enrich.FallbackFeature` (which imports this module)."""
 STEP_AGREE = "step_agree"
@@ -236,6 +238,11 @@ class Metrics:
         )
         self.cache_hit_ratio = Gauge(
             "streamrank_feature_cache_hit_ratio", "Feature-cache hits / lookups.", registry=r
+        )
+        self.retrieved_events = Counter(
+            "streamrank_retrieved_events",
+            "Events without candidates answered with retrieved ones ([retrieval]).",
+            registry=r,
         )
         self.fallbacks = Counter(
             "streamrank_feature_fallback_events",

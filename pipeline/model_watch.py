@@ -11,8 +11,11 @@ A load that raises leaves the old version serving: one warning line, and the obs
 bumps the pointer's generation) retries it.
 
 Several ranks: each rank runs its own watcher; they switch at the same step when all of them
-hold the same generation (:meth:`ModelWatcher.ready_generation`, agreed with an all_reduce,
-then ``take_ready(generation)``).
+hold the same generation. The serving loop does that through :mod:`pipeline.model_swap`: it
+moves a loaded model out of the watcher (:meth:`ModelWatcher.take_loaded`), offers its
+generation (or that of a failed load, :meth:`ModelWatcher.failed_generation`) in the step's
+all_reduce, and reports the outcome back (:meth:`ModelWatcher.swapped`,
+:meth:`ModelWatcher.report_failure`).
 
 Example::
 
@@ -167,6 +170,7 @@ class ModelWatcher(Generic[T]):
         self._serving = serving_version
         self._ready: LoadedModel[T] | None = None
         self._seen_generation = -1  # the first check compares the pointer with what is served
+        self._failed_generation = 0
         self._last_pointer_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -210,9 +214,11 @@ class ModelWatcher(Generic[T]):
                 self._last_pointer_error = str(exc)
             return False
         self._last_pointer_error = ""
-        if pointer.generation == self._seen_generation or pointer.version is None:
-            return False
-        self._seen_generation = pointer.generation
+        with self._lock:
+            if pointer.generation == self._seen_generation or pointer.version is None:
+                return False
+            self._seen_generation = pointer.generation
+            self._failed_generation = 0
         target = pointer.version
         with self._lock:
             if target == self._serving:  # rolled back before the loop took the other one
@@ -235,27 +241,63 @@ class ModelWatcher(Generic[T]):
             return self._ready.generation if self._ready is not None else 0
 
     def take_ready(self, generation: int | None = None) -> T | None:
-        """The newly loaded model, once; call it between two batches.
+        """The newly loaded model, once, now the served version; call it between two batches
+        (:meth:`take_loaded` then :meth:`swapped`).
 
         Args:
             generation: take it only if it is this generation (what the ranks agreed on).
 
         Returns:
-            The loader's result, now the served version; ``None`` when nothing (or another
-            generation) is waiting.
+            The loader's result; ``None`` when nothing (or another generation) is waiting.
         """
         with self._lock:
             ready = self._ready
             if ready is None or (generation is not None and ready.generation != generation):
                 return None
             self._ready = None
-            old, self._serving = self._serving, ready.version
-        log.info(
-            "model swapped: %s -> %s (loaded in %.2fs)", old, ready.version, ready.load_seconds
-        )
-        self._observer.swapped(old, ready.version)
-        self._observer.serving(ready.version)
+        self.swapped(ready.version, ready.load_seconds)
         return ready.model
+
+    def take_loaded(self) -> LoadedModel[T] | None:
+        """The loaded model waiting for the loop, once (the watcher forgets it); it is not the
+        served version until :meth:`swapped` says so."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+        return ready
+
+    def latest_generation(self) -> int:
+        """The pointer generation last read (-1 before the first read): a loaded model of an
+        older generation has been superseded (a newer promotion, or a rollback)."""
+        with self._lock:
+            return self._seen_generation
+
+    def failed_generation(self) -> int:
+        """The generation whose load failed, while it is the latest one read; 0 otherwise."""
+        with self._lock:
+            return self._failed_generation
+
+    def swapped(self, version: str, load_seconds: float | None = None) -> None:
+        """The loop now serves ``version``: logs it, tells the observer, and compares the
+        pointer with it again at the next poll (a promotion read while the swap was agreed,
+        e.g. a rollback, is then loaded)."""
+        with self._lock:
+            old, self._serving = self._serving, version
+            self._seen_generation = -1
+        took = f" (loaded in {load_seconds:.2f}s)" if load_seconds is not None else ""
+        log.info("model swapped: %s -> %s%s", old, version, took)
+        self._observer.swapped(old, version)
+        self._observer.serving(version)
+
+    def report_failure(self, version: str, reason: str) -> None:
+        """A loaded ``version`` is not served after all (e.g. it failed to load on another rank,
+        or its warm-up failed): one warning line, and the observer's ``load_failed``."""
+        log.warning(
+            "model version %s failed to load, still serving %s: %s",
+            version,
+            self.serving_version,
+            " ".join(reason.split())[:500],
+        )
+        self._observer.load_failed(version, RuntimeError(reason))
 
     def _load(self, version: str, generation: int) -> bool:
         start = self._clock()
@@ -270,6 +312,9 @@ class ModelWatcher(Generic[T]):
                 detail[:500],
             )
             self._observer.load_failed(version, exc)
+            with self._lock:
+                if self._seen_generation == generation:
+                    self._failed_generation = generation
             return False
         seconds = self._clock() - start
         try:
@@ -279,8 +324,8 @@ class ModelWatcher(Generic[T]):
         if now is None or now.version != version:
             log.info("model version %s loaded but no longer current: discarded", version)
             return False
-        self._seen_generation = now.generation  # a re-promotion during the load is this one
         with self._lock:
+            self._seen_generation = now.generation  # a re-promotion during the load is this one
             self._ready = LoadedModel(version, now.generation, model, seconds)
         self._observer.loaded(version, seconds)
         log.info("model version %s loaded in %.2fs, ready to swap", version, seconds)

@@ -27,10 +27,12 @@ collective): like device and communication errors, it stops the ranks uncommitte
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
 
+from model.serving import Scorer
 from pipeline.isolation import bisect, is_isolatable
 from pipeline.metrics import Metrics
 from pipeline.records import Batch, PreparedBatch, RejectedMessage, RejectReason, ScoredBatch
@@ -88,6 +90,7 @@ class BatchProcessor:
         self._summary = summary
         self._overlap = overlap
         self._collective = collective
+        self._costs: list[tuple[int, float]] = []
         self._failed: list[tuple[Batch, Exception]] = []
         """Ranks of a sharded model: batches whose collective forward went through but whose
         scoring failed, waiting for :meth:`isolate_together`."""
@@ -174,12 +177,39 @@ class BatchProcessor:
         self.submit(batch)
         self.collect(wait=True)
 
+    @property
+    def scorer(self) -> Scorer:
+        """The model that scores the next batch."""
+        return self._executor.scorer
+
+    def swap_scorer(self, scorer: Scorer) -> None:
+        """Publish the batch in flight, then score every later batch with ``scorer`` (warmed
+        up on the scoring thread first: :meth:`ForwardExecutor.swap`).
+
+        Raises:
+            Exception: what the warm-up raised (the old model keeps serving).
+        """
+        self.collect(wait=True)
+        self._executor.swap(scorer)
+
     def close(self) -> None:
         """Stop the scoring thread."""
         self._executor.shutdown()
 
+    def take_costs(self) -> list[tuple[int, float]]:
+        """(rows, seconds from enrich to publish) of each batch published since the last call
+        (the loop's batch policy learns from them: :mod:`pipeline.batch_policy`)."""
+        costs, self._costs = self._costs, []
+        return costs
+
+    @property
+    def busy(self) -> bool:
+        """Whether a forward is in flight (``overlap``)."""
+        return self._executor.busy
+
     def _prepare(self, batch: Batch) -> PreparedBatch:
         """Enrich and featurise a batch; its model input starts on its way to the device."""
+        start = time.perf_counter()
         events, metrics = batch.events, self._metrics
         with metrics.stage("enrich"):
             enrichment = self._enricher.enrich(events.user_ids, events.candidate_ids)
@@ -187,7 +217,7 @@ class BatchProcessor:
             scorer = self._executor.scorer
             columns = build_feature_columns(events, enrichment, scorer.spec)
             staged = scorer.stage(columns)
-        return PreparedBatch(batch, enrichment, staged)
+        return PreparedBatch(batch, enrichment, staged, time.perf_counter() - start)
 
     def _publish(self, prepared: PreparedBatch, encoded: EncodedBatch) -> None:
         """Produce the batch's Recommendations (encoded: nothing can fail for an event now)."""
@@ -219,6 +249,7 @@ class BatchProcessor:
         """Encode the batch (bisected when that fails for some events), then produce it and
         seal its checkpoint. A failure while producing is never retried here: the records
         already sent would be sent twice; it propagates and the batch stays uncommitted."""
+        start = time.perf_counter()
         try:
             encoded = self._sink.encode_batch(prepared, scored)
         except Exception as exc:
@@ -228,6 +259,8 @@ class BatchProcessor:
             return
         self._publish(prepared, encoded)
         prepared.batch.checkpoint.seal()
+        seconds = prepared.prepare_s + scored.forward_s + time.perf_counter() - start
+        self._costs.append((prepared.batch.events.num_rows, seconds))
 
     def _isolate(self, batch: Batch, error: Exception) -> None:
         """Bisect the whole path on this thread: dead-letter the events that fail alone, score

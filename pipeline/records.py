@@ -5,15 +5,18 @@ A stage imports these, never another stage (``tests/pipeline/test_architecture.p
 =====================  ==========================================================================
 type                   made by -> used by
 =====================  ==========================================================================
-``DecodedMessages``    decode -> the loop (offsets, dead letters) and batch
-``EventColumns``       decode -> batch -> enrich / features / publish (the events as columns)
+``DecodedMessages``    decode -> retrieval (:mod:`pipeline.retrieve`) -> the loop (offsets,
+                       dead letters) and batch
+``EventColumns``       decode -> batch -> enrich / features / publish (the events as columns;
+                       :mod:`pipeline.event_columns`)
 ``Checkpoint``         commit (``Checkpointer.cut``) -> publish / dead letters (acknowledgements
                        travel with the records they guard)
 ``Batch``              batch + commit -> :class:`~pipeline.processor.BatchProcessor`
 ``Enrichment``         enrich -> features, publish (fallback flags)
 ``PreparedBatch``      features -> score (the model input on its way to the device)
 ``ScoredBatch``        score -> publish (top-K item ids and scores of every event)
-``RejectedMessage``    decode, poison isolation -> the dead-letter stage (``RejectReason``)
+``RejectedMessage``    decode, retrieval, poison isolation -> the dead-letter stage
+                       (``RejectReason``)
 =====================  ==========================================================================
 
 Everything per event is a numpy column; the only per-event Python objects are the consumed
@@ -23,7 +26,6 @@ Kafka messages themselves (a poison event is dead-lettered as its untouched sour
 from __future__ import annotations
 
 import enum
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,8 +33,22 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message
 
-from model.segments import offsets, take_segments
 from model.transfer import StagedInput
+from pipeline.event_columns import EventColumns
+
+__all__ = [
+    "Batch",
+    "Checkpoint",
+    "DecodedMessages",
+    "DeliveryFailed",
+    "Enrichment",
+    "EventColumns",
+    "FallbackFeature",
+    "PreparedBatch",
+    "RejectReason",
+    "RejectedMessage",
+    "ScoredBatch",
+]
 
 Int64Array = npt.NDArray[np.int64]
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
@@ -83,120 +99,6 @@ class FallbackFeature(enum.StrEnum):
 
     USER = "user_features"
     ITEM = "item_features"
-
-
-@dataclass
-class EventColumns:
-    """Decoded events as columns: ``E`` events, ``R = candidate_counts.sum()`` rows.
-
-    Attributes:
-        event_id_bytes: uint8, every ``event_id`` in UTF-8, back to back.
-        event_id_offsets: int64[E + 1], where each event id starts in ``event_id_bytes``.
-        user_ids: int64[E].
-        event_time_ms: int64[E], ``UserEvent.event_time`` in epoch milliseconds.
-        device_ids / country_ids: int64[E], the context strings hashed
-            (:func:`model.spec.string_to_id`).
-        num_results: int64[E].
-        candidate_counts: int64[E].
-        candidate_ids: int64[R], event-major.
-        recent_counts: int64[E], lengths of the (already capped) ``recent_item_ids``.
-        recent_ids: int64[recent_counts.sum()], event-major, newest first within an event.
-
-    Example::
-
-        first_two = columns.slice(0, 2)
-        columns.event_ids()  # ["ev-1", "ev-2", ...] (decodes: for logs and tests)
-    """
-
-    event_id_bytes: npt.NDArray[np.uint8]
-    event_id_offsets: Int64Array
-    user_ids: Int64Array
-    event_time_ms: Int64Array
-    device_ids: Int64Array
-    country_ids: Int64Array
-    num_results: Int64Array
-    candidate_counts: Int64Array
-    candidate_ids: Int64Array
-    recent_counts: Int64Array
-    recent_ids: Int64Array
-
-    @property
-    def num_events(self) -> int:
-        return len(self.user_ids)
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.candidate_ids)
-
-    def event_ids(self) -> list[str]:
-        """The event ids as strings (one Python object per event: not for the hot path)."""
-        data = self.event_id_bytes.tobytes()
-        bounds = self.event_id_offsets.tolist()
-        return [data[a:b].decode() for a, b in itertools.pairwise(bounds)]
-
-    def slice(self, start: int, stop: int | None = None) -> EventColumns:
-        """Events ``start:stop`` (views, no copies)."""
-        start, stop, _ = slice(start, stop).indices(self.num_events)
-        stop = max(start, stop)
-        rows = offsets(self.candidate_counts)
-        recent = offsets(self.recent_counts)
-        ids = self.event_id_offsets
-        r0, r1, q0, q1 = int(rows[start]), int(rows[stop]), int(recent[start]), int(recent[stop])
-        return EventColumns(
-            event_id_bytes=self.event_id_bytes[int(ids[start]) : int(ids[stop])],
-            event_id_offsets=ids[start : stop + 1] - ids[start],
-            user_ids=self.user_ids[start:stop],
-            event_time_ms=self.event_time_ms[start:stop],
-            device_ids=self.device_ids[start:stop],
-            country_ids=self.country_ids[start:stop],
-            num_results=self.num_results[start:stop],
-            candidate_counts=self.candidate_counts[start:stop],
-            candidate_ids=self.candidate_ids[r0:r1],
-            recent_counts=self.recent_counts[start:stop],
-            recent_ids=self.recent_ids[q0:q1],
-        )
-
-    def take(self, order: Int64Array) -> EventColumns:
-        """The events ``order`` (indices into this batch), in that order."""
-        id_lengths = np.diff(self.event_id_offsets)
-        return EventColumns(
-            event_id_bytes=self.event_id_bytes[take_segments(id_lengths, order)],
-            event_id_offsets=offsets(id_lengths[order]),
-            user_ids=self.user_ids[order],
-            event_time_ms=self.event_time_ms[order],
-            device_ids=self.device_ids[order],
-            country_ids=self.country_ids[order],
-            num_results=self.num_results[order],
-            candidate_counts=self.candidate_counts[order],
-            candidate_ids=self.candidate_ids[take_segments(self.candidate_counts, order)],
-            recent_counts=self.recent_counts[order],
-            recent_ids=self.recent_ids[take_segments(self.recent_counts, order)],
-        )
-
-    @classmethod
-    def concat(cls, parts: list[EventColumns]) -> EventColumns:
-        """The events of ``parts`` one after the other."""
-        if len(parts) == 1:
-            return parts[0]
-        id_lengths = np.concatenate([np.diff(p.event_id_offsets) for p in parts])
-        return cls(
-            event_id_bytes=np.concatenate([p.event_id_bytes for p in parts]),
-            event_id_offsets=offsets(id_lengths),
-            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in _INT_COLUMNS},
-        )
-
-
-_INT_COLUMNS = (
-    "user_ids",
-    "event_time_ms",
-    "device_ids",
-    "country_ids",
-    "num_results",
-    "candidate_counts",
-    "candidate_ids",
-    "recent_counts",
-    "recent_ids",
-)
 
 
 @dataclass
@@ -261,6 +163,44 @@ class DecodedMessages:
             self.events.take(event_keep),
             new_index[self.event_message[event_keep]],
             [(int(new_index[i]), r) for i, r in self.rejections if keep[i]],
+        )
+
+    def with_events(self, events: EventColumns) -> DecodedMessages:
+        """These messages with their accepted events replaced (same events, new columns: e.g.
+        retrieved candidates)."""
+        if events.num_events != self.events.num_events:
+            raise ValueError(f"{events.num_events} events for {self.events.num_events}")
+        return DecodedMessages(
+            self.topic,
+            self.messages,
+            self.partitions,
+            self.offsets,
+            events,
+            self.event_message,
+            self.rejections,
+        )
+
+    def reject_events(self, which: Int64Array, rejection: RejectedMessage) -> DecodedMessages:
+        """These messages with the accepted events ``which`` (indices into ``events``) rejected
+        after all, for ``rejection``; the other events and every message keep their places.
+
+        Example::
+
+            decoded.reject_events(np.flatnonzero(counts == 0), RejectedMessage(...))
+        """
+        if not len(which):
+            return self
+        keep = np.ones(self.events.num_events, dtype=bool)
+        keep[which] = False
+        rejected = [(int(i), rejection) for i in self.event_message[which].tolist()]
+        return DecodedMessages(
+            self.topic,
+            self.messages,
+            self.partitions,
+            self.offsets,
+            self.events.take(np.flatnonzero(keep)),
+            self.event_message[keep],
+            sorted(self.rejections + rejected, key=lambda r: r[0]),
         )
 
     def event_messages(self) -> list[Message]:
@@ -369,11 +309,13 @@ class PreparedBatch:
         batch: the events, their messages and checkpoint.
         enrichment: their Redis features.
         staged: dense tensor + KJT on (or being copied to) the model's device.
+        prepare_s: seconds its enrich and features took.
     """
 
     batch: Batch
     enrichment: Enrichment
     staged: StagedInput
+    prepare_s: float = 0.0
 
 
 @dataclass
@@ -385,9 +327,11 @@ class ScoredBatch:
         item_ids: int64[counts.sum()].
         scores: float64[counts.sum()].
         model_version: of the model that scored the batch.
+        forward_s: seconds its forward and top-K took.
     """
 
     counts: Int64Array
     item_ids: Int64Array
     scores: npt.NDArray[np.float64]
     model_version: str
+    forward_s: float = 0.0

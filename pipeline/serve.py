@@ -1,10 +1,12 @@
 """Serving one process of a job: build the scorer, start the loop, report what it did.
 
 One path for a single process and for each rank of a sharded job (``streamrank run --nproc N``
-starts the ranks under torchrun: :mod:`pipeline.launch`). The model comes from one factory
-(:class:`~model.serving.ScorerFactory`: device, load, shard or quantize, precision, compile,
-warm-up), so both get every ``[model]`` option or refuse it in one line, and both are warm
-before the consumer joins the group. With several ranks, each one also:
+starts the ranks under torchrun: :mod:`pipeline.launch`). The model comes from one loader
+(:class:`~pipeline.model_loader.ModelLoader`: the one :class:`~model.serving.ScorerFactory`
+for device, load, shard or quantize, precision, compile; and the retrieval index), so both get
+every ``[model]`` option or refuse it in one line, and both are warm before the consumer joins
+the group. A versions directory is followed while serving (:mod:`pipeline.model_swap`). With
+several ranks, each one also:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo), plans
    and loads its shards (inside the factory);
@@ -12,10 +14,11 @@ before the consumer joins the group. With several ranks, each one also:
    own, so control traffic never syncs the GPU);
 3. is a member of the Kafka consumer group, and commits its own partitions' offsets.
 
-With ``batching.ingest_workers = K`` a process (or each rank) builds and warms up its model the
+With ``batching.ingest_workers = K`` a process (or each rank) loads and warms up its model the
 same way, then starts K worker processes (:func:`serve_ingest_worker`, each a complete loop
 and consumer-group member whose forwards run here) and becomes their scoring server
-(:mod:`pipeline.ingest`).
+(:mod:`pipeline.ingest`). Such a job serves one model version: it refuses to follow a versions
+directory (:func:`check_ingest_workers`).
 """
 
 from __future__ import annotations
@@ -25,17 +28,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model.rank import RankContext
-from model.serving import ScorerFactory
+from model.serving import Scorer
+from model.versions import is_versions_dir, resolve_checkpoint
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
 from pipeline.ingest import WorkerAssignment, serve_with_workers, worker_process
+from pipeline.kafka_io import ClientFactory, connect
 from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
 from pipeline.metrics import Metrics
+from pipeline.model_loader import ModelLoader
+from pipeline.model_swap import ModelSwap
+from pipeline.model_watch import MetricsSwapObserver, ModelWatcher
+from pipeline.stages.enrich import BatchEnricher
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
 from pipeline.summary import RunSummary
 
-__all__ = ["serve", "serve_ingest_worker"]
+__all__ = ["build_pipeline", "check_ingest_workers", "serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,8 @@ def serve(
 
     Raises:
         UnsupportedOption: a ``[model]`` option this job cannot serve.
+        ValueError: ingest workers with a versions directory to follow
+            (:func:`check_ingest_workers`).
 
     Example::
 
@@ -75,65 +86,140 @@ def serve(
     """
     if rank.distributed:
         bind_rank_to_launcher()  # dies with torchrun's agent and the launcher (pipeline.lifetime)
-    options = settings.model.serving_options(
-        settings.batching.max_batch_rows, settings.codec.max_candidates, checkpoint
-    )
-    scorer = ScorerFactory(options, rank).create_scorer()
     metrics = Metrics(rank=rank, degradations=degradations)
-    metrics.embedding_bytes.set(scorer.embedding_bytes())
-    metrics.model_info.info({"model_version": scorer.model_version})
     if degradations and rank.rank == 0:
         log.warning(
             "running on %d ranks after %d degradation(s) (streamrank_degradations)",
             rank.world_size,
             degradations,
         )
-    stepper: Stepper = LocalStepper(metrics)
-    if rank.distributed:
-        import torch.distributed as dist
-
-        # The step agreement runs on the loop's thread while the forward's collectives run on
-        # the scoring thread: separate groups keep their message orders apart.
-        stepper = CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)
-    if settings.batching.ingest_workers:
-        try:
+    try:
+        if settings.batching.ingest_workers:
+            check_ingest_workers(settings)
+            served = ModelLoader(settings, rank).load(checkpoint or settings.model.checkpoint)
+            _model_metrics(metrics, served.scorer)
             summary = serve_with_workers(
                 settings,
                 rank,
-                scorer,
+                served.scorer,
                 metrics,
-                stepper,
+                _stepper(rank, metrics),
                 serve_ingest_worker,
                 exit_when_idle_s,
                 max_events,
                 worker_setup,
+                checkpoint=checkpoint or settings.model.checkpoint,
             )
             return summary, step_stats(metrics) if rank.distributed else {}
-        finally:
-            if rank.distributed:
-                import torch.distributed as dist
-
-                dist.destroy_process_group()
-    if settings.metrics.enabled:
-        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
-        metrics.serve(settings.metrics.host, port)
-    pipeline = ScoringPipeline(settings, scorer, metrics, stepper=stepper, rank=rank)
-    pipeline.stop_on_signals()
-    log.info(
-        "scoring %s -> %s (dlq %s) with model %s",
-        settings.topics.input,
-        settings.topics.output,
-        settings.topics.dlq,
-        scorer.model_version,
-    )
-    try:
+        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
+        if settings.metrics.enabled:
+            port = settings.metrics.port + rank.rank if settings.metrics.port else 0
+            metrics.serve(settings.metrics.host, port)
+        pipeline.stop_on_signals()
+        log.info(
+            "scoring %s -> %s (dlq %s) with model %s",
+            settings.topics.input,
+            settings.topics.output,
+            settings.topics.dlq,
+            pipeline.scorer.model_version,
+        )
         summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
         return summary, step_stats(metrics) if rank.distributed else {}
     finally:
         if rank.distributed:
             import torch.distributed as dist
 
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def build_pipeline(
+    settings: Settings,
+    rank: RankContext,
+    metrics: Metrics,
+    checkpoint: Path | None = None,
+    enricher: BatchEnricher | None = None,
+    clients: ClientFactory = connect,
+) -> ScoringPipeline:
+    """The scoring loop of this process, its model version loaded (collective with ranks).
+
+    The model (scorer and retrieval index) comes from :class:`~pipeline.model_loader.
+    ModelLoader`, the same loader that loads later versions; with ``model_swap.enabled`` and
+    ``model.checkpoint`` a versions directory, the pipeline follows its current version
+    (:mod:`pipeline.model_swap`).
+
+    Args:
+        settings: the configuration.
+        rank: this process's place in the job.
+        metrics: the process's metrics.
+        checkpoint: the checkpoint directory to serve (default ``model.checkpoint``).
+        enricher: the feature source (default: Redis as configured).
+        clients: builds the Kafka clients (default: the configured broker).
+
+    Returns:
+        The pipeline, ready to :meth:`~pipeline.loop.ScoringPipeline.run`.
+
+    Example::
+
+        pipeline = build_pipeline(settings, RankContext(), Metrics())
+    """
+    loader = ModelLoader(settings, rank)
+    served = loader.load(checkpoint or settings.model.checkpoint)
+    _model_metrics(metrics, served.scorer)
+    return ScoringPipeline(
+        settings,
+        served.scorer,
+        metrics,
+        enricher=enricher,
+        stepper=_stepper(rank, metrics),
+        rank=rank,
+        clients=clients,
+        index=served.index,
+        models=_follow_versions(settings, loader, checkpoint, metrics),
+    )
+
+
+def _follow_versions(
+    settings: Settings, loader: ModelLoader, checkpoint: Path | None, metrics: Metrics
+) -> ModelSwap | None:
+    """A :class:`ModelSwap` watching ``model.checkpoint`` when it is a versions directory."""
+    root = settings.model.checkpoint
+    if not settings.model_swap.enabled or not is_versions_dir(root):
+        return None
+    served = checkpoint or resolve_checkpoint(root)
+    watcher = ModelWatcher(
+        root,
+        loader.load_local,
+        served.name,
+        poll_interval_s=settings.model_swap.poll_interval_s,
+        observer=MetricsSwapObserver(metrics),
+    )
+    log.info("following the model versions of %s (serving %s)", root, served.name)
+    return ModelSwap(watcher, loader, metrics)
+
+
+def check_ingest_workers(settings: Settings) -> None:
+    """Refuse ingest workers where the job would follow a versions directory.
+
+    A swap changes the scorer between two agreed steps of one loop (:mod:`pipeline.model_swap`);
+    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
+    in K other loops, which no swap step spans.
+
+    Raises:
+        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
+            ``model.checkpoint`` a versions directory (one line, for the CLI).
+
+    Example::
+
+        check_ingest_workers(load_settings())
+    """
+    root = settings.model.checkpoint
+    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
+        raise ValueError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
+            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
+            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
+        )
 
 
 def serve_ingest_worker(assignment: WorkerAssignment) -> None:
@@ -141,7 +227,8 @@ def serve_ingest_worker(assignment: WorkerAssignment) -> None:
     forwards run in the rank (:mod:`pipeline.ingest`).
 
     Args:
-        assignment: what the rank gave it (settings, slots, pipe, share of ``--max-events``).
+        assignment: what the rank gave it (settings, slots, pipe, share of ``--max-events``,
+            the retrieval index's checkpoint).
 
     Example::
 
@@ -155,9 +242,27 @@ def serve_ingest_worker(assignment: WorkerAssignment) -> None:
             worker.metrics,
             stepper=worker.stepper,
             rank=assignment.rank,
+            index=worker.index,
         )
         pipeline.stop_on_signals()
         summary = pipeline.run(
             exit_when_idle_s=assignment.exit_when_idle_s, max_events=assignment.max_events
         )
         worker.finish(summary)
+
+
+def _model_metrics(metrics: Metrics, scorer: Scorer) -> None:
+    """The served model's figures: its embedding bytes and version."""
+    metrics.embedding_bytes.set(scorer.embedding_bytes())
+    metrics.model_info.info({"model_version": scorer.model_version})
+
+
+def _stepper(rank: RankContext, metrics: Metrics) -> Stepper:
+    """When to score: alone, or agreed with the other ranks."""
+    if not rank.distributed:
+        return LocalStepper(metrics)
+    import torch.distributed as dist
+
+    # The step agreement runs on the loop's thread while the forward's collectives run on the
+    # scoring thread: separate groups keep their message orders apart.
+    return CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)

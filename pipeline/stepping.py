@@ -6,6 +6,11 @@ collectives), so :class:`CollectiveStepper` agrees with one small ``all_reduce``
 whether anyone's batch is ready, the largest batch (everyone pads to it), and whether to stop.
 A rank with no input still joins, so nobody waits forever; the batch deadline
 (``max_delay_ms``) of any rank triggers a step for all, which keeps the latency bound.
+
+The same ``all_reduce`` carries each rank's :class:`SwapOffer` (the model version generation it
+has loaded, whether the load succeeded, whether its decoded events are all batched), so that
+the ranks switch model versions at the same step (:mod:`pipeline.model_swap`): the agreed
+generation is one that every rank offers (its MIN and MAX agree).
 """
 
 from __future__ import annotations
@@ -21,6 +26,25 @@ from pipeline.metrics import STEP_AGREE, Metrics
 
 
 @dataclass(frozen=True)
+class SwapOffer:
+    """A rank's side of a model swap, or (in a :class:`StepDecision`) what all ranks agree on.
+
+    Attributes:
+        generation: the versions pointer generation of the model this rank has loaded (or
+            failed to load); 0: none. Agreed: the generation every rank offers, else 0.
+        ok: the load succeeded (agreed: on every rank).
+        drained: nothing decoded waits to join a batch (agreed: on every rank).
+    """
+
+    generation: int = 0
+    ok: bool = True
+    drained: bool = True
+
+
+NO_SWAP = SwapOffer()
+
+
+@dataclass(frozen=True)
 class StepDecision:
     """What every rank does in this iteration.
 
@@ -30,12 +54,14 @@ class StepDecision:
         stop: finish this step, commit and leave the loop.
         isolate: a rank's batch failed after its collective forward: every rank bisects
             together first (:meth:`~pipeline.processor.BatchProcessor.isolate_together`).
+        swap: the model swap every rank offered (:class:`SwapOffer`).
     """
 
     run: bool
     rows: int
     stop: bool
     isolate: bool = False
+    swap: SwapOffer = NO_SWAP
 
 
 class IsolationRounds(Protocol):
@@ -59,9 +85,20 @@ class Stepper(IsolationRounds, Protocol):
     """Longest a Kafka poll may block per iteration."""
 
     def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+        self,
+        ready: bool,
+        rows: int,
+        stop_requested: bool,
+        idle: bool,
+        isolate: bool = False,
+        offer: SwapOffer = NO_SWAP,
     ) -> StepDecision:
         """Decide this iteration's step from the local state."""
+        ...
+
+    def all_ok(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank (a collective with several ranks: every rank
+        calls it at the same step)."""
         ...
 
 
@@ -104,10 +141,16 @@ class LocalStepper:
         self._clock = StepClock(metrics)
 
     def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+        self,
+        ready: bool,
+        rows: int,
+        stop_requested: bool,
+        idle: bool,
+        isolate: bool = False,
+        offer: SwapOffer = NO_SWAP,
     ) -> StepDecision:
         self._clock.deciding()
-        decision = StepDecision(run=ready, rows=rows, stop=stop_requested or idle)
+        decision = StepDecision(run=ready, rows=rows, stop=stop_requested or idle, swap=offer)
         self._clock.decided(decision)
         return decision
 
@@ -115,14 +158,19 @@ class LocalStepper:
         """Alone, an attempt pads to nothing (a single process bisects without rounds)."""
         return rows
 
+    def all_ok(self, ok: bool) -> bool:
+        return ok
+
 
 class CollectiveStepper:
-    """Ranks agree with one ``all_reduce(MAX)`` of five integers per iteration.
+    """Ranks agree with one ``all_reduce(MAX)`` of nine integers per iteration.
 
     - ``run``: some rank's batch is full, held an event that did not fit, or is due;
     - ``rows``: the largest local batch;
     - ``stop``: some rank was asked to stop (SIGTERM, ``max_events``), or *every* rank is idle;
-    - ``isolate``: some rank's batch failed after the collective forward (all bisect together).
+    - ``isolate``: some rank's batch failed after the collective forward (all bisect together);
+    - ``swap``: the MAX and (as the MAX of its negation) the MIN of the offered generation,
+      and the MIN of ``ok`` and ``drained``: a generation is agreed when MIN = MAX.
 
     Args:
         group: a process group for the control messages (gloo, on CPU); the default group when
@@ -147,21 +195,44 @@ class CollectiveStepper:
         self._clock = StepClock(metrics)
 
     def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+        self,
+        ready: bool,
+        rows: int,
+        stop_requested: bool,
+        idle: bool,
+        isolate: bool = False,
+        offer: SwapOffer = NO_SWAP,
     ) -> StepDecision:
         start = self._clock.deciding()
         state = torch.tensor(
-            [int(ready), rows, int(stop_requested), int(not idle), int(isolate)],
+            [
+                int(ready),
+                rows,
+                int(stop_requested),
+                int(not idle),
+                int(isolate),
+                offer.generation,
+                -offer.generation,
+                -int(offer.ok),
+                -int(offer.drained),
+            ],
             dtype=torch.int64,
         )
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
-        any_ready, max_rows, any_stop, any_busy, any_isolate = (int(v) for v in state.tolist())
+        (any_ready, max_rows, any_stop, any_busy, any_isolate, max_gen, neg_min_gen, neg_ok,
+         neg_drained) = (int(v) for v in state.tolist())  # fmt: skip
+        swap = SwapOffer(
+            generation=max_gen if max_gen == -neg_min_gen else 0,
+            ok=neg_ok == -1,
+            drained=neg_drained == -1,
+        )
         stop = bool(any_stop) or not any_busy
         decision = StepDecision(
             run=bool(any_ready) and max_rows > 0,
             rows=max_rows,
             stop=stop,
             isolate=bool(any_isolate),
+            swap=swap,
         )
         end = self._clock.decided(decision)
         if self._metrics is not None:
@@ -175,3 +246,8 @@ class CollectiveStepper:
         dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._group)
         needed, max_rows = (int(v) for v in state.tolist())
         return max(max_rows, 1) if needed else None
+
+    def all_ok(self, ok: bool) -> bool:
+        flag = torch.tensor([-int(ok)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item()) == -1

@@ -196,6 +196,7 @@ def decode_user_events(
     max_string_length: int,
     earliest_ms: int,
     latest_ms: int,
+    retrieve: bool,
 ) -> tuple[int, int]:
     """Decode and validate UserEvent bodies ``buf[starts[i]:ends[i]]`` where ``status[i] == 0``.
 
@@ -210,6 +211,7 @@ def decode_user_events(
         max_candidates / max_id / max_num_results / recent_cap / max_recent_items /
             max_string_length: the validation limits (``codec.*``; strings in characters).
         earliest_ms / latest_ms: the accepted ``event_time`` range.
+        retrieve: accept an event without candidates (it asks for retrieved ones).
 
     Returns:
         (candidate ids written, recent ids written); rejected messages write none.
@@ -247,7 +249,7 @@ def decode_user_events(
         if bad or pos != end:
             status[m] = STATUS_UNDECODABLE
             continue
-        if n_c == 0:
+        if n_c == 0 and not retrieve:
             status[m] = STATUS_NO_CANDIDATES
             continue
         if n_c > max_candidates:
@@ -329,6 +331,7 @@ def encode_recommendations(
     fallback_item: npt.NDArray[np.bool_],
     names: npt.NDArray[np.uint8],
     name_offsets: npt.NDArray[np.int64],
+    retrieved: npt.NDArray[np.bool_],
     out: npt.NDArray[np.uint8],
     out_offsets: npt.NDArray[np.int64],
 ) -> None:
@@ -346,6 +349,7 @@ def encode_recommendations(
         scored_at: epoch milliseconds.
         fallback_user / fallback_item: bool[E] the ``fallback_features`` flags.
         names / name_offsets: the two UTF-8 feature names (user, item).
+        retrieved: bool[E] the ``retrieved`` field (the last one, one byte).
         out: large enough for every record (see :func:`recommendation_capacity`).
         out_offsets: int64[E + 1] out: record ``e`` is ``out[out_offsets[e]:out_offsets[e + 1]]``.
     """
@@ -374,5 +378,6 @@ def encode_recommendations(
             if fallback_item[e]:
                 pos = _put_bytes(out, pos, names, name_offsets[1], name_offsets[2])
         out[pos] = 0  # end of the fallback_features array
-        pos += 1
+        out[pos + 1] = 1 if retrieved[e] else 0  # retrieved (boolean: one byte)
+        pos += 2
     out_offsets[len(user_ids)] = pos

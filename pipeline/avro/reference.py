@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 USER_EVENT_SCHEMA_FILE = SCHEMA_DIR / "user_event.avsc"
 RECOMMENDATION_SCHEMA_FILE = SCHEMA_DIR / "recommendation.avsc"
+RECOMMENDATION_V1_SCHEMA_FILE = SCHEMA_DIR / "v1" / "recommendation.avsc"
+"""The Recommendation before ``retrieved`` (raw-framing readers decode older records with it)."""
 
 Record = dict[str, Any]
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 
 
 class AvroFraming:
@@ -147,6 +150,7 @@ class ReferenceDecoder:
     Args:
         settings: framing, registry and the ``codec.*`` limits.
         recent_cap: the served model's ``recent_items_cap``.
+        retrieve: an empty ``candidate_item_ids`` is valid (``retrieval.enabled``).
 
     Example::
 
@@ -154,8 +158,8 @@ class ReferenceDecoder:
         event = decoder.decode(message.value())
     """
 
-    def __init__(self, settings: CodecSettings, recent_cap: int) -> None:
-        self.limits = Limits.from_settings(settings, recent_cap)
+    def __init__(self, settings: CodecSettings, recent_cap: int, retrieve: bool = False) -> None:
+        self.limits = Limits.from_settings(settings, recent_cap, retrieve)
         self._framing = _make_framing(settings, USER_EVENT_SCHEMA_FILE)
         self.writer_is_reader = self._framing.writer_is_reader
 
@@ -174,9 +178,16 @@ class ReferenceDecoder:
                 f"{len(value)} bytes > codec.max_message_bytes={limits.max_message_bytes}",
             )
         event = self._framing.read(value)
+        if not _INT_MIN <= event["num_results"] <= _INT_MAX:  # fastavro does not check ``int``
+            raise RejectedMessage(
+                RejectReason.UNDECODABLE, f"num_results {event['num_results']} is not a 32-bit int"
+            )
         candidates = event["candidate_item_ids"]
-        if not candidates:
-            raise RejectedMessage(RejectReason.NO_CANDIDATES, "candidate_item_ids is empty")
+        if not candidates and not limits.retrieve:
+            raise RejectedMessage(
+                RejectReason.NO_CANDIDATES,
+                "candidate_item_ids is empty (and retrieval.enabled is false)",
+            )
         if len(candidates) > limits.max_candidates:
             raise RejectedMessage(
                 RejectReason.TOO_MANY_CANDIDATES,
@@ -195,9 +206,8 @@ class ReferenceDecoder:
             raise RejectedMessage(
                 RejectReason.ID_OUT_OF_RANGE, f"user_id {user_id} not in [0, {max_id}]"
             )
-        low, high = min(candidates), max(candidates)
-        if recent:
-            low, high = min(low, min(recent)), max(high, max(recent))
+        ids = candidates + recent
+        low, high = (min(ids), max(ids)) if ids else (0, 0)
         if low < 0 or high > max_id:
             bad = low if low < 0 else high
             raise RejectedMessage(
@@ -262,6 +272,7 @@ def records_to_columns(records: list[Record]) -> EventColumns:
         recent_ids=np.fromiter(
             (i for r in records for i in r["recent_item_ids"]), np.int64, int(recent_counts.sum())
         ),
+        retrieved=np.zeros(n, dtype=bool),
     )
 
 
@@ -269,17 +280,64 @@ class RecordCodec:
     """Encode/decode records of one schema on one topic, without validation.
 
     Used for the recommendations the pipeline writes, and by ``produce``/``consume`` and tests.
-    In Confluent framing the schema is registered under the subject ``<topic>-value``.
+    In Confluent framing the schema is registered under the subject ``<topic>-value``, and
+    records written with an older schema are resolved through the registry.
+
+    Args:
+        settings: framing and registry.
+        schema_path: the schema records are written with and decoded into.
+        topic: the topic (Confluent framing: the registry subject).
+        previous: older versions of the schema (raw framing, where the bytes do not say which
+            schema wrote them): a record that does not decode with ``schema_path`` is decoded
+            with each of them as the writer schema, resolved into ``schema_path`` (added
+            fields get their defaults).
 
     Example::
 
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, "recommendations")
         value = codec.encode(record)
+        old = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, "recommendations",
+                          previous=[RECOMMENDATION_V1_SCHEMA_FILE])
+        old.decode(value_written_before_retrieval)["retrieved"]  # False
     """
 
-    def __init__(self, settings: CodecSettings, schema_path: Path, topic: str) -> None:
+    def __init__(
+        self,
+        settings: CodecSettings,
+        schema_path: Path,
+        topic: str,
+        previous: Sequence[Path] = (),
+    ) -> None:
         self._framing = _make_framing(settings, schema_path)
         self._framing.bind_writer(f"{topic}-value", schema_path)
         self.encode: Callable[[Record], bytes] = self._framing.write
         self.header: bytes = self._framing.header
-        self.decode: Callable[[bytes], Record] = self._framing.read
+        self._previous = (
+            [load_schema(p) for p in previous] if settings.framing is Framing.RAW else []
+        )
+
+    def decode(self, value: bytes) -> Record:
+        """One record (the current schema's fields; a record of a ``previous`` schema with the
+        added fields' defaults).
+
+        Raises:
+            RejectedMessage: it decodes with none of the schemas.
+        """
+        try:
+            return self._framing.read(value)
+        except RejectedMessage as failed:
+            for writer in self._previous:
+                try:
+                    return _read_exactly(value, writer, self._framing.reader_schema)
+                except Exception:
+                    continue
+            raise failed from None
+
+
+def _read_exactly(value: bytes, writer: Schema, reader: Schema) -> Record:
+    """``value`` decoded with ``writer`` resolved into ``reader``, every byte read."""
+    buf = io.BytesIO(value)
+    record = fastavro.schemaless_reader(buf, writer, reader)
+    if buf.tell() != len(value) or not isinstance(record, dict):
+        raise ValueError("not a whole record of this schema")
+    return record

@@ -11,8 +11,9 @@ Rules, in the order they are checked (the first failing one is the reason):
    (``oversized_message``);
 2. it decodes with the UserEvent schema and nothing is left over (``undecodable``; Confluent
    framing adds ``bad_framing``, ``unknown_schema``, ``schema_mismatch``);
-3. at least one candidate (``no_candidates``) and at most ``codec.max_candidates``
-   (``too_many_candidates``);
+3. at least one candidate (``no_candidates``), unless retrieval is on (``retrieval.enabled``:
+   :attr:`Limits.retrieve`), where none asks for retrieved ones; at most
+   ``codec.max_candidates`` (``too_many_candidates``);
 4. at most ``codec.max_recent_items`` recent items (``too_many_recent_items``); up to that,
    they are truncated to the model's ``recent_items_cap`` (newest first kept);
 5. ``user_id`` and every item id in ``[0, codec.max_id]`` (``id_out_of_range``);
@@ -85,10 +86,12 @@ class Limits:
             max_string_length: ``codec.*``.
         recent_cap: ``recent_item_ids`` beyond this are dropped (the model's cap).
         max_event_time_ahead_s: ``codec.max_event_time_ahead_s``.
+        retrieve: an empty ``candidate_item_ids`` is valid (it asks for retrieved candidates,
+            ``retrieval.enabled``); off: it is rejected as ``no_candidates``.
 
     Example::
 
-        limits = Limits.from_settings(CodecSettings(), recent_cap=20)
+        limits = Limits.from_settings(CodecSettings(), recent_cap=20, retrieve=True)
         limits.latest_event_ms()
     """
 
@@ -100,9 +103,10 @@ class Limits:
     max_string_length: int
     recent_cap: int
     max_event_time_ahead_s: float
+    retrieve: bool = False
 
     @classmethod
-    def from_settings(cls, codec: CodecSettings, recent_cap: int) -> Limits:
+    def from_settings(cls, codec: CodecSettings, recent_cap: int, retrieve: bool = False) -> Limits:
         return cls(
             max_message_bytes=codec.max_message_bytes,
             max_candidates=codec.max_candidates,
@@ -112,6 +116,7 @@ class Limits:
             max_string_length=codec.max_string_length,
             recent_cap=recent_cap,
             max_event_time_ahead_s=codec.max_event_time_ahead_s,
+            retrieve=retrieve,
         )
 
     def latest_event_ms(self, now_s: float | None = None) -> int:

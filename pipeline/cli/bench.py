@@ -1,6 +1,6 @@
 """``streamrank bench model|pipeline|quantize|compile|precision|ranks|overhead|ingest|codec|
 retrieval``: the numbers of BENCHMARKS.md (the benchmarks that offer a load over time,
-``latency`` and ``soak``, are in :mod:`pipeline.cli.bench_load`).
+``latency``, ``soak`` and ``swap``, are in :mod:`pipeline.cli.bench_load`).
 
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs

@@ -1,5 +1,5 @@
-"""``streamrank bench latency|soak``: a paced load offered to the pipeline over time (the
-latency figures of BENCHMARKS.md, the soak of RELIABILITY.md).
+"""``streamrank bench latency|soak|swap``: a paced load offered to the pipeline over time (the
+latency figures of BENCHMARKS.md, the soak of RELIABILITY.md, a model swap under load).
 
 Both register on :data:`pipeline.cli.bench.bench_app`.
 """
@@ -168,3 +168,30 @@ def bench_latency_command(
             runs.append((compare.stem, earlier))
         say(f"plot: {plot_latency(runs, plot)}")
     emit(result, as_json)
+
+
+@bench_app.command("swap")
+def bench_swap_command(
+    ctx: typer.Context,
+    rate: Annotated[float, typer.Option(help="Events/s offered.")] = 200.0,
+    seconds: Annotated[float, typer.Option(help="How long the producer runs.")] = 30.0,
+    swap_at: Annotated[float, typer.Option(help="Promote the new version after this.")] = 10.0,
+    window_s: Annotated[
+        float, typer.Option(help="Half-width of the window around the first new output.")
+    ] = 2.0,
+    nproc: Annotated[int, typer.Option(help="Ranks of the pipeline.")] = 1,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """A model version promoted under load: p50/p99 latency before, around and after the swap,
+    nothing lost or repeated, every partition switching once (on the stack)."""
+    from pipeline.tools.bench.swap import SwapPlan, bench_swap
+
+    if min(rate, seconds, window_s) <= 0 or nproc < 1:
+        raise UserError("--rate, --seconds and --window-s must be positive, --nproc >= 1")
+    if not 0 < swap_at < seconds:
+        raise UserError(f"--swap-at must be inside (0, --seconds={seconds:g}), got {swap_at:g}")
+    settings = stack_settings(ctx, config)
+    export_config_file(ctx, config)
+    plan = SwapPlan(rate=rate, seconds=seconds, swap_at_s=swap_at, window_s=window_s, nproc=nproc)
+    emit(bench_swap(settings, plan, report=say), as_json)

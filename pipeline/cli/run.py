@@ -95,9 +95,13 @@ def run(
     from model.serving import UnsupportedOption
     from pipeline.distributed import summary_path
     from pipeline.launch import DEGRADATIONS_ENV
-    from pipeline.serve import serve
+    from pipeline.serve import check_ingest_workers, serve
 
     settings = command_settings(ctx, config)
+    try:
+        check_ingest_workers(settings)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
     rank = RankContext.from_env()
     # The launcher (not a rank torchrun started) checks the launch options first, and the
     # model options against the job's size; the ranks run without --nproc.

@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from model.device import bind_thread
@@ -40,6 +41,7 @@ def serve_with_workers(
     exit_when_idle_s: float | None = None,
     max_events: int | None = None,
     setup: Callable[[], object] | None = None,
+    checkpoint: Path | None = None,
 ) -> RunSummary:
     """Serve ``batching.ingest_workers`` workers until all of them are done.
 
@@ -57,6 +59,8 @@ def serve_with_workers(
         exit_when_idle_s: each worker stops after this long without input.
         max_events: shared out over the workers (never more in all).
         setup: run first in every worker (the CLI's logging; picklable).
+        checkpoint: the served checkpoint directory (with ``[retrieval]`` on, each worker
+            builds its retrieval index from it).
 
     Returns:
         The rank's summary: its workers' merged, each worker's under ``workers``.
@@ -85,6 +89,7 @@ def serve_with_workers(
         setup=setup,
         exit_when_idle_s=exit_when_idle_s,
         max_events=max_events,
+        checkpoint=checkpoint,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -18,10 +18,12 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from pipeline.metrics import Metrics
-from pipeline.stepping import LocalStepper, StepDecision
+from pipeline.stepping import NO_SWAP, LocalStepper, StepDecision, SwapOffer
 
 __all__ = ["IdleFlags", "WorkerStepper"]
 
@@ -67,12 +69,18 @@ class WorkerStepper(LocalStepper):
         self._index = index
 
     def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+        self,
+        ready: bool,
+        rows: int,
+        stop_requested: bool,
+        idle: bool,
+        isolate: bool = False,
+        offer: SwapOffer = NO_SWAP,
     ) -> StepDecision:
         self._flags.set(self._index, idle)
-        decision = super().agree(ready, rows, stop_requested, False, isolate)
+        decision = super().agree(ready, rows, stop_requested, False, isolate, offer)
         if idle and self._flags.all_idle:
-            return StepDecision(run=decision.run, rows=decision.rows, stop=True)
+            return dataclasses.replace(decision, stop=True)
         return decision
 
     def leave(self) -> None:

@@ -35,7 +35,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import torch
@@ -48,7 +48,11 @@ from pipeline.ingest.transport import WorkerDone, WorkerLink
 from pipeline.ingest.workers import WorkerAssignment
 from pipeline.lifetime import die_with_parent
 from pipeline.metrics import Metrics
+from pipeline.model_loader import ModelLoader
 from pipeline.summary import RunSummary
+
+if TYPE_CHECKING:
+    from model.retrieval import RetrievalIndex
 
 __all__ = ["WorkerRuntime", "worker_process"]
 
@@ -80,6 +84,8 @@ class WorkerRuntime:
         link: its pipe to the server.
         relay: sends its metrics.
         stepper: its loop's stepper (stops on idleness with the other workers).
+        index: the served version's retrieval index (``None``: retrieval off, or an empty
+            catalogue).
     """
 
     assignment: WorkerAssignment
@@ -89,6 +95,7 @@ class WorkerRuntime:
     link: WorkerLink
     relay: MetricsRelay
     stepper: WorkerStepper
+    index: RetrievalIndex | None = None
 
     def finish(self, summary: RunSummary) -> None:
         """Send the run's summary and final metrics to the rank (the last message)."""
@@ -143,6 +150,9 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
     )
     relay.start()
     try:
+        if assignment.checkpoint is not None:  # before it is ready: it retrieves from its start
+            loader = ModelLoader(assignment.settings, assignment.rank)
+            runtime.index = loader.retrieval_index(assignment.checkpoint)
         link.wait_for_start()
         yield runtime
     except BaseException as exc:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,8 @@ class WorkerAssignment:
         max_events: its share of ``--max-events`` (:func:`share_of`).
         setup: called first in the worker (e.g. the CLI's logging); must be picklable.
         idle: the rank's idle flags (its workers stop on idleness together).
+        checkpoint: the served checkpoint directory (with ``[retrieval]`` on, the worker
+            builds its retrieval index from it: the one the rank's version retrieves with).
     """
 
     index: int
@@ -106,6 +109,7 @@ class WorkerAssignment:
     max_events: int | None = None
     setup: Callable[[], object] | None = None
     idle: IdleFlags | None = None
+    checkpoint: Path | None = None
 
 
 def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settings:
@@ -131,6 +135,16 @@ def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settin
         delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
         sections["delivery"] = delivery
     return Settings.model_construct(**sections)
+
+
+def max_event_rows(settings: Settings) -> int:
+    """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
+    ``retrieval.num_candidates`` if larger (as :meth:`pipeline.model_loader.ModelLoader.options`).
+    """
+    rows = settings.codec.max_candidates
+    if settings.retrieval.enabled:
+        rows = max(rows, settings.retrieval.num_candidates)
+    return rows
 
 
 def share_of(max_events: int | None, index: int, count: int) -> int | None:
@@ -207,6 +221,7 @@ class IngestWorkers:
         setup: run first in each worker (picklable).
         exit_when_idle_s: ``--exit-when-idle`` of every worker.
         max_events: ``--max-events``, shared out (:func:`share_of`).
+        checkpoint: the served checkpoint directory (the workers' retrieval index).
     """
 
     settings: Settings
@@ -217,6 +232,7 @@ class IngestWorkers:
     setup: Callable[[], object] | None = None
     exit_when_idle_s: float | None = None
     max_events: int | None = None
+    checkpoint: Path | None = None
     channels: list[Channel] = field(default_factory=list)
     failure: str | None = None
     _deadline: float | None = None
@@ -228,7 +244,7 @@ class IngestWorkers:
 
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
-        max_rows = max(self.settings.batching.max_batch_rows, self.settings.codec.max_candidates)
+        max_rows = max(self.settings.batching.max_batch_rows, max_event_rows(self.settings))
         shape = SlotShape.for_spec(self.spec, max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):
@@ -248,6 +264,7 @@ class IngestWorkers:
                 max_events=share_of(self.max_events, index, count),
                 setup=self.setup,
                 idle=idle,
+                checkpoint=self.checkpoint,
             )
             process = context.Process(
                 target=self.target, args=(assignment,), name=f"ingest-worker-{index}", daemon=True

@@ -49,19 +49,32 @@ class MicroBatcher:
         self._oldest = 0.0
         self._complete = False
         self._waiting: list[DecodedMessages] = []
+        self._arrivals: list[float] = []
+        """Per entry of ``_waiting``: when its oldest message was consumed."""
 
-    def queue(self, decoded: DecodedMessages) -> None:
-        """Decoded messages, in consumption order, wait to join a batch."""
+    def queue(self, decoded: DecodedMessages, arrived: float | None = None) -> None:
+        """Decoded messages, in consumption order, wait to join a batch.
+
+        Args:
+            decoded: the messages.
+            arrived: monotonic time the oldest of them was consumed (default: now); a batch's
+                delay counts from its first event's arrival.
+        """
         if len(decoded):
             self._waiting.append(decoded)
+            self._arrivals.append(time.monotonic() if arrived is None else arrived)
 
     @property
     def waiting(self) -> int:
         """Messages decoded and not admitted yet."""
         return sum(len(d) for d in self._waiting)
 
-    def admit(self, now: float | None = None) -> DecodedMessages | None:
+    def admit(self, row_cap: int | None = None) -> DecodedMessages | None:
         """Move the waiting events that fit into the open batch.
+
+        Args:
+            row_cap: close the batch at this many rows if fewer than ``max_rows`` (a latency
+                budget's cut: :mod:`pipeline.batch_policy`); the first event always fits.
 
         Returns:
             The messages admitted, in order: the events added and every rejected message
@@ -70,15 +83,16 @@ class MicroBatcher:
         """
         if not self._waiting:
             return None
-        decoded = self._waiting[0]
-        head, tail = decoded.split(self.room(decoded.events.candidate_counts))
+        decoded, arrived = self._waiting[0], self._arrivals[0]
+        head, tail = decoded.split(self.room(decoded.events.candidate_counts, row_cap))
         if len(tail):
             self._waiting[0] = tail
         else:
             self._waiting.pop(0)
+            self._arrivals.pop(0)
         if tail.events.num_events:
             self._complete = True  # the next event did not fit: it opens the next batch
-        self.add(head.events, head.event_messages(), now)
+        self.add(head.events, head.event_messages(), arrived)
         return head if len(head) else None
 
     def __len__(self) -> int:
@@ -89,16 +103,21 @@ class MicroBatcher:
     def rows(self) -> int:
         return self._rows
 
-    def room(self, candidate_counts: npt.NDArray[np.int64]) -> int:
+    def room(self, candidate_counts: npt.NDArray[np.int64], row_cap: int | None = None) -> int:
         """How many of the next events (their candidate counts, in order) fit the open batch.
 
         An empty batch takes at least one event (one event larger than ``max_rows`` is a batch
         alone); an event is never split; a complete batch takes none.
+
+        Args:
+            candidate_counts: the next events' rows.
+            row_cap: a smaller limit than ``max_rows`` for this batch (``None``: none).
         """
         if self._complete:
             return 0
+        limit = self.max_rows if row_cap is None else min(self.max_rows, row_cap)
         total = self._rows + np.cumsum(candidate_counts)
-        fit = int(np.searchsorted(total, self.max_rows, side="right"))
+        fit = int(np.searchsorted(total, limit, side="right"))
         return max(fit, 1) if not self._messages and len(candidate_counts) else fit
 
     def add(self, events: EventColumns, messages: list[Message], now: float | None = None) -> None:
@@ -107,7 +126,7 @@ class MicroBatcher:
         Args:
             events: decoded events, in consumption order.
             messages: per event, its source message.
-            now: monotonic time of arrival (default: now).
+            now: monotonic time the events were consumed (default: now).
         """
         if not events.num_events:
             return
@@ -133,7 +152,9 @@ class MicroBatcher:
             kept = decoded.without_partitions({p for t, p in partitions if t == decoded.topic})
             waiting += decoded.events.num_events - kept.events.num_events
             self._waiting[i] = kept
+        kept_arrivals = [a for d, a in zip(self._waiting, self._arrivals, strict=True) if len(d)]
         self._waiting = [d for d in self._waiting if len(d)]
+        self._arrivals = kept_arrivals
         keep = [
             i for i, m in enumerate(self._messages) if (m.topic(), m.partition()) not in partitions
         ]
@@ -153,6 +174,11 @@ class MicroBatcher:
     def ready(self, now: float | None = None) -> bool:
         """Whether the open batch should be scored now: full, complete, or due."""
         return self.full or self._complete or self.due(now)
+
+    @property
+    def oldest(self) -> float | None:
+        """Monotonic time the open batch's first event was consumed (``None``: empty)."""
+        return self._oldest if self._messages else None
 
     def time_left(self, now: float | None = None) -> float:
         """Seconds until the open batch is due (``inf`` when empty)."""

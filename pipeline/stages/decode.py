@@ -44,10 +44,12 @@ class MessageDecoder:
     Args:
         settings: framing, registry and validation limits (``[codec]``).
         recent_cap: ``recent_item_ids`` beyond this are dropped (newest first are kept).
+        retrieve: accept events without candidates (``retrieval.enabled``: they get retrieved
+            ones before batching, :mod:`pipeline.retrieve`); off: ``no_candidates``.
     """
 
-    def __init__(self, settings: CodecSettings, recent_cap: int) -> None:
-        self.reference = ReferenceDecoder(settings, recent_cap)
+    def __init__(self, settings: CodecSettings, recent_cap: int, retrieve: bool = False) -> None:
+        self.reference = ReferenceDecoder(settings, recent_cap, retrieve)
         self._limits = self.reference.limits
         self._framing = settings.framing
         self._same_schema: dict[int, bool] = {}
@@ -103,6 +105,7 @@ class MessageDecoder:
             recent_counts, recent_ids, limits.max_candidates, limits.max_id,
             limits.max_num_results, limits.recent_cap, limits.max_recent_items,
             limits.max_string_length, EARLIEST_EVENT_MS, limits.latest_event_ms(),
+            limits.retrieve,
         )  # fmt: skip
         ok = np.flatnonzero(status == STATUS_OK)
         kept = strings[ok]
@@ -119,6 +122,7 @@ class MessageDecoder:
             candidate_ids=candidate_ids[:n_cand],
             recent_counts=recent_counts[ok],
             recent_ids=recent_ids[:n_recent],
+            retrieved=np.zeros(len(ok), dtype=bool),
         )
         return status, events
 

@@ -139,7 +139,7 @@ class RecommendationSink:
         """The Recommendation value of every event, in event order (one compiled call).
 
         Args:
-            events: the batch's events (ids, user ids).
+            events: the batch's events (ids, user ids, ``retrieved``).
             scored: their top-K (flat, event-major, best first within each event) and the
                 model version that scored them.
             flags: per event, the feature groups that fell back to defaults.
@@ -152,7 +152,7 @@ class RecommendationSink:
         id_bytes, id_offsets = events.event_id_bytes, events.event_id_offsets
         version = np.frombuffer(scored.model_version.encode(), dtype=np.uint8)
         header = self._header
-        per_event = len(header) + len(version) + 8 * _MAX_VARINT + 2 + len(_FALLBACK_NAMES)
+        per_event = len(header) + len(version) + 8 * _MAX_VARINT + 3 + len(_FALLBACK_NAMES)
         capacity = len(id_bytes) + n * per_event
         capacity += len(scored.item_ids) * (_MAX_VARINT + 8)
         out = np.empty(capacity + 16, dtype=np.uint8)
@@ -161,7 +161,8 @@ class RecommendationSink:
             header, id_bytes, id_offsets, events.user_ids.astype(np.int64, copy=False),
             offsets(scored.counts), scored.item_ids.astype(np.int64, copy=False),
             np.ascontiguousarray(scored.scores, dtype="<f8").view(np.uint8), version, now_ms,
-            flags.user, flags.item, _FALLBACK_NAMES, _FALLBACK_OFFSETS, out, out_offsets,
+            flags.user, flags.item, _FALLBACK_NAMES, _FALLBACK_OFFSETS,
+            events.retrieved.astype(bool, copy=False), out, out_offsets,
         )  # fmt: skip
         data = out.tobytes()
         bounds = out_offsets.tolist()

@@ -80,8 +80,9 @@ class ForwardExecutor:
             initargs=(scorer.device,),
         )
         self._inflight: tuple[PreparedBatch | None, Future[ScoredBatch | None]] | None = None
+        self._warm_up_rows = tuple(warm_up_rows)
         if warm_up_rows or scorer.graph_shapes:
-            self._pool.submit(scorer.warm_up, tuple(warm_up_rows)).result()
+            self._pool.submit(scorer.warm_up, self._warm_up_rows).result()
 
     @property
     def busy(self) -> bool:
@@ -123,6 +124,27 @@ class ForwardExecutor:
             return None
         return prepared, scored
 
+    def swap(self, scorer: Scorer) -> None:
+        """Serve ``scorer`` from the next batch on (another model version), warmed up first on
+        the scoring thread, like the first one (CUDA-graph trees are per thread).
+
+        Call it between two batches: the batch in flight must have been taken.
+
+        Args:
+            scorer: the new model, on the same device.
+
+        Raises:
+            RuntimeError: a batch is in flight, or ``scorer`` is on another device.
+            Exception: what the warm-up raised; the old scorer keeps serving then.
+        """
+        if self._inflight is not None:
+            raise RuntimeError("cannot swap the model with a forward in flight")
+        if scorer.device != self.scorer.device:
+            raise RuntimeError(f"the new model is on {scorer.device}, not {self.scorer.device}")
+        if self._warm_up_rows or scorer.graph_shapes:
+            self._pool.submit(scorer.warm_up, self._warm_up_rows).result()
+        self.scorer = scorer
+
     def shutdown(self) -> None:
         """Stop the scoring thread (after the forward in flight, if any, returns)."""
         self._pool.shutdown(wait=True)
@@ -134,7 +156,8 @@ class ForwardExecutor:
             self.scorer.forward_padding(pad_rows)
             return None
         scored = score_batch(self.scorer, prepared, pad_rows)
-        self._metrics.stage_seconds.labels(stage="forward").observe(time.perf_counter() - start)
+        scored.forward_s = time.perf_counter() - start
+        self._metrics.stage_seconds.labels(stage="forward").observe(scored.forward_s)
         return scored
 
 

@@ -15,7 +15,13 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from pipeline.kafka_io import RebalanceCallback, SubscribingConsumer
 
@@ -37,7 +43,8 @@ class KafkaSource:
 
         source = KafkaSource(consumer, "user-events", max_messages=500)
         source.subscribe(handler.on_assign, handler.on_revoke, handler.on_lost)
-        source.poll(0.1)
+        source.poll(0.1)                 # returns at once when messages are queued
+        arrived = source.head_arrival    # when the oldest of them was consumed
         messages = source.take(500)
     """
 
@@ -47,6 +54,13 @@ class KafkaSource:
         """The input topic."""
         self._max_messages = max_messages
         self._backlog: deque[Message] = deque()
+        self._arrivals: deque[tuple[int, float]] = deque()
+        """(messages, monotonic time consumed) per poll still in the backlog, oldest first."""
+        self._consumed_mono = self._consumed_wall = 0.0
+        """The monotonic and wall clocks at the last poll that returned messages."""
+        self.drained = True
+        """Whether the last poll emptied the client's queue (it returned fewer than
+        ``max_messages``): what is in the backlog is all there is for now."""
         self.assignment: set[Partition] = set()
         """Partitions this member owns now."""
         self.last_activity: float | None = None
@@ -74,22 +88,55 @@ class KafkaSource:
         return len(self._backlog)
 
     def poll(self, timeout_s: float) -> int:
-        """Consume up to ``max_messages`` into the backlog (rebalance callbacks run in here).
+        """Consume what is queued into the backlog, up to ``max_messages``; block (at most
+        ``timeout_s``) only when nothing is queued (rebalance callbacks run in here).
+
+        ``consume(n, timeout)`` returns only when ``n`` messages arrived or the timeout passed,
+        even with messages queued; so the queue is drained without blocking first, and the
+        blocking call asks for one message, which returns as soon as one arrives (then what
+        came with it is drained too).
 
         Args:
-            timeout_s: longest to wait for the first message.
+            timeout_s: longest to wait when nothing is queued.
 
         Returns:
             How many messages arrived.
         """
-        messages = self._consumer.consume(self._max_messages, timeout_s)
+        consumer, limit = self._consumer, self._max_messages
+        messages = consumer.consume(limit, 0)
+        if not messages and timeout_s > 0:
+            messages = consumer.consume(1, timeout_s)
+            if messages and limit > 1:
+                messages.extend(consumer.consume(limit - 1, 0))
+        self.drained = len(messages) < limit
         if messages:
             now = time.monotonic()
+            self._consumed_mono, self._consumed_wall = now, time.time()
             self.last_activity = now
             if self.first_input_at is None:
                 self.first_input_at = now
             self._backlog.extend(messages)
+            self._arrivals.append((len(messages), now))
         return len(messages)
+
+    @property
+    def head_arrival(self) -> float | None:
+        """When the message at the head of the backlog arrived, in monotonic time: its Kafka
+        timestamp (producer or broker time) when that is earlier than when it was consumed (it
+        queued in the client, e.g. during a forward), else when it was consumed. ``None``: the
+        backlog is empty.
+
+        A producer clock ahead of ours counts as consumed-now; one far behind makes events look
+        old, so they are scored at once (never later than otherwise).
+        """
+        if not self._arrivals:
+            return None
+        consumed = self._arrivals[0][1]
+        kind, stamp_ms = self._backlog[0].timestamp()
+        if kind == TIMESTAMP_NOT_AVAILABLE or stamp_ms <= 0:
+            return consumed
+        queued_s = self._consumed_wall - stamp_ms / 1000 - (self._consumed_mono - consumed)
+        return consumed - max(0.0, queued_s)
 
     def take(self, limit: int) -> list[Message]:
         """Up to ``limit`` data-carrying messages from the head of the backlog, in order.
@@ -99,14 +146,28 @@ class KafkaSource:
         """
         backlog = self._backlog
         out: list[Message] = []
+        popped = 0
         while backlog and len(out) < limit:
             message = backlog.popleft()
+            popped += 1
             err = message.error()
             if err is None:
                 out.append(message)
             else:
                 self._client_error(err)
+        self._forget_arrivals(popped)
         return out
+
+    def _forget_arrivals(self, popped: int) -> None:
+        """``popped`` messages left the head of the backlog."""
+        arrivals = self._arrivals
+        while popped and arrivals:
+            count, at = arrivals[0]
+            if count > popped:
+                arrivals[0] = (count - popped, at)
+                return
+            arrivals.popleft()
+            popped -= count
 
     def assigned(self, partitions: set[Partition]) -> None:
         """Partitions were added to this member (incremental, cooperative-sticky)."""
@@ -123,6 +184,9 @@ class KafkaSource:
         self.assignment -= partitions
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in partitions)
         dropped = len(self._backlog) - len(kept)
+        if dropped:  # the arrival times of what is left: the oldest one stands for all
+            at = self._arrivals[0][1] if self._arrivals else time.monotonic()
+            self._arrivals = deque([(len(kept), at)] if kept else [])
         self._backlog = kept
         return dropped
 

@@ -10,7 +10,11 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    RECOMMENDATION_V1_SCHEMA_FILE,
+    RecordCodec,
+)
 from pipeline.avro.rules import epoch_millis
 from pipeline.config import Settings
 from pipeline.kafka_io import make_consumer
@@ -70,6 +74,17 @@ def read_messages(
         consumer.close()
 
 
+def recommendation_codec(settings: Settings) -> RecordCodec:
+    """The codec readers of the output topic use: the current Recommendation schema, and
+    the previous one for records written before it (raw framing)."""
+    return RecordCodec(
+        settings.codec,
+        RECOMMENDATION_SCHEMA_FILE,
+        settings.topics.output,
+        previous=[RECOMMENDATION_V1_SCHEMA_FILE],
+    )
+
+
 def read_recommendations(
     settings: Settings,
     *,
@@ -88,9 +103,12 @@ def read_recommendations(
         from_beginning: start at the earliest offset for a new group.
 
     Yields:
-        Decoded records; ``scored_at`` is epoch milliseconds.
+        Decoded records; ``scored_at`` is epoch milliseconds. Records written before the
+        schema gained ``retrieved`` read as ``retrieved = False`` (in raw framing they are
+        decoded with the previous schema, ``schemas/v1``; in Confluent framing the registry
+        resolves them).
     """
-    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    codec = recommendation_codec(settings)
     for msg in read_messages(
         settings,
         settings.topics.output,

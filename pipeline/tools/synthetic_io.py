@@ -224,7 +224,8 @@ class ProducedEvents:
     malformed: int
 
 
-MALFORMED_KINDS = ("garbage", "empty", "no_candidates", "negative_id", "oversized")
+MALFORMED_KINDS = ("garbage", "empty", "zero_results", "negative_id", "oversized")
+"""An empty ``candidate_item_ids`` is not among them: with ``[retrieval]`` on it is answered."""
 
 
 def malformed_values(
@@ -234,7 +235,7 @@ def malformed_values(
     while True:
         yield b"\x07not avro at all\xff\xfe"
         yield b""
-        yield codec.encode({**template, "candidate_item_ids": []})
+        yield codec.encode({**template, "num_results": 0})
         yield codec.encode({**template, "user_id": -42})
         yield codec.encode({**template, "recent_item_ids": [2**50] * (max_bytes // 7 + 16)})
 

@@ -164,6 +164,8 @@ class BackgroundPipeline:
         settings: the run's settings.
         scorer: the model (default: the settings' checkpoint).
         enricher: the feature source (default: Redis as configured).
+        pipeline: a pipeline built already (e.g. by :func:`pipeline.serve.build_pipeline`,
+            which also loads the retrieval index and follows a versions directory).
     """
 
     def __init__(
@@ -171,8 +173,9 @@ class BackgroundPipeline:
         settings: Settings,
         scorer: Scorer | None = None,
         enricher: BatchEnricher | None = None,
+        pipeline: ScoringPipeline | None = None,
     ) -> None:
-        self.pipeline = ScoringPipeline(
+        self.pipeline = pipeline or ScoringPipeline(
             settings, scorer or checkpoint_scorer(settings), enricher=enricher
         )
         self.summary: RunSummary | None = None
@@ -364,7 +367,8 @@ def wait_for_outputs(
     proc: subprocess.Popen | None = None,
     log: Path | None = None,
 ) -> int:
-    """Poll the output topic's size every 0.2 s until it reaches ``at_least``.
+    """Poll the output topic's size every 0.2 s until it reaches ``at_least`` (a topic created
+    a moment ago may not have its partition leaders yet: asked again).
 
     Args:
         settings: whose output topic.
@@ -376,13 +380,19 @@ def wait_for_outputs(
     Returns:
         The count seen (>= ``at_least``).
     """
+    from confluent_kafka import KafkaException
+
     deadline = time.monotonic() + timeout_s
-    count = produced_count(settings)
+    count = -1
     while count < at_least:
         tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
         if proc is not None:
             assert proc.poll() is None, f"exited ({proc.returncode}) after {count} outputs\n{tail}"
         assert time.monotonic() < deadline, f"{count}/{at_least} outputs in {timeout_s}s\n{tail}"
-        time.sleep(0.2)
-        count = produced_count(settings)
+        if count >= 0:
+            time.sleep(0.2)
+        try:
+            count = produced_count(settings)
+        except KafkaException:
+            count = max(count, 0)
     return count

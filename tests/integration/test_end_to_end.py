@@ -21,6 +21,7 @@ from pipeline.avro.reference import (
 )
 from pipeline.config import CodecSettings, RedisSettings, Settings
 from pipeline.records import RejectReason
+from pipeline.retrieval_settings import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.integration.conftest import (
     BackgroundPipeline,
@@ -99,6 +100,7 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
         model=model_settings(trained_checkpoint),
         synthetic=WORLD,
         codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
+        retrieval=RetrievalSettings(enabled=False),  # an empty candidate list is rejected
     )
     seed_features(settings, world)
     events_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)

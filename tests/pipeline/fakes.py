@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
 
 from pipeline.kafka_io import DeliveryCallback, Headers, RebalanceCallback
 
@@ -27,6 +27,7 @@ class FakeMessage:
     _key: bytes | None = None
     _headers: Headers | None = None
     _error: KafkaError | None = None
+    _timestamp: tuple[int, int] = (TIMESTAMP_NOT_AVAILABLE, 0)
 
     def topic(self) -> str:
         return self._topic
@@ -49,6 +50,9 @@ class FakeMessage:
     def error(self) -> KafkaError | None:
         return self._error
 
+    def timestamp(self) -> tuple[int, int]:
+        return self._timestamp
+
 
 @dataclass
 class FakeConsumer:
@@ -62,12 +66,15 @@ class FakeConsumer:
     closed: bool = False
     paused: list[list[tuple[str, int]]] = field(default_factory=list)
     resumed: list[list[tuple[str, int]]] = field(default_factory=list)
+    consume_calls: list[tuple[int, float]] = field(default_factory=list)
+    """(num_messages, timeout) of every ``consume`` call."""
     _assigned: bool = False
 
     def subscribe(self, topics: list[str], **callbacks: RebalanceCallback) -> None:
         self.callbacks = callbacks
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        self.consume_calls.append((num_messages, timeout))
         if not self._assigned and "on_assign" in self.callbacks:
             self._assigned = True
             self.rebalance("on_assign", self.partitions)

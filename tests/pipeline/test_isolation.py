@@ -18,7 +18,7 @@ from pipeline.kafka_io import KafkaClients
 from pipeline.loop import ScoringPipeline
 from pipeline.records import DeliveryFailed
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from pipeline.stepping import StepDecision, Stepper
+from pipeline.stepping import NO_SWAP, StepDecision, Stepper, SwapOffer
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,
@@ -144,15 +144,28 @@ class _RankStepper:
         self.rounds: list[int | None] = []
 
     def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
+        self,
+        ready: bool,
+        rows: int,
+        stop_requested: bool,
+        idle: bool,
+        isolate: bool = False,
+        offer: SwapOffer = NO_SWAP,
     ) -> StepDecision:
         return StepDecision(
-            run=ready or stop_requested, rows=rows, stop=stop_requested or idle, isolate=isolate
+            run=ready or stop_requested,
+            rows=rows,
+            stop=stop_requested or idle,
+            isolate=isolate,
+            swap=offer,
         )
 
     def agree_attempt(self, rows: int | None) -> int | None:
         self.rounds.append(rows)
         return rows
+
+    def all_ok(self, ok: bool) -> bool:
+        return ok
 
 
 def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest() -> None:

@@ -6,6 +6,7 @@ the clients are fakes so that each path (DLQ, held events, revocation, stop) is 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -127,3 +128,36 @@ def test_revocation_mid_stream_hands_over_with_nothing_uncommitted_or_repeated()
     assert _event_ids(producer) == [r["event_id"] for r in records[:8]]
     assert consumer.committed == {(IN, 0): 6, (IN, 1): 2}
     assert pipeline.assignment == {(IN, 0)}
+
+
+def test_a_free_scorer_scores_the_drained_input_without_waiting_out_max_delay() -> None:
+    records = [user_event() for _ in range(3)]
+    consumer = FakeConsumer(messages=deque(event_messages(IN, encode_events(records))))
+    consumer.partitions = [(IN, 0)]
+    producer = FakeProducer(ack_every_poll=True)
+    settings = Settings(
+        topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
+        batching=BatchingSettings(max_delay_ms=60_000, latency_budget_ms=60_000),
+        metrics=MetricsSettings(enabled=False),
+    )
+    pipeline = ScoringPipeline(
+        settings,
+        tiny_scorer(),
+        enricher=DefaultsEnricher(),
+        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
+    )
+    polls_until_scored: list[int] = []
+    serve = consumer.consume
+
+    def consume(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        done = producer.on_topic(OUT) or len(consumer.consume_calls) > 2000
+        if done and not polls_until_scored:
+            polls_until_scored.append(len(consumer.consume_calls))
+            pipeline.stop()
+        time.sleep(min(max(timeout, 0.0), 0.005))  # blocks like the client (shorter)
+        return serve(num_messages, timeout)
+
+    consumer.consume = consume  # type: ignore[method-assign]
+    summary = pipeline.run()
+    assert summary.events_out == 3 and summary.batches == 1
+    assert polls_until_scored and polls_until_scored[0] < 2000, "waited for the stop"

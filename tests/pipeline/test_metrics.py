@@ -31,6 +31,7 @@ EXPORTED = {
     "streamrank_feature_cache_requests_total",
     "streamrank_feature_cache_hit_ratio",
     "streamrank_feature_fallback_events_total",
+    "streamrank_retrieved_events_total",
     "streamrank_embedding_bytes",
     "streamrank_consumer_lag_messages",
     "streamrank_commit_failures_total",

@@ -25,10 +25,7 @@ V1 = Path(__file__).resolve().parent / "v1"
 EVENT_V1 = fastavro.parse_schema(json.loads((V1 / "user_event.avsc").read_text()))
 EVENT_NEW = fastavro.parse_schema(json.loads((REPO / "schemas/user_event.avsc").read_text()))
 REC_V1 = fastavro.parse_schema(json.loads((V1 / "recommendation.avsc").read_text()))
-# The new Recommendation waits in schemas/next/ until the encoders write ``retrieved``; then it
-# replaces schemas/recommendation.avsc and this test reads it there.
-_REC_NEXT = REPO / "schemas/next/recommendation.avsc"
-REC_NEW_PATH = _REC_NEXT if _REC_NEXT.exists() else REPO / "schemas/recommendation.avsc"
+REC_NEW_PATH = REPO / "schemas/recommendation.avsc"
 REC_NEW = fastavro.parse_schema(json.loads(REC_NEW_PATH.read_text()))
 
 EVENT: dict[str, Any] = {
@@ -135,3 +132,24 @@ def test_retrieved_is_appended_last_with_a_default() -> None:
     assert [f["name"] for f in new["fields"]] == [f["name"] for f in old["fields"]] + ["retrieved"]
     assert new["fields"][-1]["type"] == "boolean" and new["fields"][-1]["default"] is False
     assert _write(REC_NEW, RECOMMENDATION)[-1:] == b"\x00"  # a writer that omits it: false
+
+
+def test_the_shipped_previous_schema_is_v1() -> None:
+    shipped = fastavro.parse_schema(
+        json.loads((REPO / "schemas/v1/recommendation.avsc").read_text())
+    )
+    assert to_parsing_canonical_form(shipped) == to_parsing_canonical_form(REC_V1)
+
+
+@pytest.mark.parametrize("written", ["v1", "new"])
+def test_the_output_reader_decodes_records_of_both_schemas_in_raw_framing(written: str) -> None:
+    from pipeline.config import Settings
+    from pipeline.tools.recommendation_reader import recommendation_codec
+
+    codec = recommendation_codec(Settings())
+    if written == "v1":
+        data, want = _write(REC_V1, RECOMMENDATION), {**RECOMMENDATION, "retrieved": False}
+    else:
+        want = {**RECOMMENDATION, "retrieved": True}
+        data = _write(REC_NEW, want)
+    assert _without_millis_types(codec.decode(data)) == want

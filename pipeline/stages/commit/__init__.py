@@ -15,9 +15,6 @@ module             job
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-
 from pipeline.delivery_settings import DeliverySettings, Guarantee
 from pipeline.kafka_io import KafkaClients
 from pipeline.shutdown import Shutdown
@@ -32,7 +29,6 @@ def make_checkpointer(
     clients: KafkaClients,
     max_in_flight: int,
     shutdown: Shutdown,
-    backpressure: Callable[[], AbstractContextManager[None]],
 ) -> Checkpointer:
     """The commit protocol ``delivery.guarantee`` asks for, over the loop's clients.
 
@@ -42,14 +38,13 @@ def make_checkpointer(
             :func:`transactional_kafka`).
         max_in_flight: ``batching.max_in_flight_batches``.
         shutdown: the run's stop request (every wait ends by its deadline).
-        backpressure: pauses the input while acknowledgements are awaited.
 
     Returns:
         A :class:`TransactionalCheckpointer` for exactly-once, else a :class:`Checkpointer`.
 
     Example::
 
-        checkpointer = make_checkpointer(settings.delivery, clients, 4, shutdown, source.held_back)
+        checkpointer = make_checkpointer(settings.delivery, clients, 16, shutdown)
     """
     if delivery.guarantee is Guarantee.EXACTLY_ONCE:
         return TransactionalCheckpointer(
@@ -65,5 +60,5 @@ def make_checkpointer(
         max_in_flight,
         commit_results=clients.commit_results,
         shutdown=shutdown,
-        backpressure=backpressure,
+        commit_interval_s=delivery.commit_interval_ms / 1000,
     )

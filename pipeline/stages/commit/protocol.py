@@ -16,8 +16,9 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
    :class:`Checkpointer`. Once a batch's records are all produced its checkpoint is sealed
    (``checkpoint.seal()``).
 4. :meth:`Checkpointer.commit_ready` commits, in order, the leading sealed checkpoints whose
-   records are all acknowledged (asynchronously, so the hot loop never waits on the broker);
-   while more than ``max_sealed`` wait for acknowledgements it holds the input back and waits.
+   records are all acknowledged (asynchronously, so the hot loop never waits on the broker; at
+   most every ``delivery.commit_interval_ms``); while more than ``max_sealed`` sealed
+   checkpoints wait for acknowledgements it waits (without pausing the input).
 5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
    acknowledgement and commits synchronously.
 
@@ -38,8 +39,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import numpy.typing as npt
@@ -67,8 +66,9 @@ class Checkpointer:
         commit_results: the consumer's ``on_commit`` (``None``: an asynchronous commit is
             taken as done when it is sent).
         shutdown: once a stop is requested, every wait ends by its deadline.
-        backpressure: held while :meth:`commit_ready` waits for acknowledgements (the source
-            pauses fetching: ``KafkaSource.held_back``).
+        commit_interval_s: the least time between two asynchronous commits (every commit is a
+            request the broker serves; 0: after every batch). Shutdown and revocation commit
+            at once.
 
     Example::
 
@@ -87,7 +87,7 @@ class Checkpointer:
         max_sealed: int = 4,
         commit_results: CommitResults | None = None,
         shutdown: Shutdown | None = None,
-        backpressure: Callable[[], AbstractContextManager[None]] = nullcontext,
+        commit_interval_s: float = 0.0,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -104,7 +104,8 @@ class Checkpointer:
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
         self.commit_failures = 0
         self._shutdown = shutdown
-        self._backpressure = backpressure
+        self._commit_interval_s = commit_interval_s
+        self._next_commit_at = 0.0
 
     @property
     def deadline(self) -> float | None:
@@ -155,8 +156,13 @@ class Checkpointer:
             self.cut().seal()
 
     def commit_ready(self) -> int:
-        """Commit the leading sealed checkpoints that are acknowledged (asynchronously); while
-        more than ``max_sealed`` wait for acknowledgements, hold the input back and wait.
+        """Commit the leading sealed checkpoints that are acknowledged (asynchronously, at most
+        every ``commit_interval_s``); while more than ``max_sealed`` sealed checkpoints wait for
+        acknowledgements, wait (serving delivery callbacks).
+
+        The wait does not pause the input: librdkafka's prefetch is bounded on its own
+        (``queued.max.messages.kbytes``), and a paused partition loses its prefetched messages,
+        so a short pause stalls delivery for far longer than the wait (BENCHMARKS.md).
 
         Returns:
             How many checkpoints were committed.
@@ -166,20 +172,32 @@ class Checkpointer:
                 committed), or the shutdown deadline passed while waiting.
         """
         self._producer.poll(0)
-        count = self._commit_done(asynchronous=True)
-        if self._waiting() <= self._max_sealed:
-            return count
-        with self._backpressure():
-            while self._waiting() > self._max_sealed:
-                deadline = self.deadline
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
-                self._producer.poll(0.05)
-                count += self._commit_done(asynchronous=True)
+        count = self._commit_if_due()
+        while self._unacknowledged() > self._max_sealed:
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeliveryFailed("shutdown deadline passed waiting for acknowledgements")
+            self._producer.poll(0.05)
+            count += self._commit_if_due()
         return count
 
+    def _commit_if_due(self) -> int:
+        """:meth:`_commit_done` (asynchronously) once ``commit_interval_s`` has passed since the
+        last commit."""
+        now = time.monotonic()
+        if now < self._next_commit_at:
+            return 0
+        count = self._commit_done(asynchronous=True)
+        if count:
+            self._next_commit_at = now + self._commit_interval_s
+        return count
+
+    def _unacknowledged(self) -> int:
+        """Sealed checkpoints still waiting for acknowledgements."""
+        return sum(1 for c in self._checkpoints if c.sealed and not c.done)
+
     def _waiting(self) -> int:
-        """Sealed checkpoints at the head of the queue, waiting for acknowledgements."""
+        """Sealed checkpoints at the head of the queue (committable once acknowledged)."""
         waiting = 0
         for checkpoint in self._checkpoints:
             if not checkpoint.sealed:

@@ -193,6 +193,13 @@ def topic_event_ids(kafka: KafkaSettings, topic: str, event_id: Callable[[bytes]
 
 
 def _values_to_end(kafka: KafkaSettings, topic: str) -> Iterator[bytes]:
+    for _, _, value in topic_messages(kafka, topic):
+        yield value
+
+
+def topic_messages(kafka: KafkaSettings, topic: str) -> Iterator[tuple[int, int, bytes]]:
+    """``(partition, offset, value)`` of every record on ``topic`` (all partitions, from their
+    beginning) up to the end the topic had when the read started."""
     consumer = make_consumer(
         kafka, group_id=f"soak-audit-{uuid.uuid4().hex[:8]}", extra={"enable.partition.eof": True}
     )
@@ -214,7 +221,7 @@ def _values_to_end(kafka: KafkaSettings, topic: str) -> Iterator[bytes]:
                 if msg.error() is None:
                     offset = msg.offset()
                     if offset is not None and offset < ends[partition]:
-                        yield msg.value() or b""
+                        yield partition, offset, msg.value() or b""
                     if offset is not None and offset + 1 >= ends[partition]:
                         del ends[partition]
                 elif _is_eof(msg.error()):

@@ -53,6 +53,7 @@ def _recommendation() -> dict[str, Any]:
         "model_version": "v1",
         "scored_at": dt.datetime(2024, 5, 17, 12, 0, tzinfo=dt.UTC),
         "fallback_features": ["user_features"],
+        "retrieved": True,
     }
 
 
@@ -169,6 +170,8 @@ class TestRejectReasons:
     def test_no_candidates(self, make_event: EventFactory) -> None:
         value = _encoder().encode(make_event(candidate_item_ids=[]))
         assert _reject(_decoder(), value).reason is RejectReason.NO_CANDIDATES
+        retrieving = ReferenceDecoder(CodecSettings(), recent_cap=20, retrieve=True)
+        assert retrieving.decode(value)["candidate_item_ids"] == []  # asks for retrieval
 
     def test_too_many_candidates(self, make_event: EventFactory) -> None:
         settings = CodecSettings(max_candidates=4)

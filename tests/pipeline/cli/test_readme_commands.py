@@ -370,6 +370,13 @@ def check_bench_retrieval(ws: Workspace) -> None:
     assert 0.0 <= row["recall_at_k"] <= 1.0 and report["exact"]["ms_per_event"] > 0
 
 
+@smoke("bench swap")
+def check_bench_swap(ws: Workspace) -> None:
+    args = ["--rate", "30", "--seconds", "5", "--swap-at", "2", "--window-s", "1", "--json"]
+    report = strict_json(ws.cli("bench", "swap", *args).stdout.splitlines()[-1])
+    assert report["missing"] == report["duplicates"] == 0 and report["switched_once"]
+
+
 @smoke("bench latency")
 def check_bench_latency(ws: Workspace) -> None:
     args = ["--capacity-only", "--capacity-events", "100", "--json"]
@@ -397,6 +404,7 @@ _SLOW = {
     "bench compile": "torch.compile (inductor) takes a minute on a busy 2-core machine",
     "bench soak": "a capacity-free soak still runs the pipeline and a producer for ~20 s",
     "bench ingest": "two runs, one of them spawning a worker (a fresh interpreter with torch)",
+    "bench swap": "trains nothing, but runs the pipeline as a child through a model swap",
 }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from model.versions import POINTER_FILE
 from tests.conftest import LocalStack
 from tests.pipeline.cli.conftest import CliRunner
 
@@ -151,6 +152,19 @@ def test_a_negative_number_of_ingest_workers(run_cli: CliRunner, toml: Path) -> 
     toml.write_text("[batching]\ningest_workers = -1\n")
     result = run_cli("run", "--config", str(toml))
     _assert_one_line_user_error(result, "batching.ingest_workers", "must be >= 0")
+
+
+def test_ingest_workers_refuse_to_follow_a_versions_directory(
+    run_cli: CliRunner, toml: Path, tmp_path: Path
+) -> None:
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    (versions / POINTER_FILE).write_text('{"version": "v1", "generation": 1}')
+    toml.write_text(f'[batching]\ningest_workers = 2\n[model]\ncheckpoint = "{versions}"\n')
+    result = run_cli("run", "--config", str(toml))
+    _assert_one_line_user_error(
+        result, "batching.ingest_workers = 2 cannot follow", "model_swap.enabled = false"
+    )
 
 
 def test_bench_latency_compare_with_a_file_that_is_not_a_report(

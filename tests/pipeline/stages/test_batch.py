@@ -63,9 +63,9 @@ def _decoded(events: list[dict[str, Any]], rejected: set[int] = frozenset()) -> 
 def _drive(batcher: MicroBatcher, events: list[dict[str, Any]]) -> list[list[str]]:
     """The loop's use: queue decoded messages, admit what fits, close when ready."""
     batches: list[list[str]] = []
-    batcher.queue(_decoded(events))
+    batcher.queue(_decoded(events), arrived=0.0)
     while batcher.waiting:
-        batcher.admit(now=0.0)
+        batcher.admit()
         if batcher.ready(now=0.0):
             closed = batcher.close()
             assert closed is not None
@@ -116,25 +116,27 @@ class TestMicroBatcher:
 
     def test_an_event_that_does_not_fit_completes_the_batch_until_close(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
-        batcher.queue(_decoded([_event(6), _event(5, 1)]))
-        admitted = batcher.admit(now=0.0)
+        batcher.queue(_decoded([_event(6), _event(5, 1)]), arrived=0.0)
+        admitted = batcher.admit()
         assert admitted is not None and len(admitted) == 1
         assert batcher.is_complete and batcher.ready(now=0.0)
         assert batcher.room(np.array([1])) == 0
-        assert batcher.admit(now=0.0) is None  # the waiting event waits for the next batch
+        assert batcher.admit() is None  # the waiting event waits for the next batch
         batcher.close()
         assert not batcher.is_complete
-        assert batcher.admit(now=0.0) is not None and batcher.waiting == 0
+        assert batcher.admit() is not None and batcher.waiting == 0
 
     def test_rejected_messages_are_admitted_in_order_with_the_events_around_them(self) -> None:
         batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
-        batcher.queue(_decoded([_event(6), _event(5, 1), _event(1, 2)], rejected={1, 2}))
-        head = batcher.admit(now=0.0)
+        batcher.queue(
+            _decoded([_event(6), _event(5, 1), _event(1, 2)], rejected={1, 2}), arrived=0.0
+        )
+        head = batcher.admit()
         # event 0, then the reject before event 1; event 1 does not fit: it waits
         assert head is not None and head.offsets.tolist() == [0, 1]
         assert [i for i, _ in head.rejections] == [1]
         batcher.close()
-        rest = batcher.admit(now=0.0)
+        rest = batcher.admit()
         assert rest is not None and rest.offsets.tolist() == [2, 3, 4]
         assert [i for i, _ in rest.rejections] == [1]  # offset 3, indexed within ``rest``
         closed = batcher.close()
@@ -189,11 +191,11 @@ class TestMicroBatcher:
         batcher = MicroBatcher(max_rows=4, max_delay_ms=20)
         decoded = _decoded([_event(3), _event(3, 1), _event(3, 2)])
         decoded.partitions[:] = [0, 1, 0]
-        batcher.queue(decoded)
-        batcher.admit(now=0.0)
+        batcher.queue(decoded, arrived=0.0)
+        batcher.admit()
         assert batcher.waiting == 2
         assert batcher.drop_partitions({("t", 0)}) == 2  # the open event 0, the waiting event 2
-        batcher.admit(now=0.0)
+        batcher.admit()
         closed = batcher.close()
         assert closed is not None and closed[0].event_ids() == ["e1"]
 

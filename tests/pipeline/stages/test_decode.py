@@ -97,14 +97,14 @@ def assert_same_columns(got: EventColumns, want: EventColumns) -> None:
     assert got.event_ids() == want.event_ids()
     for name in ("user_ids", "event_time_ms", "device_ids", "country_ids", "num_results"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
-    for name in ("candidate_counts", "candidate_ids", "recent_counts", "recent_ids"):
+    for name in ("candidate_counts", "candidate_ids", "recent_counts", "recent_ids", "retrieved"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
 
 
 @settings(max_examples=300, deadline=None)
-@given(messages)
-def test_kernel_agrees_with_fastavro_on_every_message(values: list[bytes]) -> None:
-    decoder = MessageDecoder(LIMITS, RECENT_CAP)
+@given(messages, st.booleans())
+def test_kernel_agrees_with_fastavro_on_every_message(values: list[bytes], retrieve: bool) -> None:
+    decoder = MessageDecoder(LIMITS, RECENT_CAP, retrieve=retrieve)
     reference = _reference(decoder, values)
     status, columns = decoder.kernel(list(values))
     kernel = ["ok" if s == STATUS_OK else STATUS_REASONS[s].value for s in status.tolist()]
@@ -113,9 +113,11 @@ def test_kernel_agrees_with_fastavro_on_every_message(values: list[bytes]) -> No
 
 
 @settings(max_examples=100, deadline=None)
-@given(messages)
-def test_decode_gives_accepted_columns_and_reference_rejections(values: list[bytes]) -> None:
-    decoder = MessageDecoder(LIMITS, RECENT_CAP)
+@given(messages, st.booleans())
+def test_decode_gives_accepted_columns_and_reference_rejections(
+    values: list[bytes], retrieve: bool
+) -> None:
+    decoder = MessageDecoder(LIMITS, RECENT_CAP, retrieve=retrieve)
     reference = _reference(decoder, values)
     batch = decoder.decode("in", event_messages("in", list(values)))  # type: ignore[arg-type]
     accepted = [i for i, r in enumerate(reference) if isinstance(r, dict)]
@@ -168,3 +170,26 @@ def test_confluent_framing_same_schema_in_the_kernel_others_via_the_reference(
         (1, RejectReason.BAD_FRAMING),
         (2, RejectReason.UNKNOWN_SCHEMA),
     ]
+
+
+def test_an_event_without_candidates_is_valid_only_with_retrieval() -> None:
+    event = {
+        "event_id": "ev-empty",
+        "user_id": 5,
+        "event_time": _NOW_MS,
+        "context": {"device": "ios", "country": "DE"},
+        "candidate_item_ids": [],
+        "recent_item_ids": [3, 4],
+        "num_results": 3,
+    }
+    values = [_encode(event), _encode({**event, "candidate_item_ids": [1, 2]})]
+    events, accepted, rejections = MessageDecoder(LIMITS, RECENT_CAP).decode_values(values)
+    assert accepted.tolist() == [1]
+    assert [(i, r.reason) for i, r in rejections] == [(0, RejectReason.NO_CANDIDATES)]
+    events, accepted, rejections = MessageDecoder(LIMITS, RECENT_CAP, retrieve=True).decode_values(
+        values
+    )
+    assert accepted.tolist() == [0, 1] and rejections == []
+    assert events.candidate_counts.tolist() == [0, 2]
+    assert events.recent_counts.tolist() == [2, 2]
+    assert events.retrieved.tolist() == [False, False]  # retrieval comes after decoding

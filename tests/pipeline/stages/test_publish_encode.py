@@ -22,13 +22,14 @@ event = st.tuples(
     st.text(max_size=10),  # event id
     longs,  # user id
     st.lists(st.tuples(longs, scores), max_size=6),  # top-K (item id, score)
-    st.booleans(),
-    st.booleans(),
+    st.booleans(),  # user features fell back
+    st.booleans(),  # item features fell back
+    st.booleans(),  # retrieved
 )
 
 
 def _columns(batch: list[Any]) -> Any:
-    return records_to_columns(
+    columns = records_to_columns(
         [
             {
                 "event_id": eid,
@@ -42,18 +43,20 @@ def _columns(batch: list[Any]) -> Any:
             for eid, uid, *_ in batch
         ]
     )
+    columns.retrieved = np.array([r for *_, r in batch], dtype=bool)
+    return columns
 
 
 def _check(codec: RecordCodec, batch: list[Any], model_version: str, now_ms: int) -> None:
     scored = ScoredBatch(
-        counts=np.array([len(top) for _, _, top, _, _ in batch], dtype=np.int64),
-        item_ids=np.array([i for _, _, top, _, _ in batch for i, _ in top], dtype=np.int64),
-        scores=np.array([s for _, _, top, _, _ in batch for _, s in top], dtype=np.float64),
+        counts=np.array([len(top) for _, _, top, *_ in batch], dtype=np.int64),
+        item_ids=np.array([i for _, _, top, *_ in batch for i, _ in top], dtype=np.int64),
+        scores=np.array([s for _, _, top, *_ in batch for _, s in top], dtype=np.float64),
         model_version=model_version,
     )
     flags = FallbackFlags(
-        user=np.array([u for *_, u, _ in batch], dtype=bool),
-        item=np.array([i for *_, i in batch], dtype=bool),
+        user=np.array([u for *_, u, _, _ in batch], dtype=bool),
+        item=np.array([i for *_, i, _ in batch], dtype=bool),
     )
     sink = RecommendationSink(FakeProducer(), "recs", codec.header, Metrics())
     got = sink.encode(_columns(batch), scored, flags, now_ms)
@@ -73,9 +76,10 @@ def _check(codec: RecordCodec, batch: list[Any], model_version: str, now_ms: int
                     )
                     if on
                 ],
+                "retrieved": retrieved,
             }
         )
-        for e, (eid, uid, top, _, _) in enumerate(batch)
+        for e, (eid, uid, top, _, _, retrieved) in enumerate(batch)
     ]
     assert got == want
 

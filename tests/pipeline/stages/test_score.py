@@ -81,3 +81,41 @@ def test_a_failed_forward_is_raised_by_take_with_its_batch() -> None:
     assert failed.value.prepared is prepared and isinstance(failed.value.error, RuntimeError)
     assert not executor.busy
     executor.shutdown()
+
+
+class WarmUpRecorder(Scorer):
+    """A tiny scorer that records where it warms up, or fails to."""
+
+    def __init__(self, version: str, fail: bool = False) -> None:
+        base = tiny_scorer()
+        super().__init__(base.module, base.spec, version, base.device)
+        self.fail = fail
+        self.warm_threads: list[str] = []
+
+    def warm_up(self, batch_rows: object) -> float:
+        self.warm_threads.append(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("warm-up failed")
+        return 0.0
+
+
+def test_a_swapped_scorer_is_warmed_up_on_the_scoring_thread_and_serves_next() -> None:
+    first, second = WarmUpRecorder("v1"), WarmUpRecorder("v2")
+    executor = ForwardExecutor(first, Metrics(), warm_up_rows=(8,))
+    try:
+        executor.start(prepared_batch([user_event()], first))
+        with pytest.raises(RuntimeError, match="in flight"):
+            executor.swap(second)  # never with a forward in flight
+        assert executor.take(wait=True) is not None
+        with pytest.raises(RuntimeError, match="warm-up failed"):
+            executor.swap(WarmUpRecorder("broken", fail=True))
+        assert executor.scorer is first  # a failed warm-up keeps the old model
+        executor.swap(second)
+        assert executor.scorer is second
+        assert second.warm_threads == first.warm_threads  # the same scoring thread
+        assert second.warm_threads[0].startswith("forward")
+        executor.start(prepared_batch([user_event()], second))
+        done = executor.take(wait=True)
+        assert done is not None and done[1].model_version == "v2"
+    finally:
+        executor.shutdown()

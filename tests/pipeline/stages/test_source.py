@@ -1,11 +1,14 @@
-"""The source stage against a fake consumer: backlog, client errors, assignment, activity."""
+"""The source stage against a fake consumer: backlog, consume pattern, arrival times, client
+errors, assignment, activity."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
 from pipeline.stages.source import KafkaSource
 from tests.pipeline.fakes import FakeConsumer, FakeMessage
@@ -79,3 +82,70 @@ def test_subscribe_passes_the_rebalance_callbacks_and_close_closes() -> None:
     assert calls == ["revoke", "lost", "assign"]
     source.close()
     assert consumer.closed
+
+
+def test_poll_takes_what_is_queued_without_blocking() -> None:
+    source, consumer = _source([FakeMessage(T, b"x", 0, i) for i in range(4)], max_messages=10)
+    assert source.poll(0.5) == 4
+    assert consumer.consume_calls == [(10, 0)]  # queued messages never wait out the timeout
+    assert source.drained  # fewer than asked: the client's queue is empty
+
+
+def test_poll_blocks_for_one_message_only_when_nothing_is_queued_then_drains() -> None:
+    source, consumer = _source([], max_messages=10)
+    assert source.poll(0.5) == 0
+    assert consumer.consume_calls == [(10, 0), (1, 0.5)]
+    consumer.consume_calls.clear()
+    consumer.messages.extend(FakeMessage(T, b"x", 0, i) for i in range(3))
+    real = consumer.consume
+    calls = iter([[], *([None] * 3)])  # the first non-blocking call finds nothing queued yet
+
+    def consume(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        if next(calls) == []:
+            consumer.consume_calls.append((num_messages, timeout))
+            return []
+        return real(num_messages, timeout)
+
+    consumer.consume = consume  # type: ignore[method-assign]
+    assert source.poll(0.5) == 3
+    assert consumer.consume_calls == [(10, 0), (1, 0.5), (9, 0)]
+
+
+def test_a_full_poll_is_not_drained() -> None:
+    source, _ = _source([FakeMessage(T, b"x", 0, i) for i in range(5)], max_messages=3)
+    source.poll(0.0)
+    assert not source.drained
+    source.poll(0.0)
+    assert source.drained
+
+
+def test_head_arrival_is_the_kafka_timestamp_when_the_message_queued_before_the_poll() -> None:
+    now_ms = int(time.time() * 1000)
+    queued = FakeMessage(T, b"x", 0, 0, _timestamp=(TIMESTAMP_CREATE_TIME, now_ms - 300))
+    future = FakeMessage(T, b"x", 0, 1, _timestamp=(TIMESTAMP_CREATE_TIME, now_ms + 60_000))
+    untimed = FakeMessage(T, b"x", 0, 2)
+    source, _ = _source([queued], max_messages=1)
+    assert source.head_arrival is None
+    source.poll(0.0)
+    consumed = source.last_activity
+    assert consumed is not None and source.head_arrival is not None
+    assert 0.25 < consumed - source.head_arrival < 0.5  # it waited ~0.3 s before the poll
+    source.take(1)
+    assert source.head_arrival is None
+    for message in (future, untimed):  # a clock ahead, or no timestamp: consumed now
+        source, _ = _source([message], max_messages=1)
+        source.poll(0.0)
+        assert source.head_arrival == source.last_activity
+
+
+def test_take_keeps_each_polls_arrival_for_what_is_left() -> None:
+    source, consumer = _source([FakeMessage(T, b"x", 0, i) for i in range(3)], max_messages=3)
+    source.poll(0.0)
+    first = source.head_arrival
+    consumer.messages.extend(FakeMessage(T, b"x", 0, i) for i in range(3, 5))
+    source.poll(0.0)
+    second = source.last_activity
+    source.take(2)
+    assert source.head_arrival == first  # one message of the first poll is left
+    source.take(1)
+    assert source.head_arrival == second

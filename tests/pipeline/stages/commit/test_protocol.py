@@ -443,3 +443,44 @@ def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
     with pytest.raises(DeliveryFailed, match="undelivered"):
         ckpt.flush_and_commit(30.0)
     assert producer.flushes[-1] == 0.0  # the deadline, not the 30 s, bounded the flush
+
+
+def test_commits_at_most_once_per_commit_interval(
+    consumer: FakeConsumer, producer: FakeProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("pipeline.stages.commit.protocol.time.monotonic", lambda: clock[0])
+    ckpt = Checkpointer(consumer, producer, max_sealed=100, commit_interval_s=0.1)  # type: ignore[arg-type]
+
+    def batch(offset: int) -> None:
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _produce(ckpt, producer)
+        ckpt.seal_open()
+        producer.ack(1)
+
+    batch(0)
+    assert ckpt.commit_ready() == 1 and consumer.offsets == [{(T, 0): 1}]
+    for offset in (1, 2, 3):  # acknowledged batches 10 ms apart: no commit request yet
+        clock[0] += 0.01
+        batch(offset)
+        assert ckpt.commit_ready() == 0
+    clock[0] += 0.07  # 100 ms after the last commit: one request for all three
+    assert ckpt.commit_ready() == 3 and consumer.offsets[-1] == {(T, 0): 4}
+    assert len(consumer.commits) == 2
+    batch(4)
+    ckpt.flush_and_commit(1.0)  # shutdown and revocation commit at once
+    assert consumer.offsets[-1] == {(T, 0): 5}
+
+
+def test_acknowledged_checkpoints_waiting_for_the_interval_do_not_count_as_in_flight(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt = Checkpointer(consumer, producer, max_sealed=1, commit_interval_s=3600)  # type: ignore[arg-type]
+    for offset in range(5):
+        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _produce(ckpt, producer)
+        ckpt.seal_open()
+        producer.ack(1)
+        ckpt.commit_ready()
+    assert [p for p in producer.polls if p > 0] == []  # never waited for acks
+    assert len(consumer.commits) == 1  # the first one; the rest wait for the interval

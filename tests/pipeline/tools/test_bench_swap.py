@@ -1,0 +1,112 @@
+"""``streamrank bench swap``: its windows and audit without servers, then a smoke run of the
+real command on the stack with tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.tools.bench.swap import NEW, OLD, InputRecord, OutputRecord, swap_windows
+from tests.conftest import REPO_ROOT, LocalStack
+from tests.integration.conftest import WORLD, trained_checkpoint  # noqa: F401  (fixture)
+
+T0 = 1_800_000_000_000
+
+
+def _stream(
+    versions: list[str], latency_ms: list[int], every_ms: int = 100
+) -> tuple[dict[str, InputRecord], dict[str, list[OutputRecord]]]:
+    """One event per ``every_ms`` on partition ``i % 2``; event i scored by ``versions[i]``."""
+    inputs, outputs = {}, {}
+    for i, (version, latency) in enumerate(zip(versions, latency_ms, strict=True)):
+        t = T0 + i * every_ms
+        inputs[f"e{i}"] = InputRecord(i % 2, i // 2, t)
+        outputs[f"e{i}"] = [OutputRecord(t + latency, version)]
+    return inputs, outputs
+
+
+def test_windows_split_the_events_around_the_first_output_of_the_new_version() -> None:
+    # 100 events 100 ms apart; promoted at event 40; the new version answers from event 60
+    # (scored 500 ms later: events 55-64 waited for the swap, the others took 10 ms).
+    versions = [OLD] * 60 + [NEW] * 40
+    latency = [10] * 55 + [500] * 10 + [10] * 35
+    inputs, outputs = _stream(versions, latency)
+    result = swap_windows(inputs, outputs, T0 + 4000, window_s=1.0, since_ms=T0 + 1000)
+    windows = result["windows"]
+    assert result["events"] == 90  # the first 10 were the warm-up
+    # swap: event times within 1 s of the first new output (event 60's, at 6.5 s): 55..75
+    assert [windows[w]["events"] for w in ("before", "loading", "swap", "after")] == [
+        30, 15, 21, 24
+    ]  # fmt: skip
+    assert windows["before"]["p99_ms"] == 10 and windows["after"]["max_ms"] == 10
+    assert windows["swap"]["max_ms"] == 500 and windows["swap"]["p50_ms"] == 10
+    assert windows["swap"]["p99_ms"] > 490
+    assert result["first_new_ms"] == 2500
+    assert result["missing"] == result["duplicates"] == 0
+    assert result["switched_once"] and result["versions"] == [OLD, NEW]
+
+
+def test_the_audit_sees_losses_repeats_and_a_partition_switching_back() -> None:
+    versions = [OLD] * 10 + [NEW, NEW, OLD] + [NEW] * 7  # partition 0: 10 NEW, then 12 OLD
+    inputs, outputs = _stream(versions, [5] * 20)
+    del outputs["e3"]
+    outputs["e4"].append(OutputRecord(T0 + 999, OLD))
+    result = swap_windows(inputs, outputs, T0 + 500, window_s=0.2, since_ms=T0)
+    assert result["missing"] == 1 and result["duplicates"] == 1
+    assert not result["switched_once"]
+    none = swap_windows(inputs, {e: [OutputRecord(1, OLD)] for e in inputs}, T0, 1.0, T0)
+    assert none["first_new_ms"] is None and not none["switched_once"]
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "bench", "swap", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("args", [("--swap-at", "40"), ("--rate", "0")])
+def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
+    done = _cli(*args, env={})
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_swap_smoke_run_on_the_stack(
+    local_stack: LocalStack,
+    trained_checkpoint: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    env = {
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers,
+        "STREAMRANK_REDIS__URL": local_stack.redis_url,
+        "STREAMRANK_REDIS__KEY_PREFIX": f"swap-{tmp_path.name}",
+        "STREAMRANK_MODEL__CHECKPOINT": str(trained_checkpoint),  # its shapes, twice
+        "STREAMRANK_MODEL__DEVICE": "cpu",
+        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
+        **{f"STREAMRANK_SYNTHETIC__{k.upper()}": str(v) for k, v in WORLD.model_dump().items()},
+    }
+    args = ("--rate", "40", "--seconds", "6", "--swap-at", "2", "--window-s", "1", "--json")
+    done = _cli(*args, env=env)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["events"] == 240 and result["missing"] == 0 and result["duplicates"] == 0
+    assert result["switched_once"] and result["versions"] == [OLD, NEW]
+    assert sum(w["events"] for w in result["windows"].values()) == 240
+    assert result["windows"]["before"]["events"] > 0, result
+    assert result["windows"]["swap"]["events"] > 0, result
+    assert result["first_new_ms"] > 0 and len(result["loop_pause_s"]) == 1
+    assert result["pipeline_exit"] == 0
