@@ -355,12 +355,14 @@ class IngestWorkers:
                     channel.process.join(5)
 
     def close(self) -> None:
-        """Kill what still runs, reap every worker and close the pipes."""
+        """Kill what still runs, close the pipes (a worker still waiting for a reply reads
+        end-of-file) and reap every worker."""
         for channel in self.channels:
             if channel.process.exitcode is None:
                 self._signal(channel.pid, signal.SIGKILL)
-            channel.process.join(10)
             channel.conn.close()
+        for channel in self.channels:
+            channel.process.join(10)
 
     def summary(self, seconds: float) -> RunSummary:
         """The rank's run summary: the workers' figures merged (counts summed, busy time from

@@ -2,7 +2,9 @@
 every valid event gets exactly one Recommendation with the offline model's scores, every
 malformed message is dead-lettered with the same reason as without workers (K = 0 runs the same
 test), the offsets are committed at the end, and the workers' counts reach the process's one
-metrics endpoint; then the same over 2 ranks of a sharded model, one worker each."""
+metrics endpoint; events without candidates are answered with the items the served model's
+index retrieves (each worker builds it); then the same over 2 ranks of a sharded model, one
+worker each. K = 0 and 1 and the 2 ranks are ``slow`` (the default suite runs K = 2)."""
 
 from __future__ import annotations
 
@@ -15,17 +17,22 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from model.candidates import fill_candidates
 from model.spec import FeatureSpec
-from model.synthetic import SyntheticWorld
+from model.synthetic import SyntheticWorld, to_event_dicts
 from pipeline.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
+    records_to_columns,
 )
 from pipeline.config import CodecSettings, Settings
+from pipeline.kafka_io import make_producer, produce
+from pipeline.model_loader import ModelLoader
 from pipeline.records import RejectReason
 from pipeline.stages.dead_letter import REASON_HEADER
 from tests.faults.helpers import dead_letters
@@ -39,9 +46,10 @@ from tests.integration.conftest import (
     seed_features,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 CODEC = {"STREAMRANK_CODEC__MAX_MESSAGE_BYTES": "4096", "STREAMRANK_CODEC__MAX_CANDIDATES": "200"}
+NO_RETRIEVAL = {"STREAMRANK_RETRIEVAL__ENABLED": "false"}  # an empty candidate list is rejected
 
 
 def malformed_values(settings: Settings, world: SyntheticWorld) -> dict[bytes, set[str]]:
@@ -123,7 +131,14 @@ def _value(body: str, sample: str) -> float | None:
     return None
 
 
-@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param(0, marks=pytest.mark.slow),  # the one-process reference (test_end_to_end)
+        pytest.param(1, marks=pytest.mark.slow),
+        2,
+    ],
+)
 def test_every_event_once_every_malformed_message_with_its_reason_offsets_committed(
     workers: int,
     settings_factory: Callable[..., Settings],
@@ -149,6 +164,7 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
     summary_file = tmp_path / "summary.json"
     env = {
         **CODEC,
+        **NO_RETRIEVAL,
         "STREAMRANK_BATCHING__INGEST_WORKERS": str(workers),
         "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128",
         "STREAMRANK_METRICS__ENABLED": "true",
@@ -199,6 +215,7 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
         assert "[w0]" in log.read_text()
 
 
+@pytest.mark.slow
 def test_two_ranks_with_a_worker_each_score_every_event_once(
     settings_factory: Callable[..., Settings],
     trained_checkpoint: Path,
@@ -220,7 +237,7 @@ def test_two_ranks_with_a_worker_each_score_every_event_once(
     dlq = consumer_factory(settings.topics.dlq)
     log = tmp_path / "ranks.log"
     summary_file = tmp_path / "summary.json"
-    env = {**CODEC, "STREAMRANK_BATCHING__INGEST_WORKERS": "1"}
+    env = {**CODEC, **NO_RETRIEVAL, "STREAMRANK_BATCHING__INGEST_WORKERS": "1"}
     args = ("--nproc", "2", "--exit-when-idle", "4", "--summary-json", str(summary_file))
     out = log.open("w")
     proc = cli(settings, "run", *args, extra_env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -236,3 +253,50 @@ def test_two_ranks_with_a_worker_each_score_every_event_once(
     summary = json.loads(summary_file.read_text())
     assert summary["world_size"] == 2 and summary["events_out"] == 300
     assert [len(r["workers"]) for r in summary["ranks"]] == [1, 1]
+
+
+def test_a_worker_answers_events_without_candidates_with_retrieved_items(
+    pipeline_settings: Settings,
+    world: SyntheticWorld,
+    spec: FeatureSpec,
+    cli: Callable[..., subprocess.Popen],
+    tmp_path: Path,
+) -> None:
+    settings = pipeline_settings
+    index = ModelLoader(settings).retrieval_index(settings.model.checkpoint)
+    assert index is not None  # the items in Redis
+    records = list(to_event_dicts(world.sample_events(40, np.random.default_rng(3)), world))
+    for number, record in enumerate(records):
+        record["event_id"] = f"w-{number}"
+        record["event_time"] = int(time.time() * 1000)
+    asks = {r["event_id"] for number, r in enumerate(records) if number % 2}
+    sent = [{**r, "candidate_item_ids": []} if r["event_id"] in asks else r for r in records]
+    codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    producer = make_producer(settings.kafka)
+    for record in sent:
+        produce(producer, settings.topics.input, codec.encode(record), key=b"k")
+    assert producer.flush(30) == 0
+    log = tmp_path / "run.log"
+    env = {"STREAMRANK_BATCHING__INGEST_WORKERS": "1"}
+    proc = cli(
+        settings,
+        "run",
+        "--exit-when-idle",
+        "2",
+        extra_env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.wait(300) == 0, log.read_text()[-3000:]
+
+    recs = collect(settings, expected=len(sent))
+    assert sorted(r["event_id"] for r in recs) == sorted(r["event_id"] for r in sent)
+    assert {r["event_id"] for r in recs if r["retrieved"]} == asks
+    for rec in recs:
+        if not rec["retrieved"]:
+            continue
+        record = next(r for r in sent if r["event_id"] == rec["event_id"])
+        recent = (record["recent_item_ids"] or [])[: spec.recent_items_cap]
+        columns = records_to_columns([{**record, "recent_item_ids": recent}])
+        found = set(fill_candidates(columns, index).candidate_ids.tolist())
+        assert rec["items"] and {i["item_id"] for i in rec["items"]} <= found

@@ -5,6 +5,7 @@ the start barrier, a failed worker, padding steps for the ranks of a sharded mod
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,9 +16,20 @@ from model.serving import Scorer
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.server import ScoringServer
 from pipeline.ingest.workers import IngestWorkerFailed
+from pipeline.metrics import Metrics
+from pipeline.records import PreparedBatch, ScoredBatch
+from pipeline.stages import score as score_stage
 from pipeline.stages.features import build_feature_columns
+from pipeline.stages.score import ForwardExecutor
 from pipeline.stepping import LocalStepper, StepDecision
-from tests.pipeline.factories import TINY_SPEC, DefaultsEnricher, columns, tiny_scorer, user_event
+from tests.pipeline.factories import (
+    TINY_SPEC,
+    DefaultsEnricher,
+    batch_of,
+    columns,
+    tiny_scorer,
+    user_event,
+)
 from tests.pipeline.ingest.threads import ThreadWorkers
 
 
@@ -226,3 +238,49 @@ def test_with_several_ranks_every_step_is_a_forward_padded_to_the_agreed_rows() 
     assert scorer.padding and set(scorer.padding) == {5}  # steps without a request of its own
     assert inp.num_rows + 5 in scorer.padded_to  # its request, padded to the agreed rows
     assert torch.equal(got[0], tiny_scorer().forward(inp))  # padding changes no score
+
+
+class _ClockScorer(Scorer):
+    """The tiny model, whose forward advances a fake clock by one second."""
+
+    def __init__(self, clock: list[float]) -> None:
+        base = tiny_scorer()
+        super().__init__(base.module, base.spec, base.model_version, base.device)
+        self._clock = clock
+
+    def forward(
+        self, inp: ModelInput, pad_to: int | None = None, rows: int | None = None
+    ) -> torch.Tensor:
+        self._clock[0] += 1.0
+        return super().forward(inp, pad_to, rows)
+
+
+def test_a_workers_forward_time_is_its_round_trip_to_the_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's batch policy learns its batch costs from the forward time its executor
+    measures (``ScoredBatch.forward_s``, in ``BatchProcessor.take_costs``): the whole round trip,
+    the rank's forward included."""
+    clock = [0.0]
+    monkeypatch.setattr(score_stage, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    scored: list[ScoredBatch] = []
+
+    def body(index: int, remote: RemoteScorer) -> None:
+        executor = ForwardExecutor(remote, Metrics())
+        records = [user_event(candidates=3, user_id=u) for u in range(4)]
+        batch = batch_of(records)
+        events = batch.events
+        enrichment = DefaultsEnricher().enrich(events.user_ids, events.candidate_ids)
+        staged = remote.stage(build_feature_columns(events, enrichment, TINY_SPEC))
+        executor.start(PreparedBatch(batch, enrichment, staged))
+        done = executor.take(wait=True)
+        executor.shutdown()
+        assert done is not None
+        scored.append(done[1])
+
+    workers = ThreadWorkers(1, body)
+    workers.start()
+    ScoringServer(_ClockScorer(clock), LocalStepper()).run(workers)
+    workers.close()
+    assert len(scored) == 1 and scored[0].forward_s == 1.0
+    assert scored[0].counts.tolist() == [2, 2, 2, 2]
