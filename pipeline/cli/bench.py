@@ -235,14 +235,14 @@ def bench_ingest_command(
     config: ConfigOption = None,
 ) -> None:
     """One process vs K ingest workers: events/s, CPU per event of each process, transport."""
-    from pipeline.tools.bench.ingest import bench_ingest
-
     try:
         counts = tuple(int(k) for k in workers.split(","))
     except ValueError as exc:
         raise UserError(f"--workers takes worker counts like 0,1,2; got {workers!r}") from exc
     if not counts or min(counts) < 0 or events < 1 or rounds < 1:
         raise UserError("--workers must be >= 0; --events and --rounds >= 1")
+    from pipeline.tools.bench.ingest import bench_ingest  # torch: after the options' checks
+
     settings = stack_settings(ctx, config)
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     export_config_file(ctx, config)
