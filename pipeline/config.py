@@ -177,12 +177,23 @@ class BatchingSettings(_Section):
     ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
     where the loop's work and the forward's threads compete for the same cores (measured slower
     on 2 cores: BENCHMARKS.md)."""
+    ingest_workers: int = 0
+    """Processes per rank that consume, decode, enrich and build the model input, each a member
+    of the consumer group with its own commits, while the rank's process only scores their
+    batches (:mod:`pipeline.ingest`). 0: one process does everything."""
 
     @field_validator("overlap_forward", mode="before")
     @classmethod
     def _auto(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return None
+        return value
+
+    @field_validator("ingest_workers")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
         return value
 
     @field_validator("latency_budget_ms")

@@ -378,17 +378,19 @@ class Metrics:
                 if partition != "-1" and lag >= 0:
                     self.consumer_lag.labels(topic=topic, partition=partition).set(lag)
 
-    def serve(self, host: str, port: int) -> int:
+    def serve(self, host: str, port: int, registry: CollectorRegistry | None = None) -> int:
         """Start the HTTP endpoint (a daemon thread) and mark the rank up.
 
         Args:
             host: address to bind.
             port: TCP port; 0 picks a free one.
+            registry: what to serve instead of :attr:`registry` (a rank with ingest workers
+                serves its own merged with theirs: :mod:`pipeline.ingest.relay`).
 
         Returns:
             The port it listens on.
         """
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        server, _ = start_http_server(port, addr=host, registry=registry or self.registry)
         self.set_up(True)
         log.info("metrics on http://%s:%d/metrics", host, server.server_port)
         return int(server.server_port)

@@ -169,7 +169,7 @@ class ModelLoader:
             from model.serving import ScorerFactory
 
             scorer = ScorerFactory(self.options(checkpoint), self.rank).create_scorer()
-        index = self._index(checkpoint)  # after the weights: a corrupt version fails first
+        index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
         return PendingModel(checkpoint, meta.model_version, index, scorer)
 
     def complete(self, pending: PendingModel) -> ServedModel:
@@ -203,7 +203,19 @@ class ModelLoader:
                 "restart the pipeline to serve it"
             )
 
-    def _index(self, checkpoint: Path) -> RetrievalIndex | None:
+    def retrieval_index(self, checkpoint: Path) -> RetrievalIndex | None:
+        """The retrieval index of ``checkpoint`` (also built alone by each ingest worker).
+
+        Args:
+            checkpoint: the version's checkpoint directory.
+
+        Returns:
+            The index; ``None`` with ``[retrieval]`` off or an empty catalogue (logged).
+
+        Example::
+
+            index = ModelLoader(settings).retrieval_index(checkpoint)
+        """
         settings = self.settings
         if not settings.retrieval.enabled:
             return None

@@ -13,17 +13,26 @@ several ranks, each one also:
 2. steps with the others (:class:`~pipeline.stepping.CollectiveStepper` on a gloo group of its
    own, so control traffic never syncs the GPU);
 3. is a member of the Kafka consumer group, and commits its own partitions' offsets.
+
+With ``batching.ingest_workers = K`` a process (or each rank) loads and warms up its model the
+same way, then starts K worker processes (:func:`serve_ingest_worker`, each a complete loop
+and consumer-group member whose forwards run here) and becomes their scoring server
+(:mod:`pipeline.ingest`). Such a job serves one model version: it refuses to follow a versions
+directory (:func:`check_ingest_workers`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from model.rank import RankContext
+from model.serving import Scorer
 from model.versions import is_versions_dir, resolve_checkpoint
 from pipeline.config import Settings
 from pipeline.distributed import step_stats
+from pipeline.ingest import WorkerAssignment, serve_with_workers, worker_process
 from pipeline.kafka_io import ClientFactory, connect
 from pipeline.lifetime import bind_rank_to_launcher
 from pipeline.loop import ScoringPipeline
@@ -35,7 +44,7 @@ from pipeline.stages.enrich import BatchEnricher
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
 from pipeline.summary import RunSummary
 
-__all__ = ["build_pipeline", "serve"]
+__all__ = ["build_pipeline", "check_ingest_workers", "serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,7 @@ def serve(
     max_events: int | None = None,
     degradations: int = 0,
     checkpoint: Path | None = None,
+    worker_setup: Callable[[], object] | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -58,6 +68,8 @@ def serve(
         degradations: times the launcher restarted the job with fewer ranks.
         checkpoint: the checkpoint directory to serve (a versions directory's current version,
             resolved by the caller); default ``model.checkpoint``.
+        worker_setup: with ingest workers, run first in each of them (e.g. the CLI's logging
+            configuration; picklable).
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -65,6 +77,8 @@ def serve(
 
     Raises:
         UnsupportedOption: a ``[model]`` option this job cannot serve.
+        ValueError: ingest workers with a versions directory to follow
+            (:func:`check_ingest_workers`).
 
     Example::
 
@@ -73,14 +87,31 @@ def serve(
     if rank.distributed:
         bind_rank_to_launcher()  # dies with torchrun's agent and the launcher (pipeline.lifetime)
     metrics = Metrics(rank=rank, degradations=degradations)
+    if degradations and rank.rank == 0:
+        log.warning(
+            "running on %d ranks after %d degradation(s) (streamrank_degradations)",
+            rank.world_size,
+            degradations,
+        )
     try:
-        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
-        if degradations and rank.rank == 0:
-            log.warning(
-                "running on %d ranks after %d degradation(s) (streamrank_degradations)",
-                rank.world_size,
-                degradations,
+        if settings.batching.ingest_workers:
+            check_ingest_workers(settings)
+            served = ModelLoader(settings, rank).load(checkpoint or settings.model.checkpoint)
+            _model_metrics(metrics, served.scorer)
+            summary = serve_with_workers(
+                settings,
+                rank,
+                served.scorer,
+                metrics,
+                _stepper(rank, metrics),
+                serve_ingest_worker,
+                exit_when_idle_s,
+                max_events,
+                worker_setup,
+                checkpoint=checkpoint or settings.model.checkpoint,
             )
+            return summary, step_stats(metrics) if rank.distributed else {}
+        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
         if settings.metrics.enabled:
             port = settings.metrics.port + rank.rank if settings.metrics.port else 0
             metrics.serve(settings.metrics.host, port)
@@ -134,21 +165,13 @@ def build_pipeline(
     """
     loader = ModelLoader(settings, rank)
     served = loader.load(checkpoint or settings.model.checkpoint)
-    metrics.embedding_bytes.set(served.scorer.embedding_bytes())
-    metrics.model_info.info({"model_version": served.version})
-    stepper: Stepper = LocalStepper(metrics)
-    if rank.distributed:
-        import torch.distributed as dist
-
-        # The step agreement runs on the loop's thread while the forward's collectives run on
-        # the scoring thread: separate groups keep their message orders apart.
-        stepper = CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)
+    _model_metrics(metrics, served.scorer)
     return ScoringPipeline(
         settings,
         served.scorer,
         metrics,
         enricher=enricher,
-        stepper=stepper,
+        stepper=_stepper(rank, metrics),
         rank=rank,
         clients=clients,
         index=served.index,
@@ -173,3 +196,73 @@ def _follow_versions(
     )
     log.info("following the model versions of %s (serving %s)", root, served.name)
     return ModelSwap(watcher, loader, metrics)
+
+
+def check_ingest_workers(settings: Settings) -> None:
+    """Refuse ingest workers where the job would follow a versions directory.
+
+    A swap changes the scorer between two agreed steps of one loop (:mod:`pipeline.model_swap`);
+    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
+    in K other loops, which no swap step spans.
+
+    Raises:
+        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
+            ``model.checkpoint`` a versions directory (one line, for the CLI).
+
+    Example::
+
+        check_ingest_workers(load_settings())
+    """
+    root = settings.model.checkpoint
+    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
+        raise ValueError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
+            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
+            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
+        )
+
+
+def serve_ingest_worker(assignment: WorkerAssignment) -> None:
+    """An ingest worker's process (spawned by its rank): a complete consumer-group member whose
+    forwards run in the rank (:mod:`pipeline.ingest`).
+
+    Args:
+        assignment: what the rank gave it (settings, slots, pipe, share of ``--max-events``,
+            the retrieval index's checkpoint).
+
+    Example::
+
+        # spawned by pipeline.ingest.IngestWorkers, never called directly
+        serve_ingest_worker(assignment)
+    """
+    with worker_process(assignment) as worker:
+        pipeline = ScoringPipeline(
+            worker.settings,
+            worker.scorer,
+            worker.metrics,
+            stepper=worker.stepper,
+            rank=assignment.rank,
+            index=worker.index,
+        )
+        pipeline.stop_on_signals()
+        summary = pipeline.run(
+            exit_when_idle_s=assignment.exit_when_idle_s, max_events=assignment.max_events
+        )
+        worker.finish(summary)
+
+
+def _model_metrics(metrics: Metrics, scorer: Scorer) -> None:
+    """The served model's figures: its embedding bytes and version."""
+    metrics.embedding_bytes.set(scorer.embedding_bytes())
+    metrics.model_info.info({"model_version": scorer.model_version})
+
+
+def _stepper(rank: RankContext, metrics: Metrics) -> Stepper:
+    """When to score: alone, or agreed with the other ranks."""
+    if not rank.distributed:
+        return LocalStepper(metrics)
+    import torch.distributed as dist
+
+    # The step agreement runs on the loop's thread while the forward's collectives run on the
+    # scoring thread: separate groups keep their message orders apart.
+    return CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)

@@ -44,6 +44,9 @@ class RunSummary:
     first_input_at: float | None = None
     last_output_at: float | None = None
     latencies_s: list[float] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    """With ingest workers (:mod:`pipeline.ingest`): each worker's own figures (the counts
+    above are their sums)."""
 
     def record_batch(self, events: int, rows: int, latency_s: npt.NDArray[np.float64]) -> None:
         """Count one published batch and keep its events' latencies (up to a bound)."""
@@ -90,6 +93,7 @@ class RunSummary:
             "events_per_s": round(self.events_per_s, 1),
             "rows_per_s": round(self.rows_per_s, 1),
             **latency_percentiles_ms(np.asarray(self.latencies_s, dtype=np.float64)),
+            **({"workers": self.workers} if self.workers else {}),
         }
 
 

@@ -73,7 +73,18 @@ class Scorer:
     def stage(self, features: FeatureColumns) -> StagedInput:
         """Feature columns -> model input on its way to the model's device (on a GPU the copy
         runs asynchronously on a copy stream: :mod:`model.transfer`)."""
-        inp = build_model_input(features, self.spec)
+        return self.stage_input(build_model_input(features, self.spec))
+
+    def stage_input(self, inp: ModelInput) -> StagedInput:
+        """A model input built on the host -> on its way to the model's device (padded to a
+        graph shape first when the model replays CUDA graphs); :meth:`stage` without building.
+
+        Args:
+            inp: the batch on the CPU (e.g. read from an ingest worker's shared memory).
+
+        Returns:
+            The staged input (:meth:`StagedInput.ready_input` on the scoring thread).
+        """
         if self.graph_shapes:  # padded on the host: the copy has the graph's static shapes
             inp = pad_to_shape(inp, shape_for(inp.num_rows, self.graph_shapes))
         if self._transfer is not None:

@@ -1,6 +1,6 @@
-"""``streamrank bench model|pipeline|quantize|compile|precision|ranks|overhead|codec|retrieval``:
-the numbers of BENCHMARKS.md (the benchmarks that offer a load over time, ``latency``,
-``soak`` and ``swap``, are in :mod:`pipeline.cli.bench_load`).
+"""``streamrank bench model|pipeline|quantize|compile|precision|ranks|overhead|ingest|codec|
+retrieval``: the numbers of BENCHMARKS.md (the benchmarks that offer a load over time,
+``latency``, ``soak`` and ``swap``, are in :mod:`pipeline.cli.bench_load`).
 
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
@@ -220,6 +220,41 @@ def bench_overhead_command(
 
     settings = stack_settings(ctx, config)
     emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
+
+
+@bench_app.command("ingest")
+def bench_ingest_command(
+    ctx: typer.Context,
+    workers: Annotated[
+        str, typer.Option(help="Ingest workers to compare, comma-separated (0: one process).")
+    ] = "0,1,2",
+    events: Annotated[int, typer.Option(help="Events per run.")] = 20000,
+    rounds: RoundsOption = 3,
+    keep_topics: KeepTopicsOption = False,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """One process vs K ingest workers: events/s, CPU per event of each process, transport."""
+    try:
+        counts = tuple(int(k) for k in workers.split(","))
+    except ValueError as exc:
+        raise UserError(f"--workers takes worker counts like 0,1,2; got {workers!r}") from exc
+    if not counts or min(counts) < 0 or events < 1 or rounds < 1:
+        raise UserError("--workers must be >= 0; --events and --rounds >= 1")
+    from pipeline.tools.bench.ingest import bench_ingest  # torch: after the options' checks
+
+    settings = stack_settings(ctx, config)
+    settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    export_config_file(ctx, config)
+    result = bench_ingest(
+        settings,
+        workers=counts,
+        events=events,
+        rounds=rounds,
+        report=say,
+        keep_topics=keep_topics,
+    )
+    emit(result, as_json)
 
 
 @bench_app.command("codec")

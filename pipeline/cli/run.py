@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +21,9 @@ from pipeline.cli.checks import (
     require_redis,
     require_schema_registry,
 )
-from pipeline.cli.common import ConfigOption, apply_threads, command_settings
+from pipeline.cli.common import CliState, ConfigOption, apply_threads, command_settings
 from pipeline.cli.errors import UserError
+from pipeline.cli.logs import LogFormat, configure_logging
 from pipeline.config import Settings
 from pipeline.launch import Launch
 from pipeline.summary import (
@@ -92,9 +95,13 @@ def run(
     from model.serving import UnsupportedOption
     from pipeline.distributed import summary_path
     from pipeline.launch import DEGRADATIONS_ENV
-    from pipeline.serve import serve
+    from pipeline.serve import check_ingest_workers, serve
 
     settings = command_settings(ctx, config)
+    try:
+        check_ingest_workers(settings)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
     rank = RankContext.from_env()
     # The launcher (not a rank torchrun started) checks the launch options first, and the
     # model options against the job's size; the ranks run without --nproc.
@@ -123,6 +130,7 @@ def run(
             max_events,
             degradations=int(os.environ.get(DEGRADATIONS_ENV, "0")),
             checkpoint=served,
+            worker_setup=_worker_logging(ctx),
         )
     except UnsupportedOption as exc:
         raise UserError(str(exc)) from exc
@@ -160,6 +168,14 @@ def _launch(
     except ValueError as exc:  # UnsupportedOption included
         raise UserError(str(exc)) from exc
     return launch
+
+
+def _worker_logging(ctx: typer.Context) -> Callable[[], object]:
+    """The logging of this command, to be set up again in each ingest worker (picklable)."""
+    state = ctx.find_object(CliState)
+    level = logging.getLevelName(logging.getLogger("pipeline").getEffectiveLevel())
+    chosen = state.log_format if state else LogFormat.TEXT
+    return functools.partial(configure_logging, level, chosen)
 
 
 def _print_summary(result: dict[str, object]) -> None:

@@ -266,6 +266,16 @@ def check_bench_overhead(ws: Workspace) -> None:
     assert {"decode", "forward", "produce"} <= report["stages_us"].keys()
 
 
+@smoke("bench ingest")
+def check_bench_ingest(ws: Workspace) -> None:
+    args = ["--workers", "0,1", "--events", "60", "--rounds", "1", "--json"]
+    report = strict_json(ws.cli("bench", "ingest", *args).stdout.splitlines()[-1])
+    assert set(report["events_per_s"]) == {"0", "1"}
+    assert report["median"]["1"]["workers_cpu_us_per_event"] > 0
+    assert report["median"]["0"]["workers_cpu_us_per_event"] == 0  # no workers: all in one
+    assert report["transport"]["us_per_batch"] > 0 and report["transport"]["pickled_us"] > 0
+
+
 @smoke("bench codec")
 def check_bench_codec(ws: Workspace) -> None:
     # Without --json: one "dotted.key: JSON value" line per figure on stdout.
@@ -393,6 +403,7 @@ def test_help_of_every_command(name: str) -> None:
 _SLOW = {
     "bench compile": "torch.compile (inductor) takes a minute on a busy 2-core machine",
     "bench soak": "a capacity-free soak still runs the pipeline and a producer for ~20 s",
+    "bench ingest": "two runs, one of them spawning a worker (a fresh interpreter with torch)",
     "bench swap": "trains nothing, but runs the pipeline as a child through a model swap",
 }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from model.versions import POINTER_FILE
 from tests.conftest import LocalStack
 from tests.pipeline.cli.conftest import CliRunner
 
@@ -133,6 +134,37 @@ def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
 )
 def test_bench_latency_bad_options(run_cli: CliRunner, args: list[str], fragment: str) -> None:
     _assert_one_line_user_error(run_cli("bench", "latency", *args), fragment)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--workers", "one,two"], "--workers"),
+        (["--workers", "0,-1"], "--workers must be >= 0"),
+        (["--events", "0"], "--events"),
+    ],
+)
+def test_bench_ingest_bad_options(run_cli: CliRunner, args: list[str], fragment: str) -> None:
+    _assert_one_line_user_error(run_cli("bench", "ingest", *args), fragment)
+
+
+def test_a_negative_number_of_ingest_workers(run_cli: CliRunner, toml: Path) -> None:
+    toml.write_text("[batching]\ningest_workers = -1\n")
+    result = run_cli("run", "--config", str(toml))
+    _assert_one_line_user_error(result, "batching.ingest_workers", "must be >= 0")
+
+
+def test_ingest_workers_refuse_to_follow_a_versions_directory(
+    run_cli: CliRunner, toml: Path, tmp_path: Path
+) -> None:
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    (versions / POINTER_FILE).write_text('{"version": "v1", "generation": 1}')
+    toml.write_text(f'[batching]\ningest_workers = 2\n[model]\ncheckpoint = "{versions}"\n')
+    result = run_cli("run", "--config", str(toml))
+    _assert_one_line_user_error(
+        result, "batching.ingest_workers = 2 cannot follow", "model_swap.enabled = false"
+    )
 
 
 def test_bench_latency_compare_with_a_file_that_is_not_a_report(

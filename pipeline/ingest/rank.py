@@ -1,0 +1,110 @@
+"""A rank with ingest workers: warm the model up, start the workers, serve them, merge their
+summaries (called by :func:`pipeline.serve.serve` when ``batching.ingest_workers > 0``).
+
+Example::
+
+    summary = serve_with_workers(settings, rank, scorer, metrics, stepper, serve_ingest_worker)
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from model.device import bind_thread
+from model.rank import RankContext
+from model.serving import Scorer
+from pipeline.config import Settings
+from pipeline.ingest.relay import MergedMetrics
+from pipeline.ingest.server import ScoringServer
+from pipeline.ingest.workers import IngestWorkers, WorkerAssignment
+from pipeline.metrics import Metrics
+from pipeline.stepping import Stepper
+from pipeline.summary import RunSummary
+
+__all__ = ["serve_with_workers"]
+
+log = logging.getLogger(__name__)
+
+
+def serve_with_workers(
+    settings: Settings,
+    rank: RankContext,
+    scorer: Scorer,
+    metrics: Metrics,
+    stepper: Stepper,
+    target: Callable[[WorkerAssignment], None],
+    exit_when_idle_s: float | None = None,
+    max_events: int | None = None,
+    setup: Callable[[], object] | None = None,
+    checkpoint: Path | None = None,
+) -> RunSummary:
+    """Serve ``batching.ingest_workers`` workers until all of them are done.
+
+    The model is warmed up on this thread (the one that scores) before any worker joins the
+    consumer group; SIGTERM/SIGINT are passed on to the workers (each finishes its open batch
+    and commits, served meanwhile); the rank's metrics endpoint serves the workers' metrics too.
+
+    Args:
+        settings: the rank's settings.
+        rank: the rank.
+        scorer: its model.
+        metrics: its metrics (the workers' are merged in: :mod:`pipeline.ingest.relay`).
+        stepper: when to score (agreed across ranks with several).
+        target: the workers' entry (:func:`pipeline.serve.serve_ingest_worker`).
+        exit_when_idle_s: each worker stops after this long without input.
+        max_events: shared out over the workers (never more in all).
+        setup: run first in every worker (the CLI's logging; picklable).
+        checkpoint: the served checkpoint directory (with ``[retrieval]`` on, each worker
+            builds its retrieval index from it).
+
+    Returns:
+        The rank's summary: its workers' merged, each worker's under ``workers``.
+
+    Raises:
+        IngestWorkerFailed: a worker failed (after the others stopped).
+
+    Example::
+
+        summary = serve_with_workers(settings, RankContext(), scorer, Metrics(),
+                                     LocalStepper(), serve_ingest_worker, exit_when_idle_s=5)
+    """
+    merged = MergedMetrics(metrics.registry)
+    if settings.metrics.enabled:
+        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
+        metrics.serve(settings.metrics.host, port, registry=merged.registry)
+    bind_thread(scorer.device)
+    rows = settings.batching.max_batch_rows
+    scorer.warm_up((rows, max(1, rows // 2)))  # collective with several ranks
+    workers = IngestWorkers(
+        settings,
+        rank,
+        scorer.spec,
+        scorer.model_version,
+        target,
+        setup=setup,
+        exit_when_idle_s=exit_when_idle_s,
+        max_events=max_events,
+        checkpoint=checkpoint,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: the ingest workers finish their open batches and commit", signum)
+        workers.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = ScoringServer(scorer, stepper, merged)
+    started = time.monotonic()
+    try:
+        workers.start()
+        server.run(workers)
+    finally:
+        metrics.set_up(False)
+        workers.close()
+    log.info("scored %d batches of %d ingest workers", server.scored, len(workers.channels))
+    return workers.summary(time.monotonic() - started)

@@ -1,0 +1,194 @@
+"""The scoring server: a rank's loop when ingest workers consume, decode, enrich and build the
+model input (:mod:`pipeline.ingest`).
+
+One loop on the rank's main thread (the thread that bound the device and warmed the model up):
+
+1. **receive**: wait for a message or an exit of any worker (``multiprocessing.connection.wait``
+   on the pipes and the process sentinels): score requests queue up in arrival order; metrics
+   and summaries are kept (:mod:`pipeline.ingest.relay`). Before the first step every worker
+   must be ready (with several ranks: every rank's, agreed in one step), then all of them are
+   told to join the consumer group at once;
+2. **agree**: the rank's :class:`~pipeline.stepping.Stepper` decides the step as the loop of one
+   process does: alone, score whenever a request waits and stop once every worker is done
+   (:class:`~pipeline.stepping.LocalStepper`); with several ranks of a sharded model
+   (:class:`~pipeline.stepping.CollectiveStepper`), every rank takes part in every forward, padded
+   to the largest request of the step (a rank without one joins with padding), and the ranks stop
+   together when every worker of every rank is done;
+3. **score**: the oldest request's slot is read in place, staged to the device
+   (:meth:`~model.serving.Scorer.stage_input`), scored, and its probabilities written back into
+   the slot; the worker is answered. A forward that raises for reasons the events may cause is
+   answered with the exception (the worker bisects the batch, as one process would); any other
+   error stops the rank.
+
+Example::
+
+    server = ScoringServer(scorer, LocalStepper(metrics), merged)
+    server.run(workers)   # until every worker is done
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections import deque
+from typing import Protocol
+
+from model.device import bind_thread
+from model.serving import Scorer
+from pipeline.ingest.relay import MergedMetrics
+from pipeline.ingest.transport import (
+    MetricsReport,
+    ScoreReply,
+    ScoreRequest,
+    WorkerDone,
+    WorkerReady,
+)
+from pipeline.ingest.workers import Channel, IngestWorkerFailed
+from pipeline.isolation import is_isolatable
+from pipeline.stepping import LocalStepper, Stepper
+
+__all__ = ["RemoteForwardError", "ScoringServer", "WorkerPool"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerPool(Protocol):
+    """What the server needs of its workers (:class:`~pipeline.ingest.workers.IngestWorkers`)."""
+
+    failure: str | None
+
+    @property
+    def finished(self) -> bool:
+        """Every worker has exited and every message it sent has been read."""
+        ...
+
+    def wait(self, timeout_s: float) -> list[Channel]:
+        """The channels with messages, after waiting up to ``timeout_s`` for one."""
+        ...
+
+    def check(self) -> None:
+        """Notice exits and failures; enforce the stop deadline."""
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """Every worker is ready to join the group (or has exited)."""
+        ...
+
+    def release(self) -> None:
+        """Tell every ready worker to join the group."""
+        ...
+
+
+class RemoteForwardError(Exception):
+    """A forward failed in the scoring server with an exception that could not be pickled
+    (its type and text are kept)."""
+
+
+class ScoringServer:
+    """Scores the ingest workers' batches (see the module docstring).
+
+    Args:
+        scorer: the rank's model (built and warmed up by :class:`~model.serving.ScorerFactory`).
+        stepper: when to score (alone or agreed across ranks).
+        metrics: where the workers' metrics go (``None``: not kept).
+    """
+
+    def __init__(
+        self, scorer: Scorer, stepper: Stepper, metrics: MergedMetrics | None = None
+    ) -> None:
+        self._scorer = scorer
+        self._stepper = stepper
+        self._metrics = metrics
+        self._collective = not isinstance(stepper, LocalStepper)
+        self._keys = list(scorer.spec.feature_names)
+        self._pending: deque[tuple[Channel, ScoreRequest]] = deque()
+        self.scored = 0
+        """Requests scored so far."""
+
+    def run(self, workers: WorkerPool) -> None:
+        """Serve ``workers`` until every one has exited (with several ranks: every worker of
+        every rank).
+
+        Raises:
+            IngestWorkerFailed: a worker failed (raised once the others are done).
+            Exception: a forward failed with an error of the device or the ranks.
+        """
+        bind_thread(self._scorer.device)
+        self._start(workers)
+        pending = self._pending
+        while True:
+            # receive
+            for channel in workers.wait(0.0 if pending else self._stepper.poll_timeout_s):
+                for message in channel.receive():
+                    self._dispatch(channel, message)
+            workers.check()
+            if workers.failure is not None and workers.finished:
+                raise IngestWorkerFailed(workers.failure)
+            # agree
+            rows = pending[0][1].rows if pending else 0
+            step = self._stepper.agree(bool(pending), rows, False, workers.finished)
+            # score
+            if step.run:
+                self._score(pending.popleft() if pending else None, step.rows)
+            if step.stop:
+                return
+
+    def _start(self, workers: WorkerPool) -> None:
+        """Wait until every worker is ready, agree with the other ranks that theirs are too
+        (one step agreement: a barrier), then let all of them join the group at once."""
+        while not workers.ready:
+            for channel in workers.wait(self._stepper.poll_timeout_s):
+                for message in channel.receive():
+                    self._dispatch(channel, message)
+            workers.check()
+            if workers.failure is not None and workers.finished:
+                raise IngestWorkerFailed(workers.failure)
+        self._stepper.agree(False, 0, False, False)
+        workers.release()
+
+    def _dispatch(self, channel: Channel, message: object) -> None:
+        if isinstance(message, ScoreRequest):
+            self._pending.append((channel, message))
+        elif isinstance(message, WorkerReady):
+            channel.ready = True
+        elif isinstance(message, MetricsReport):
+            if self._metrics is not None:
+                self._metrics.update(channel.index, message.families)
+        elif isinstance(message, WorkerDone):
+            channel.done = message
+            if self._metrics is not None:
+                self._metrics.update(channel.index, message.metrics)
+        else:
+            log.warning("ingest worker %d sent %r: ignored", channel.index, type(message))
+
+    def _score(self, item: tuple[Channel, ScoreRequest] | None, rows: int) -> None:
+        """One forward: a worker's request, or padding (ranks: this rank has none this step)."""
+        scorer, pad = self._scorer, rows if self._collective else None
+        if item is None or (item[0].closed and item[0].exited):
+            if self._collective:  # the other ranks wait for this rank's part of the forward
+                scorer.forward_padding(rows)
+            return
+        channel, request = item
+        slot = channel.slots[request.slot]
+        try:
+            staged = scorer.stage_input(slot.read(request, self._keys))
+            probs = scorer.forward(staged.ready_input(), pad, rows=request.rows)
+            slot.scores[: request.rows].copy_(probs)
+        except Exception as exc:
+            if not is_isolatable(exc):
+                raise
+            log.warning("ingest worker %d's batch failed in the forward: %s", channel.index, exc)
+            channel.reply(ScoreReply(request.slot, _portable(exc)))
+            return
+        self.scored += 1
+        channel.reply(ScoreReply(request.slot))
+
+
+def _portable(error: Exception) -> Exception:
+    """``error`` if it survives pickling, else a :class:`RemoteForwardError` with its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RemoteForwardError(f"{type(error).__name__}: {error}")
+    return error

@@ -1,0 +1,150 @@
+"""Faults with ingest workers (``batching.ingest_workers = 2``) on the real stack (``pytest -s``
+prints the measured lines):
+
+- SIGTERM to the process mid-stream: every worker finishes its open batch and commits, the
+  process exits 0 within the shutdown timeout; a restart scores the rest; nothing lost, nothing
+  twice;
+- SIGKILL of one worker mid-stream: the process stops the other one and exits non-zero, and no
+  process of the run is left; a restart scores the rest (at-least-once: nothing lost);
+- exactly-once: SIGKILL of one worker inside its open transaction, then a restart: a
+  ``read_committed`` reader sees every event exactly once (each worker has its own
+  ``transactional.id``; the restarted worker fences its predecessor's transaction).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import Settings
+from tests.faults.helpers import (
+    Cli,
+    audit_exactly_once,
+    members_with_partitions,
+    open_transaction_records,
+    report,
+    run_until_idle,
+    signal_run,
+    start_run,
+)
+from tests.integration.conftest import SentEvents, collect, produced_count
+from tests.processes import descendants, gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TWO_WORKERS = {
+    "STREAMRANK_BATCHING__INGEST_WORKERS": "2",
+    "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64",  # many commits, slow enough to stop mid-stream
+}
+EXACTLY_ONCE = {
+    **TWO_WORKERS,
+    "STREAMRANK_DELIVERY__GUARANTEE": "exactly_once",
+    "STREAMRANK_DELIVERY__COMMIT_INTERVAL_MS": "2000",  # a kill lands inside a transaction
+    "STREAMRANK_BATCHING__MAX_IN_FLIGHT_BATCHES": "64",
+}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def worker_pids(run_pid: int) -> list[int]:
+    """The ingest workers of a ``streamrank run`` process (spawned by multiprocessing)."""
+    return [pid for pid in descendants(run_pid) if "spawn_main" in _cmdline(pid)]
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothing(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    sent = send_events(pipeline_settings, 6000)
+    env = {**TWO_WORKERS, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
+    log = tmp_path / "first.log"
+    proc = start_run(cli, pipeline_settings, log, env)
+    workers = worker_pids(proc.pid)
+    assert len(workers) == 2
+    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both workers consuming")
+    exit_s = signal_run(proc, pipeline_settings, log, signal.SIGTERM, total=6000)
+    assert exit_s < 10.0 + 3.0, f"exit took {exit_s:.1f}s"
+    assert all(gone(pid, timeout_s=5) for pid in workers)
+    text = log.read_text()
+    assert "[w0]: signal 15" in text and "[w1]: signal 15" in text  # both were told
+    assert "killing them" not in text  # both finished in time
+
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", TWO_WORKERS)
+    recs = collect(pipeline_settings, expected=6000)
+    missing, duplicates = report("ingest-sigterm", sent.ids, recs, exit_s, "at_least_once")
+    print(f"RELIABILITY ingest-sigterm restart_s={run_s:.1f}")
+    assert missing == 0
+    assert duplicates == 0  # SIGTERM commits everything it produced
+
+
+def test_a_killed_worker_fails_the_run_leaves_no_process_and_a_restart_loses_nothing(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    sent = send_events(pipeline_settings, 6000)
+    log = tmp_path / "first.log"
+    proc = start_run(cli, pipeline_settings, log, TWO_WORKERS)
+    tree = descendants(proc.pid)
+    workers = worker_pids(proc.pid)
+    assert len(workers) == 2 and len(tree) >= 3  # two workers and the resource tracker
+    assert produced_count(pipeline_settings) < 6000, "the kill came too late"
+    os.kill(workers[0], signal.SIGKILL)
+    code = proc.wait(60)
+    assert code == 1, log.read_text()[-3000:]
+    assert all(gone(pid, timeout_s=10) for pid in tree), "a process of the run outlived it"
+    text = log.read_text()
+    assert "ingest worker 0 exited with code -9: stopping the other workers" in text
+    assert "IngestWorkerFailed" in text
+
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", TWO_WORKERS)
+    recs = collect(pipeline_settings, expected=6000)
+    missing, duplicates = report("ingest-worker-kill-9", sent.ids, recs, run_s, "at_least_once")
+    assert missing == 0
+    assert duplicates < 1000  # only the killed worker's uncommitted batches repeat
+
+
+def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    sent = send_events(pipeline_settings, 5000)
+    log = tmp_path / "killed.log"
+    proc = start_run(cli, pipeline_settings, log, EXACTLY_ONCE)
+    workers = worker_pids(proc.pid)
+    assert len(workers) == 2
+    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both workers consuming")
+    _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+    assert produced_count(pipeline_settings) < 5000, "the kill came too late"
+    os.kill(workers[1], signal.SIGKILL)  # its open transaction stays open
+    assert proc.wait(60) == 1, log.read_text()[-3000:]
+
+    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
+    missing, duplicates, aborted = audit_exactly_once(
+        "ingest-exactly-once-worker-kill-9", pipeline_settings, sent.ids, run_s
+    )
+    assert missing == 0
+    assert duplicates == 0
+    print(f"RELIABILITY ingest-exactly-once aborted={aborted}")

@@ -1,0 +1,105 @@
+"""The shared-memory slots and the pipe between an ingest worker and its scoring server."""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing import Pipe
+
+import numpy as np
+import pytest
+import torch
+
+from model.features import build_model_input
+from pipeline.ingest.transport import (
+    ScoreReply,
+    ScoreRequest,
+    ServerGone,
+    SharedSlot,
+    SlotShape,
+    StartConsuming,
+    WorkerLink,
+    WorkerReady,
+)
+from pipeline.stages.features import build_feature_columns
+from tests.pipeline.factories import TINY_SPEC, DefaultsEnricher, columns, user_event
+
+
+def _model_input(candidates: list[int]):  # type: ignore[no-untyped-def]
+    events = columns([user_event(candidates=c, user_id=10 + i) for i, c in enumerate(candidates)])
+    enrichment = DefaultsEnricher().enrich(events.user_ids, events.candidate_ids)
+    return build_model_input(build_feature_columns(events, enrichment, TINY_SPEC), TINY_SPEC)
+
+
+def test_a_slot_holds_the_largest_batch_of_its_shape() -> None:
+    shape = SlotShape.for_spec(TINY_SPEC, max_rows=64)
+    keys = len(TINY_SPEC.feature_names)
+    assert shape.rows == 64
+    # every key one value per row, recent items up to the cap per row
+    assert shape.values == 64 * (keys + TINY_SPEC.recent_items_cap)
+    assert shape.nbytes == 64 * (4 * TINY_SPEC.dense_dim + 8 * keys + 4) + 8 * shape.values
+
+
+def test_what_a_worker_writes_the_server_reads_unchanged_without_a_copy() -> None:
+    inp = _model_input([3, 5, 1])
+    slot = SharedSlot.allocate(SlotShape.for_spec(TINY_SPEC, max_rows=32))
+    assert slot.dense.is_shared() and slot.values.is_shared() and slot.scores.is_shared()
+
+    request = slot.write(inp, index=1)
+    assert request == ScoreRequest(1, 9, inp.sparse.values().numel(), request.length_per_key)
+    assert list(request.length_per_key) == inp.sparse.length_per_key()
+    read = slot.read(request, TINY_SPEC.feature_names)
+
+    assert torch.equal(read.dense, inp.dense)
+    assert torch.equal(read.sparse.values(), inp.sparse.values())
+    assert torch.equal(read.sparse.lengths(), inp.sparse.lengths())
+    assert read.sparse.keys() == inp.sparse.keys() and read.sparse.stride() == 9
+    assert read.dense.data_ptr() == slot.dense.data_ptr()  # a view of the slot
+    assert slot.holds(read) and not slot.holds(inp)
+
+
+def test_a_batch_larger_than_its_slot_is_refused() -> None:
+    slot = SharedSlot.allocate(SlotShape.for_spec(TINY_SPEC, max_rows=4))
+    with pytest.raises(ValueError, match="does not fit an ingest slot"):
+        slot.write(_model_input([3, 3]), index=0)
+
+
+def test_a_request_waits_for_its_reply_while_metrics_go_out_from_another_thread() -> None:
+    ours, theirs = Pipe(duplex=True)
+    link = WorkerLink(theirs)
+    seen: list[object] = []
+
+    def server() -> None:
+        while True:
+            message = ours.recv()
+            seen.append(message)
+            if isinstance(message, WorkerReady):
+                ours.send(StartConsuming())
+            elif isinstance(message, ScoreRequest):
+                ours.send(ScoreReply(message.slot))
+                return
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    link.wait_for_start()
+    link.send("metrics")
+    assert link.score(ScoreRequest(1, 2, 3, (1, 1))) == ScoreReply(1)
+    thread.join(10)
+    assert seen == [WorkerReady(), "metrics", ScoreRequest(1, 2, 3, (1, 1))]
+
+
+def test_a_closed_server_end_is_server_gone_not_an_event_error() -> None:
+    ours, theirs = Pipe(duplex=True)
+    link = WorkerLink(theirs)
+    ours.close()
+    with pytest.raises(ServerGone):
+        link.score(ScoreRequest(0, 1, 1, (1,)))
+    assert issubclass(ServerGone, OSError)  # never bisected as poison (pipeline.isolation)
+
+
+def test_a_reply_to_another_slot_is_an_error() -> None:
+    ours, theirs = Pipe(duplex=True)
+    link = WorkerLink(theirs)
+    ours.send(ScoreReply(1))
+    with pytest.raises(RuntimeError, match="unexpected reply"):
+        link.score(ScoreRequest(0, 1, 1, (1,)))
+    np.testing.assert_equal(ours.recv(), ScoreRequest(0, 1, 1, (1,)))

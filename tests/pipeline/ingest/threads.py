@@ -1,0 +1,106 @@
+"""Ingest workers as threads of the test process (the real pool logic, no spawned process):
+the server tests drive :class:`~pipeline.ingest.server.ScoringServer` with them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from multiprocessing import Pipe
+
+import numpy as np
+
+from model.rank import RankContext
+from pipeline.config import BatchingSettings, Settings
+from pipeline.ingest.remote_scorer import RemoteScorer
+from pipeline.ingest.transport import (
+    SLOTS_PER_WORKER,
+    SharedSlot,
+    SlotShape,
+    WorkerDone,
+    WorkerLink,
+)
+from pipeline.ingest.workers import Channel, IngestWorkers
+from tests.pipeline.factories import TINY_SPEC
+
+WorkerBody = Callable[[int, RemoteScorer], None]
+
+
+class ThreadProcess:
+    """Stands in for a worker process: a thread, an exit code, a sentinel that becomes readable
+    when it ends."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self._read, self._write = os.pipe()
+        self.exitcode: int | None = None
+        self.pid = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(run,), daemon=True)
+
+    def _main(self, run: Callable[[], None]) -> None:
+        code = 0
+        try:
+            run()
+        except BaseException as exc:
+            self.error = exc
+            code = 1
+        finally:
+            self.exitcode = code
+            os.close(self._write)
+
+    @property
+    def sentinel(self) -> int:
+        return self._read
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+
+class ThreadWorkers(IngestWorkers):
+    """:class:`IngestWorkers` whose workers are threads running ``body(index, scorer)`` with a
+    :class:`RemoteScorer` of their own, after the start barrier; then they send a summary."""
+
+    def __init__(self, count: int, body: WorkerBody, max_rows: int = 256) -> None:
+        settings = Settings(batching=BatchingSettings(ingest_workers=count))
+        super().__init__(settings, RankContext(), TINY_SPEC, "tiny-1", target=lambda a: None)
+        self._body = body
+        self._shape = SlotShape.for_spec(TINY_SPEC, max_rows)
+
+    def start(self) -> None:
+        count = self.settings.batching.ingest_workers
+        for index in range(count):
+            slots = [SharedSlot.allocate(self._shape) for _ in range(SLOTS_PER_WORKER)]
+            ours, theirs = Pipe(duplex=True)
+            process = ThreadProcess(self._runner(index, theirs, slots))
+            self.channels.append(Channel(index, process, ours, slots))
+        for channel in self.channels:
+            channel.process.start()
+
+    def _runner(self, index: int, conn, slots: list[SharedSlot]) -> Callable[[], None]:  # type: ignore[no-untyped-def]
+        def run() -> None:
+            link = WorkerLink(conn)
+            try:
+                link.wait_for_start()
+                self._body(index, RemoteScorer(link, slots, TINY_SPEC, "tiny-1"))
+                link.send(
+                    WorkerDone(
+                        summary={
+                            "events_in": index + 1,
+                            "events_out": index + 1,
+                            "dead_lettered": 0,
+                            "rows_scored": 10 * (index + 1),
+                            "batches": 1,
+                        },
+                        latencies_s=np.full(index + 1, 0.01 * (index + 1)),
+                        first_input_at=100.0 + index,
+                        last_output_at=110.0 + index,
+                        metrics=[],
+                    )
+                )
+            finally:
+                link.close()
+
+        return run
