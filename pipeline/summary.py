@@ -31,6 +31,46 @@ RANK_SUMMARIES_ENV = "STREAMRANK_RANK_SUMMARIES"
 into (``rank<R>.json`` and ``rank<R>.latency.npy``), merged by the launcher when they are done."""
 
 
+class LatencySamples:
+    """End-to-end latencies in seconds, kept in one float64 array that grows by doubling, up to
+    ``limit`` samples (the first ``limit`` events'; later ones are counted nowhere else). No
+    Python object per event: 8 bytes per sample.
+
+    Args:
+        limit: the most samples kept.
+
+    Example::
+
+        samples = LatencySamples()
+        samples.add(np.array([0.010, 0.020]))
+        samples.values  # array([0.01, 0.02])
+    """
+
+    def __init__(self, limit: int = _MAX_LATENCY_SAMPLES) -> None:
+        self._limit = limit
+        self._buffer: npt.NDArray[np.float64] = np.empty(min(limit, 1024), dtype=np.float64)
+        self._size = 0
+
+    def add(self, latency_s: npt.ArrayLike) -> None:
+        """Keep ``latency_s`` (as many as fit under the limit)."""
+        new = np.asarray(latency_s, dtype=np.float64).ravel()[: self._limit - self._size]
+        end = self._size + new.size
+        if end > self._buffer.size:
+            grown = np.empty(min(self._limit, max(end, 2 * self._buffer.size)), dtype=np.float64)
+            grown[: self._size] = self._buffer[: self._size]
+            self._buffer = grown
+        self._buffer[self._size : end] = new
+        self._size = end
+
+    @property
+    def values(self) -> npt.NDArray[np.float64]:
+        """The kept samples (a view: copy it to keep it past the next :meth:`add`)."""
+        return self._buffer[: self._size]
+
+    def __len__(self) -> int:
+        return self._size
+
+
 @dataclass
 class RunSummary:
     """What one run did (printed by ``streamrank run`` and the demo)."""
@@ -43,7 +83,8 @@ class RunSummary:
     seconds: float = 0.0
     first_input_at: float | None = None
     last_output_at: float | None = None
-    latencies_s: list[float] = field(default_factory=list)
+    latencies: LatencySamples = field(default_factory=lambda: LatencySamples())
+    """The events' end-to-end latencies (:attr:`latencies_s` reads them)."""
     workers: list[dict[str, Any]] = field(default_factory=list)
     """With ingest workers (:mod:`pipeline.ingest`): each worker's own figures (the counts
     above are their sums)."""
@@ -54,8 +95,12 @@ class RunSummary:
         self.rows_scored += rows
         self.batches += 1
         self.last_output_at = time.monotonic()
-        if len(self.latencies_s) < _MAX_LATENCY_SAMPLES:
-            self.latencies_s.extend(latency_s.tolist())
+        self.latencies.add(latency_s)
+
+    @property
+    def latencies_s(self) -> npt.NDArray[np.float64]:
+        """The kept latencies, in seconds, in the order their batches were published."""
+        return self.latencies.values
 
     @property
     def busy_seconds(self) -> float:
@@ -73,7 +118,8 @@ class RunSummary:
         return self.rows_scored / self.busy_seconds if self.busy_seconds else 0.0
 
     def latency_quantile(self, q: float) -> float:
-        return float(np.quantile(self.latencies_s, q)) if self.latencies_s else float("nan")
+        samples = self.latencies_s
+        return float(np.quantile(samples, q)) if samples.size else float("nan")
 
     def as_dict(self) -> dict[str, Any]:
         """The summary's figures (latencies ``None`` when no event was produced).
@@ -92,7 +138,7 @@ class RunSummary:
             "busy_seconds": round(self.busy_seconds, 3),
             "events_per_s": round(self.events_per_s, 1),
             "rows_per_s": round(self.rows_per_s, 1),
-            **latency_percentiles_ms(np.asarray(self.latencies_s, dtype=np.float64)),
+            **latency_percentiles_ms(self.latencies_s),
             **({"workers": self.workers} if self.workers else {}),
         }
 

@@ -385,7 +385,7 @@ class IngestWorkers:
         ends = [d.last_output_at for d in done if d.last_output_at is not None]
         merged.first_input_at = min(starts) if starts else None
         merged.last_output_at = max(ends) if ends else None
-        merged.latencies_s = np.concatenate([d.latencies_s for d in done] or [np.zeros(0)]).tolist()
+        merged.latencies.add(np.concatenate([d.latencies_s for d in done] or [np.zeros(0)]))
         merged.workers = [
             {"worker": c.index, **c.done.summary} for c in self.channels if c.done is not None
         ]

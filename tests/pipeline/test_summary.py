@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from model.rank import RankContext
-from pipeline.summary import RunSummary, json_line, merge_rank_summaries, write_rank_summary
+from pipeline.summary import (
+    LatencySamples,
+    RunSummary,
+    json_line,
+    merge_rank_summaries,
+    write_rank_summary,
+)
 
 
 def _no_constant(name: str) -> None:
@@ -91,3 +97,22 @@ def test_only_the_last_attempt_counts(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_no_rank_summary_is_none(tmp_path: Path) -> None:
     assert merge_rank_summaries(tmp_path) is None
+
+
+def test_latency_samples_grow_in_one_array_keep_their_order_and_stop_at_the_limit() -> None:
+    samples = LatencySamples(limit=3000)
+    batches = [np.full(700, float(i)) for i in range(6)]  # 4,200 samples offered
+    for batch in batches:
+        samples.add(batch)
+    assert len(samples) == 3000
+    np.testing.assert_array_equal(samples.values, np.concatenate(batches)[:3000])
+    samples.add(np.array([9.0]))  # full: nothing more is kept
+    assert len(samples) == 3000 and samples.values[-1] == 4.0
+
+
+def test_a_run_summary_keeps_its_batches_latencies_as_one_float_array() -> None:
+    summary = _summary([10.0, 30.0, 20.0])
+    summary.record_batch(1, 10, np.array([0.040]))
+    assert summary.latencies_s.dtype == np.float64
+    np.testing.assert_allclose(summary.latencies_s, [0.010, 0.030, 0.020, 0.040])
+    assert summary.as_dict()["latency_p50_ms"] == 25.0
