@@ -168,10 +168,9 @@ class BatchingSettings(_Section):
     A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
     consume_batch_size: int = 500
     """Messages asked from Kafka per poll."""
-    max_in_flight_batches: int = 16
+    max_in_flight_batches: int = 4
     """Batches produced but not yet acknowledged by the broker before the loop waits for acks
-    (without pausing the input). Batches are small under light load (scored as soon as the
-    scorer is free), so this counts a few milliseconds of producer linger, not a backlog."""
+    (without pausing the input)."""
     overlap_forward: bool | None = None
     """Run each batch's forward on a scoring thread while the loop consumes the next batch.
     ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
