@@ -26,7 +26,7 @@ demo: install stack-up
 # end and multi-rank integration tests, the long model tests); test-unit: no servers at all.
 test: install
 	@scripts/install_tools.sh
-	@$(PY) -m pytest -q tests
+	@$(PY) -m pytest -q --durations=20 tests
 	@$(MAKE) --no-print-directory test-compat
 
 # The model code on the GPU machine's versions (torch 2.11, TorchRec 1.6.1, FBGEMM 1.6.0) in
