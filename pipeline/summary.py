@@ -83,7 +83,7 @@ class RunSummary:
     seconds: float = 0.0
     first_input_at: float | None = None
     last_output_at: float | None = None
-    latencies: LatencySamples = field(default_factory=lambda: LatencySamples())
+    latencies: LatencySamples = field(default_factory=LatencySamples)
     """The events' end-to-end latencies (:attr:`latencies_s` reads them)."""
     workers: list[dict[str, Any]] = field(default_factory=list)
     """With ingest workers (:mod:`pipeline.ingest`): each worker's own figures (the counts

@@ -29,6 +29,14 @@ from tests.integration.conftest import (
 Cli = Callable[..., subprocess.Popen]
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Poll ``condition`` every 0.1 s; fail the test naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
 def report(
     scenario: str,
     sent: set[str],
@@ -97,6 +105,24 @@ def members_with_partitions(settings: Settings) -> int:
         any(tp.topic == settings.topics.input for tp in member.assignment.topic_partitions)
         for member in description.members
     )
+
+
+def group_members(settings: Settings) -> int:
+    """Members of the pipeline's consumer group now, live or not (0 while it has no
+    coordinator yet).
+
+    A member killed with SIGKILL stays a member until its session times out
+    (``kafka.session_timeout_ms``); one killed while it was rejoining a rebalance is even
+    part of the next generation and keeps partitions there until then. A restarted run that
+    must score everything waits for this to reach 0 before it starts.
+    """
+    admin = AdminClient(settings.kafka.admin_config())
+    group = settings.kafka.group_id
+    try:
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except KafkaException:
+        return 0
+    return len(description.members)
 
 
 def dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list[Message]:

@@ -40,6 +40,7 @@ from tests.faults.helpers import (
     run_until_idle,
     signal_run,
     start_run,
+    wait_until,
 )
 from tests.integration.conftest import SentEvents, produced_count, wait_for_outputs
 from tests.processes import descendants, environ, gone
@@ -64,13 +65,6 @@ def _rank_pids(launcher_pid: int) -> list[int]:
     return [pid for pid in descendants(launcher_pid) if "RANK" in environ(pid)]
 
 
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-
-
 def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     local_stack: LocalStack,
     pipeline_settings: Settings,
@@ -85,7 +79,7 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     for attempt in range(3):
         log = tmp_path / f"killed-{attempt}.log"
         proc = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS)
-        _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+        wait_until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
         signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=6000)
         if open_transaction_records(pipeline_settings) > 0:  # left open by the killed run
             break
@@ -141,15 +135,15 @@ def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once
     # kill -9 one rank while both score, inside transactions that hold records: the killed
     # rank's transaction is left open, and so is its partner's (it fails in the next
     # collective); the restarted ranks fence both.
-    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both ranks scoring")
-    _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+    wait_until(lambda: members_with_partitions(pipeline_settings) == 2, "both ranks scoring")
+    wait_until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
     assert produced_count(pipeline_settings) < 5000, "the kill came too late"
     assert launcher.poll() is None and not gone(ranks[1], timeout_s=0)
     os.kill(ranks[1], signal.SIGKILL)
     assert gone(ranks[1])
     # torchrun restarts both ranks; the new rank 1 fences the dead one's transaction, and the
     # job goes on scoring.
-    _until(lambda: len(set(_rank_pids(launcher.pid)) - set(ranks)) == 2, "restarted ranks")
+    wait_until(lambda: len(set(_rank_pids(launcher.pid)) - set(ranks)) == 2, "restarted ranks")
     restarted_at = produced_count(pipeline_settings)
     wait_for_outputs(pipeline_settings, restarted_at + 200, proc=launcher, log=log)
     # SIGTERM to the launcher alone: every rank commits its open transaction and exits.

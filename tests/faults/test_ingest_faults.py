@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tests.faults.helpers import (
     run_until_idle,
     signal_run,
     start_run,
+    wait_until,
 )
 from tests.integration.conftest import SentEvents, collect, produced_count
 from tests.processes import descendants, gone
@@ -61,13 +61,6 @@ def worker_pids(run_pid: int) -> list[int]:
     return [pid for pid in descendants(run_pid) if "spawn_main" in _cmdline(pid)]
 
 
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-
-
 def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothing(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
@@ -80,7 +73,11 @@ def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothi
     proc = start_run(cli, pipeline_settings, log, env)
     workers = worker_pids(proc.pid)
     assert len(workers) == 2
-    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both workers consuming")
+    wait_until(
+        lambda: members_with_partitions(pipeline_settings) == 2,
+        "both workers consuming",
+        timeout_s=300.0,
+    )
     exit_s = signal_run(proc, pipeline_settings, log, signal.SIGTERM, total=6000)
     assert exit_s < 10.0 + 3.0, f"exit took {exit_s:.1f}s"
     assert all(gone(pid, timeout_s=5) for pid in workers)
@@ -135,8 +132,16 @@ def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
     proc = start_run(cli, pipeline_settings, log, EXACTLY_ONCE)
     workers = worker_pids(proc.pid)
     assert len(workers) == 2
-    _until(lambda: members_with_partitions(pipeline_settings) == 2, "both workers consuming")
-    _until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
+    wait_until(
+        lambda: members_with_partitions(pipeline_settings) == 2,
+        "both workers consuming",
+        timeout_s=300.0,
+    )
+    wait_until(
+        lambda: open_transaction_records(pipeline_settings) > 0,
+        "an open transaction",
+        timeout_s=300.0,
+    )
     assert produced_count(pipeline_settings) < 5000, "the kill came too late"
     os.kill(workers[1], signal.SIGKILL)  # its open transaction stays open
     assert proc.wait(60) == 1, log.read_text()[-3000:]
