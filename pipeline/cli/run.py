@@ -52,7 +52,9 @@ def run(
         float | None,
         typer.Option(
             help="Stop cleanly after this many seconds without input "
-            "(counted once the group has assigned partitions; with several ranks, all idle)."
+            "(counted once the group has assigned partitions; with several ranks, all idle). "
+            "After a kill -9, the dead members keep their partitions until their session "
+            "times out (kafka.session_timeout_ms): wait longer than that then."
         ),
     ] = None,
     max_events: Annotated[int | None, typer.Option(help="Stop after consuming this many.")] = None,

@@ -18,7 +18,15 @@ from model.synthetic import SyntheticWorld
 from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.config import Settings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from tests.faults.helpers import dead_letters, report, signal_run, start_run
+from tests.faults.helpers import (
+    dead_letters,
+    group_members,
+    members_with_partitions,
+    report,
+    signal_run,
+    start_run,
+    wait_until,
+)
 from tests.integration.conftest import (
     SentEvents,
     collect,
@@ -114,6 +122,10 @@ def test_killing_a_rank_restarts_the_ranks_without_losing_events(
     )
     ranks = _rank_pids(proc.pid)
     assert len(ranks) == 2, ranks
+    # A kill in a stable group: a rank killed while rejoining a rebalance would hold its
+    # partitions in the restarted ranks' first generation until its session expires, and the
+    # run could stop idle before they moved.
+    wait_until(lambda: members_with_partitions(pipeline_settings) == 2, "both ranks scoring")
     assert produced_count(pipeline_settings) < 6000, "the kill came too late"
     assert proc.poll() is None and not gone(max(ranks), timeout_s=0)
     os.kill(max(ranks), signal.SIGKILL)
@@ -182,6 +194,11 @@ def test_sigkill_to_the_launcher_takes_every_rank_with_it_and_a_restart_loses_no
     signal_run(launcher, pipeline_settings, first_log, signal.SIGKILL, total=4000)
     still_running = [pid for pid in job if not gone(pid, timeout_s=15)]
     assert not still_running, f"outlived the launcher: {[describe(p) for p in still_running]}"
+    # The killed ranks stay group members until their sessions time out; one killed while it
+    # was rejoining a rebalance would keep its partitions in the restarted run's first
+    # generation, and --exit-when-idle could end that run before they move (seen in CI:
+    # 995 missing). Kafka's semantics, not a loss: wait them out.
+    wait_until(lambda: group_members(pipeline_settings) == 0, "the killed members to expire", 60)
 
     second_log = tmp_path / "second.log"
     second = cli(
@@ -197,7 +214,7 @@ def test_sigkill_to_the_launcher_takes_every_rank_with_it_and_a_restart_loses_no
     assert second.wait(300) == 0, second_log.read_text()[-4000:]
     recs = collect(pipeline_settings, expected=4000)
     missing, duplicates = report("kill-9-launcher-2-ranks", sent.ids, recs, 0.0, "at_least_once")
-    assert missing == 0
+    assert missing == 0, second_log.read_text()[-4000:]
     assert duplicates < 1000  # only the killed ranks' uncommitted batches can repeat
 
 
