@@ -40,6 +40,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from model.versions import is_versions_dir
 from pipeline.delivery_settings import DeliverySettings, ShutdownSettings
 from pipeline.kafka_settings import KafkaSettings
 from pipeline.model_settings import ModelSettings
@@ -266,6 +267,30 @@ class Settings(BaseSettings):
         if toml_file is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+
+def check_ingest_workers(settings: Settings) -> None:
+    """Refuse ingest workers where the job would follow a versions directory.
+
+    A swap changes the scorer between two agreed steps of one loop (:mod:`pipeline.model_swap`);
+    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
+    in K other loops, which no swap step spans.
+
+    Raises:
+        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
+            ``model.checkpoint`` a versions directory (one line, for the CLI).
+
+    Example::
+
+        check_ingest_workers(load_settings())
+    """
+    root = settings.model.checkpoint
+    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
+        raise ValueError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
+            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
+            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
+        )
 
 
 def unknown_env_settings(environ: Mapping[str, str]) -> list[str]:

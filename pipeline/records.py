@@ -28,13 +28,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message
 
-from model.transfer import StagedInput
 from pipeline.event_columns import EventColumns
+
+if TYPE_CHECKING:  # torch is imported by the commands that score, not by every command
+    from model.transfer import StagedInput
 
 __all__ = [
     "Batch",

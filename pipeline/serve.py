@@ -30,7 +30,7 @@ from pathlib import Path
 from model.rank import RankContext
 from model.serving import Scorer
 from model.versions import is_versions_dir, resolve_checkpoint
-from pipeline.config import Settings
+from pipeline.config import Settings, check_ingest_workers
 from pipeline.distributed import step_stats
 from pipeline.ingest import WorkerAssignment, serve_with_workers, worker_process
 from pipeline.kafka_io import ClientFactory, connect
@@ -44,7 +44,7 @@ from pipeline.stages.enrich import BatchEnricher
 from pipeline.stepping import CollectiveStepper, LocalStepper, Stepper
 from pipeline.summary import RunSummary
 
-__all__ = ["build_pipeline", "check_ingest_workers", "serve", "serve_ingest_worker"]
+__all__ = ["build_pipeline", "serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -196,30 +196,6 @@ def _follow_versions(
     )
     log.info("following the model versions of %s (serving %s)", root, served.name)
     return ModelSwap(watcher, loader, metrics)
-
-
-def check_ingest_workers(settings: Settings) -> None:
-    """Refuse ingest workers where the job would follow a versions directory.
-
-    A swap changes the scorer between two agreed steps of one loop (:mod:`pipeline.model_swap`);
-    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
-    in K other loops, which no swap step spans.
-
-    Raises:
-        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
-            ``model.checkpoint`` a versions directory (one line, for the CLI).
-
-    Example::
-
-        check_ingest_workers(load_settings())
-    """
-    root = settings.model.checkpoint
-    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
-        raise ValueError(
-            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
-            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
-            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
-        )
 
 
 def serve_ingest_worker(assignment: WorkerAssignment) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from model.features import FeatureColumns
+from model.feature_columns import FeatureColumns
 from model.recent_items import merge_recent_items
 from model.segments import offsets, segment_ids
 from model.spec import FeatureSpec

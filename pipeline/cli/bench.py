@@ -2,6 +2,9 @@
 retrieval``: the numbers of BENCHMARKS.md (the benchmarks that offer a load over time,
 ``latency``, ``soak`` and ``swap``, are in :mod:`pipeline.cli.bench_load`).
 
+Each command loads and checks its settings and options before it imports its tool (torch and
+TorchRec): a user error is one line at once.
+
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
 ``streamrank run`` and needs a checkpoint.
@@ -81,11 +84,11 @@ def bench_model_command(
     config: ConfigOption = None,
 ) -> None:
     """Bare forward rows/s of the configured model at the configured batch size."""
+    settings = _model_settings(ctx, config)
     from pipeline.tools.bench.common import load_or_build_scorer
     from pipeline.tools.bench.model import bench_model
     from pipeline.tools.synthetic_io import build_world
 
-    settings = _model_settings(ctx, config)
     scorer = load_or_build_scorer(settings)
     rows = batch_rows or settings.batching.max_batch_rows
     result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
@@ -109,9 +112,9 @@ def bench_pipeline_command(
     config: ConfigOption = None,
 ) -> None:
     """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
+    settings = stack_settings(ctx, config)
     from pipeline.tools.bench.pipeline import bench_pipeline
 
-    settings = stack_settings(ctx, config)
     apply_threads(settings)
     result = bench_pipeline(
         settings,
@@ -134,9 +137,9 @@ def bench_quantize_command(
     config: ConfigOption = None,
 ) -> None:
     """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
+    settings = _model_settings(ctx, config)
     from pipeline.tools.bench.serving import bench_quantization
 
-    settings = _model_settings(ctx, config)
     emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
 
 
@@ -150,9 +153,9 @@ def bench_compile_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s with and without torch.compile (interleaved)."""
+    settings = _model_settings(ctx, config)
     from pipeline.tools.bench.serving import bench_compile
 
-    settings = _model_settings(ctx, config)
     rows = batch_rows or settings.batching.max_batch_rows
     emit(bench_compile(settings, rows, seconds, rounds), as_json)
 
@@ -170,9 +173,9 @@ def bench_precision_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s of fp32, tf32 and bf16 (and compiled), max score change vs fp32."""
+    settings = _model_settings(ctx, config)
     from pipeline.tools.bench.serving import bench_precision
 
-    settings = _model_settings(ctx, config)
     rows = batch_rows or settings.batching.max_batch_rows
     emit(bench_precision(settings, rows, seconds, rounds, compile_too), as_json)
 
@@ -190,8 +193,6 @@ def bench_ranks_command(
     config: ConfigOption = None,
 ) -> None:
     """End-to-end rows/s with 1 vs N ranks, embedding bytes and step times per rank."""
-    from pipeline.tools.bench.ranks import bench_ranks
-
     try:
         nprocs = tuple(int(n) for n in nproc.split(","))
     except ValueError as exc:
@@ -200,6 +201,8 @@ def bench_ranks_command(
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
     settings = stack_settings(ctx, config)
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    from pipeline.tools.bench.ranks import bench_ranks
+
     export_config_file(ctx, config)
     emit(
         bench_ranks(settings, events, rounds, nprocs, report=say, keep_topics=keep_topics),
@@ -216,9 +219,9 @@ def bench_overhead_command(
     config: ConfigOption = None,
 ) -> None:
     """CPU per event around the model: Kafka passthrough vs the pipeline with a tiny ranker."""
+    settings = stack_settings(ctx, config)
     from pipeline.tools.bench.overhead import bench_overhead
 
-    settings = stack_settings(ctx, config)
     emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
 
 
@@ -241,10 +244,11 @@ def bench_ingest_command(
         raise UserError(f"--workers takes worker counts like 0,1,2; got {workers!r}") from exc
     if not counts or min(counts) < 0 or events < 1 or rounds < 1:
         raise UserError("--workers must be >= 0; --events and --rounds >= 1")
-    from pipeline.tools.bench.ingest import bench_ingest  # torch: after the options' checks
 
     settings = stack_settings(ctx, config)
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    from pipeline.tools.bench.ingest import bench_ingest
+
     export_config_file(ctx, config)
     result = bench_ingest(
         settings,
@@ -267,9 +271,9 @@ def bench_codec_command(
     config: ConfigOption = None,
 ) -> None:
     """fastavro per event vs the columnar kernels: decode and encode CPU per event (no stack)."""
+    settings = command_settings(ctx, config)
     from pipeline.tools.bench.codec import bench_codec
 
-    settings = command_settings(ctx, config)
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
 
 
@@ -292,8 +296,6 @@ def bench_retrieval_command(
     config: ConfigOption = None,
 ) -> None:
     """IVFPQ vs exact inner-product search: recall@k, ms per event, index build time (no stack)."""
-    from pipeline.tools.bench.retrieval import bench_retrieval
-
     settings = _model_settings(ctx, config)
     try:
         nprobes = tuple(int(n) for n in nprobe.split(",")) if nprobe else ()
@@ -307,6 +309,8 @@ def bench_retrieval_command(
             retrieval_config = dataclasses.replace(retrieval_config, threads=threads)
         except ValueError as exc:
             raise UserError(f"--threads: {exc}") from exc
+    from pipeline.tools.bench.retrieval import bench_retrieval
+
     emit(bench_retrieval(settings, retrieval_config, items, queries, batch, k, nprobes), as_json)
 
 

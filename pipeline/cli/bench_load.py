@@ -48,8 +48,6 @@ def bench_soak_command(
 ) -> None:
     """A long run at a fraction of capacity: RSS, lag and p99 sampled and plotted; checks that
     memory stays flat, lag stays bounded and nothing is lost (exit 1 when a check fails)."""
-    from pipeline.tools.bench.soak import SoakPlan, bench_soak
-
     if minutes <= 0 or sample_s <= 0 or capacity_events < 1:
         raise UserError("--minutes, --sample-s and --capacity-events must be positive")
     if not 0 < load <= 1:
@@ -58,6 +56,8 @@ def bench_soak_command(
         raise UserError(f"--rate must be positive, got {rate}")
     settings = stack_settings(ctx, config)
     require_checkpoint(settings.model.checkpoint)
+    from pipeline.tools.bench.soak import SoakPlan, bench_soak
+
     export_config_file(ctx, config)
     plan = SoakPlan(
         minutes=minutes,
@@ -149,10 +149,10 @@ def bench_latency_command(
     if compare is not None and plot is None:
         raise UserError("--compare draws on the plot: give --plot FILE.png too")
     earlier = _previous_report(compare) if compare is not None else None
+    settings = stack_settings(ctx, config)
     from pipeline.tools.bench.latency import bench_latency
     from pipeline.tools.bench.latency_plot import plot_latency
 
-    settings = stack_settings(ctx, config)
     apply_threads(settings)
     result = bench_latency(
         settings,
@@ -185,13 +185,13 @@ def bench_swap_command(
 ) -> None:
     """A model version promoted under load: p50/p99 latency before, around and after the swap,
     nothing lost or repeated, every partition switching once (on the stack)."""
-    from pipeline.tools.bench.swap import SwapPlan, bench_swap
-
     if min(rate, seconds, window_s) <= 0 or nproc < 1:
         raise UserError("--rate, --seconds and --window-s must be positive, --nproc >= 1")
     if not 0 < swap_at < seconds:
         raise UserError(f"--swap-at must be inside (0, --seconds={seconds:g}), got {swap_at:g}")
     settings = stack_settings(ctx, config)
+    from pipeline.tools.bench.swap import SwapPlan, bench_swap
+
     export_config_file(ctx, config)
     plan = SwapPlan(rate=rate, seconds=seconds, swap_at_s=swap_at, window_s=window_s, nproc=nproc)
     emit(bench_swap(settings, plan, report=say), as_json)

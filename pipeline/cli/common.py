@@ -122,9 +122,9 @@ def with_checkpoint(settings: Settings, checkpoint: Path) -> Settings:
 
 def apply_threads(settings: Settings) -> None:
     """Set torch's intra-op threads when ``model.num_threads`` asks for a number."""
-    import torch
-
     if settings.model.num_threads > 0:
+        import torch  # only then: a command that stops earlier never imports it
+
         torch.set_num_threads(settings.model.num_threads)
 
 

@@ -82,13 +82,13 @@ def init_model(
     current.json) it writes a new version; the first one becomes current, later ones with
     --promote. Otherwise it writes a plain checkpoint directory, as before.
     """
-    from model.checkpoint import save_checkpoint
-    from model.train import train_ranker
-    from pipeline.tools.synthetic_io import build_world
-
     settings = command_settings(ctx, config)
     path = out or settings.model.checkpoint
     as_version = _check_init_target(path, versioned or promote, overwrite, version)
+    from model.checkpoint import save_checkpoint  # torch: once the target is checked
+    from model.train import train_ranker
+    from pipeline.tools.synthetic_io import build_world
+
     apply_threads(settings)
     spec = configured_spec(settings)
     result = train_ranker(
@@ -204,11 +204,11 @@ def plan(
     versions directory), else the model the [model] section describes (the one init-model
     would train).
     """
+    settings = command_settings(ctx, config)
     from model.checkpoint import load_spec
     from model.distributed import describe_plan, plan_sharding
     from model.versions import NoCurrentVersionError, resolve_checkpoint
 
-    settings = command_settings(ctx, config)
     try:
         spec = load_spec(resolve_checkpoint(settings.model.checkpoint))
     except (FileNotFoundError, NoCurrentVersionError):  # no model (or no current version) yet

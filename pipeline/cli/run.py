@@ -24,7 +24,7 @@ from pipeline.cli.checks import (
 from pipeline.cli.common import CliState, ConfigOption, apply_threads, command_settings
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
-from pipeline.config import Settings
+from pipeline.config import Settings, check_ingest_workers
 from pipeline.launch import Launch
 from pipeline.summary import (
     RANK_SUMMARIES_ENV,
@@ -94,11 +94,6 @@ def run(
     the job's, merged from every rank (counts summed, latency percentiles over all ranks'
     events; each rank's own figures under "ranks"), and --summary-json writes that one file.
     """
-    from model.serving import UnsupportedOption
-    from pipeline.distributed import summary_path
-    from pipeline.launch import DEGRADATIONS_ENV
-    from pipeline.serve import check_ingest_workers, serve
-
     settings = command_settings(ctx, config)
     try:
         check_ingest_workers(settings)
@@ -118,10 +113,17 @@ def run(
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)
-    apply_threads(settings)
     if launch is not None and launch.distributed:
         os.environ[SERVED_CHECKPOINT_ENV] = str(served)  # every rank serves the same version
         raise typer.Exit(_launch_ranks(launch, summary_json))
+    apply_threads(settings)
+    # The serving path (torch, TorchRec) is imported once every check has passed: a user
+    # error is one line at once, and the launcher of --nproc N never imports it.
+    from model.serving import UnsupportedOption
+    from pipeline.distributed import summary_path
+    from pipeline.launch import DEGRADATIONS_ENV
+    from pipeline.serve import serve
+
     if served != settings.model.checkpoint:
         log.info("serving model version %s of %s", served.name, settings.model.checkpoint)
     try:

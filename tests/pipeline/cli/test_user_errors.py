@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from model.versions import POINTER_FILE
-from tests.conftest import LocalStack
+from tests.conftest import REPO_ROOT, LocalStack
 from tests.pipeline.cli.conftest import CliRunner
 
 
@@ -316,3 +318,37 @@ def test_report_with_a_missing_config_file(
 def test_report_with_a_bad_rate_window(run_cli: CliRunner, tmp_path: Path) -> None:
     result = run_cli("report", "--out", str(tmp_path / "r"), "--rate-window", "1 minute")
     _assert_one_line_user_error(result, "--rate-window", "1 minute")
+
+
+_WITHOUT_TORCH = """
+import sys
+from pipeline.cli import app
+try:
+    app(sys.argv[1:], prog_name="streamrank")
+except SystemExit as end:
+    code = end.code
+print("torch" in sys.modules, code, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run"], ["run", "--nproc", "2"], ["init-model"], ["plan"], ["produce"], ["bench", "latency"]],
+    ids=" ".join,
+)
+def test_a_settings_mistake_is_reported_before_torch_is_imported(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A user error costs a fraction of a second, not torch's import (seconds on 2 cores)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, "--config", "nope.toml", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        check=False,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "streamrank: error: config file not found: nope.toml", done.stderr
+    assert lines[-1] == "False 2", done.stderr
