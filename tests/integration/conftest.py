@@ -229,29 +229,52 @@ def collect(
     timeout_s: float = 90.0,
     isolation_level: str = "read_committed",
 ) -> list[dict[str, Any]]:
-    """All recommendations on the output topic: waits for ``expected``, then 3 s for extras.
+    """All recommendations on the output topic: waits for ``expected``, then reads on to the
+    end of every partition (the end as it is then: what a pipeline still running produces
+    later is not waited for).
 
+    The partitions are read from the beginning by assignment (no consumer group to join).
     ``isolation_level="read_uncommitted"`` also returns the records of aborted (and still open)
-    transactions."""
-    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+    transactions; ``read_committed`` ends a partition at its last stable offset."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+    topic = settings.topics.output
+    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, topic)
     consumer = make_consumer(
         settings.kafka,
-        group_id=f"collect-{uuid.uuid4().hex[:8]}",
-        extra={"auto.offset.reset": "earliest", "isolation.level": isolation_level},
+        group_id=f"collect-{uuid.uuid4().hex[:8]}",  # never joined: offsets are assigned
+        extra={"isolation.level": isolation_level, "enable.partition.eof": True},
     )
-    consumer.subscribe([settings.topics.output])
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout_s
     try:
+        partitions = _partitions(consumer, topic, deadline)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        at_end: set[int] = set()
         while time.monotonic() < deadline:
             for msg in consumer.consume(500, 0.2):
-                assert msg.error() is None, msg.error()
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                    continue
+                assert err is None, err
+                at_end.discard(msg.partition())
                 out.append(codec.decode(msg.value()))
-            if len(out) >= expected:
-                deadline = min(deadline, time.monotonic() + 3.0)
+            if len(out) >= expected and at_end >= set(partitions):
+                break
     finally:
         consumer.close()
     return out
+
+
+def _partitions(consumer: Any, topic: str, deadline: float) -> list[int]:
+    """The topic's partitions (asked again while its metadata is not there yet)."""
+    while True:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        if meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        assert time.monotonic() < deadline, f"topic {topic}: {meta.error}"
+        time.sleep(0.2)
 
 
 def run_cli(

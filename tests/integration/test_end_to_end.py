@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +28,6 @@ from tests.integration.conftest import (
     max_score_error,
     offline_scores,
     seed_features,
-    wait_for_outputs,
 )
 
 pytestmark = pytest.mark.slow
@@ -226,44 +223,6 @@ def test_redis_outage_serves_defaults_with_fallback_flag_and_loses_nothing(
         assert set(by_id[event_id]["fallback_features"]) == {"user_features", "item_features"}
     assert_well_formed([by_id[i] for i in after.ids], after)
     assert summary.events_out == 200
-
-
-def test_killed_pipeline_restarts_from_committed_offsets_without_loss(
-    pipeline_settings: Settings,
-    send_events: Callable[..., SentEvents],
-    tmp_path: Path,
-    cli: Callable[..., subprocess.Popen],
-) -> None:
-    sent = send_events(pipeline_settings, 6000)
-    small_batches = {"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "64"}  # many commits, slow enough
-    first = cli(
-        pipeline_settings,
-        "run",
-        extra_env=small_batches,
-        stdout=(tmp_path / "first.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    seen = wait_for_outputs(pipeline_settings, at_least=300, proc=first)
-    assert seen < 6000, f"kill came too late ({seen} scored)"
-    assert first.poll() is None  # still scoring when killed
-    first.send_signal(signal.SIGKILL)  # no chance to flush or commit
-    assert first.wait(30) == -signal.SIGKILL
-
-    second = cli(
-        pipeline_settings,
-        "run",
-        "--exit-when-idle",
-        "5",
-        extra_env=small_batches,
-        stdout=(tmp_path / "second.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:]
-
-    recs = collect(pipeline_settings, expected=6000)
-    assert {r["event_id"] for r in recs} == sent.ids  # nothing lost
-    # At-least-once: only the killed run's uncommitted batches can repeat.
-    assert len(recs) - len(sent.ids) < 1000
 
 
 def test_a_second_group_member_takes_over_partitions_without_loss_or_repeats(

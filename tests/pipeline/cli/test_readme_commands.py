@@ -25,6 +25,7 @@ from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.cli import app
 from pipeline.kafka_io import ensure_topics, make_producer, produce
 from pipeline.tools.bench.common import delete_topics
+from pipeline.tools.bench.swap import NEW, OLD
 from pipeline.tools.synthetic_io import produce_events
 from pipeline.tools.synthetic_settings import synthetic_settings
 from tests.conftest import LocalStack
@@ -228,16 +229,9 @@ def _bench_ranks(ws: Workspace, nproc: str) -> Any:
 
 @smoke("bench ranks")
 def check_bench_ranks(ws: Workspace) -> None:
-    # One rank is one process (quick); test_bench_ranks_over_two_ranks runs torchrun.
-    report = _bench_ranks(ws, "1")
-    assert report["rows_per_s"]["1"][0] > 0
-
-
-@pytest.mark.slow
-def test_bench_ranks_over_two_ranks(workspace: Workspace) -> None:
-    report = _bench_ranks(workspace, "2")
+    report = _bench_ranks(ws, "1,2")  # one process, then torchrun with 2 ranks
+    assert report["rows_per_s"]["1"][0] > 0 and report["rows_per_s"]["2"][0] > 0
     assert len(report["rank_steps"]["2"][0]) == 2  # both ranks reported
-    assert report["rows_per_s"]["2"][0] > 0
 
 
 @smoke("bench quantize")
@@ -355,11 +349,27 @@ def _versions_dir(ws: Workspace) -> Path:
 @smoke("bench soak")
 def check_bench_soak(ws: Workspace) -> None:
     out = ws.directory / "soak"
-    args = ["--minutes", "0.1", "--rate", "30", "--sample-s", "2", "--warmup-s", "2"]
+    args = ["--minutes", "0.2", "--sample-s", "2", "--warmup-s", "4", "--capacity-events", "300"]
     result = ws.cli("bench", "soak", *args, "--out", str(out), "--json")
     report = strict_json(result.stdout.splitlines()[-1])
     assert report["passed"] and report["checks"]["nothing_lost"]
+    assert strict_json((out / "soak.json").read_text()) == report
     assert (out / "soak.png").read_bytes().startswith(PNG_MAGIC)
+    assert (out / "pipeline.log").stat().st_size > 0 and (out / "producer.log").exists()
+    # Half of the measured capacity, for the 12 s of the run; nothing lost, all committed.
+    capacity = report["capacity_events_per_s"]
+    assert capacity > 0 and report["rate"] == pytest.approx(0.5 * capacity, rel=1e-3)
+    assert abs(report["events"] - report["rate"] * 12) <= 1
+    assert report["events_on_input"] == report["events"] and report["missing"] == 0
+    assert report["pipeline_summary"]["events_out"] >= report["events"]
+    assert report["lag_after_stop"] == 0
+    assert report["pipeline_exit"] == 0 and report["producer_exit"] == 0
+    samples = report["samples"]
+    assert {s["phase"] for s in samples} >= {"load"} and len(samples) >= 3
+    assert all(s["rss_bytes"] > 0 and s["lag"] >= 0 for s in samples)
+    loaded = [s for s in samples if s["phase"] == "load" and s["t_s"] >= 4]
+    assert report["rss_base_bytes"] == loaded[0]["rss_bytes"]
+    assert report["rss_end_bytes"] == loaded[-1]["rss_bytes"]
 
 
 @smoke("bench retrieval")
@@ -372,9 +382,15 @@ def check_bench_retrieval(ws: Workspace) -> None:
 
 @smoke("bench swap")
 def check_bench_swap(ws: Workspace) -> None:
-    args = ["--rate", "30", "--seconds", "5", "--swap-at", "2", "--window-s", "1", "--json"]
+    args = ["--rate", "40", "--seconds", "6", "--swap-at", "2", "--window-s", "1", "--json"]
     report = strict_json(ws.cli("bench", "swap", *args).stdout.splitlines()[-1])
-    assert report["missing"] == report["duplicates"] == 0 and report["switched_once"]
+    assert report["events"] == 240 and report["missing"] == report["duplicates"] == 0
+    assert report["switched_once"] and report["versions"] == [OLD, NEW]
+    assert sum(w["events"] for w in report["windows"].values()) == 240
+    assert report["windows"]["before"]["events"] > 0, report
+    assert report["windows"]["swap"]["events"] > 0, report
+    assert report["first_new_ms"] > 0 and len(report["loop_pause_s"]) == 1
+    assert report["pipeline_exit"] == 0
 
 
 @smoke("bench latency")
@@ -402,9 +418,10 @@ def test_help_of_every_command(name: str) -> None:
 
 _SLOW = {
     "bench compile": "torch.compile (inductor) takes a minute on a busy 2-core machine",
-    "bench soak": "a capacity-free soak still runs the pipeline and a producer for ~20 s",
+    "bench soak": "a capacity run, then the pipeline and a producer for 12 s",
     "bench ingest": "two runs, one of them spawning a worker (a fresh interpreter with torch)",
     "bench swap": "trains nothing, but runs the pipeline as a child through a model swap",
+    "bench ranks": "a one-process run, then torchrun with two ranks",
 }
 
 

@@ -1,19 +1,16 @@
-"""``streamrank bench swap``: its windows and audit without servers, then a smoke run of the
-real command on the stack with tiny sizes."""
+"""``streamrank bench swap``: its windows and audit without servers (the real command runs on
+the stack, with tiny sizes, in tests/pipeline/cli/test_readme_commands.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from pipeline.tools.bench.swap import NEW, OLD, InputRecord, OutputRecord, swap_windows
-from tests.conftest import REPO_ROOT, LocalStack
-from tests.integration.conftest import WORLD, trained_checkpoint  # noqa: F401  (fixture)
+from tests.conftest import REPO_ROOT
 
 T0 = 1_800_000_000_000
 
@@ -81,32 +78,3 @@ def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
     done = _cli(*args, env={})
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
-
-
-@pytest.mark.slow
-def test_swap_smoke_run_on_the_stack(
-    local_stack: LocalStack,
-    trained_checkpoint: Path,  # noqa: F811  (the fixture imported above)
-    tmp_path: Path,
-) -> None:
-    env = {
-        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers,
-        "STREAMRANK_REDIS__URL": local_stack.redis_url,
-        "STREAMRANK_REDIS__KEY_PREFIX": f"swap-{tmp_path.name}",
-        "STREAMRANK_MODEL__CHECKPOINT": str(trained_checkpoint),  # its shapes, twice
-        "STREAMRANK_MODEL__DEVICE": "cpu",
-        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
-        **{f"STREAMRANK_SYNTHETIC__{k.upper()}": str(v) for k, v in WORLD.model_dump().items()},
-    }
-    args = ("--rate", "40", "--seconds", "6", "--swap-at", "2", "--window-s", "1", "--json")
-    done = _cli(*args, env=env)
-
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["events"] == 240 and result["missing"] == 0 and result["duplicates"] == 0
-    assert result["switched_once"] and result["versions"] == [OLD, NEW]
-    assert sum(w["events"] for w in result["windows"].values()) == 240
-    assert result["windows"]["before"]["events"] > 0, result
-    assert result["windows"]["swap"]["events"] > 0, result
-    assert result["first_new_ms"] > 0 and len(result["loop_pause_s"]) == 1
-    assert result["pipeline_exit"] == 0

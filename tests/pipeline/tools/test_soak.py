@@ -1,9 +1,8 @@
-"""``streamrank bench soak``: its measurements and checks without servers, then a smoke run of
-the real command on the stack with tiny sizes (seconds, not the full 10 minutes)."""
+"""``streamrank bench soak``: its measurements and checks without servers (the real command
+runs on the stack, with tiny sizes, in tests/pipeline/cli/test_readme_commands.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -17,8 +16,7 @@ from pipeline.metrics import Metrics
 from pipeline.tools.bench.soak import Sample, SoakPlan, SoakRun, evaluate
 from pipeline.tools.bench.soak_plot import plot_soak
 from pipeline.tools.bench.soak_probe import MetricsScrape, bucket_quantile, window_quantile
-from tests.conftest import REPO_ROOT, LocalStack
-from tests.integration.conftest import WORLD, trained_checkpoint  # noqa: F401  (fixture)
+from tests.conftest import REPO_ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIB = 2**20
@@ -124,44 +122,3 @@ def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
     done = _cli(*args, env={})
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
-
-
-@pytest.mark.slow
-def test_soak_smoke_run_on_the_stack(
-    local_stack: LocalStack,
-    trained_checkpoint: Path,  # noqa: F811  (the fixture imported above)
-    tmp_path: Path,
-) -> None:
-    env = {
-        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": local_stack.bootstrap_servers,
-        "STREAMRANK_REDIS__URL": local_stack.redis_url,
-        "STREAMRANK_REDIS__KEY_PREFIX": f"soak-{tmp_path.name}",
-        "STREAMRANK_MODEL__CHECKPOINT": str(trained_checkpoint),
-        "STREAMRANK_MODEL__DEVICE": "cpu",
-        "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "256",
-        **{f"STREAMRANK_SYNTHETIC__{k.upper()}": str(v) for k, v in WORLD.model_dump().items()},
-    }
-    out = tmp_path / "soak"
-    args = ("--minutes", "0.2", "--sample-s", "2", "--warmup-s", "4", "--capacity-events", "300")
-    done = _cli(*args, "--out", str(out), "--json", env=env)
-
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["passed"] is (done.returncode == 0), done.stderr[-2000:]
-    assert json.loads((out / "soak.json").read_text()) == result
-    assert (out / "soak.png").read_bytes().startswith(PNG_MAGIC)
-    assert (out / "pipeline.log").stat().st_size > 0 and (out / "producer.log").exists()
-    capacity = result["capacity_events_per_s"]
-    assert capacity > 0 and result["rate"] == pytest.approx(0.5 * capacity, rel=1e-3)
-    assert abs(result["events"] - result["rate"] * 12) <= 1
-    # Nothing lost, everything committed once the pipeline stopped, both children exit 0.
-    assert result["events_on_input"] == result["events"] and result["missing"] == 0
-    assert result["pipeline_summary"]["events_out"] >= result["events"]
-    assert result["lag_after_stop"] == 0
-    assert result["pipeline_exit"] == 0 and result["producer_exit"] == 0
-    samples = result["samples"]
-    assert {s["phase"] for s in samples} >= {"load"} and len(samples) >= 3
-    assert all(s["rss_bytes"] > 0 and s["lag"] >= 0 for s in samples)
-    loaded = [s for s in samples if s["phase"] == "load" and s["t_s"] >= 4]
-    assert result["rss_base_bytes"] == loaded[0]["rss_bytes"]
-    assert result["rss_end_bytes"] == loaded[-1]["rss_bytes"]
