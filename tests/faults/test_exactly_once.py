@@ -72,7 +72,7 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 6000)
+    sent = send_events(pipeline_settings, 4000)
     # 1. kill -9 mid-transaction: the transaction is left open, its records in the log. (A
     # kill that lands between two transactions is tried again: a restart first fences the
     # open transactions of the runs before it.)
@@ -80,7 +80,7 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
         log = tmp_path / f"killed-{attempt}.log"
         proc = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS)
         wait_until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
-        signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=6000)
+        signal_run(proc, pipeline_settings, log, signal.SIGKILL, total=4000)
         if open_transaction_records(pipeline_settings) > 0:  # left open by the killed run
             break
     else:
@@ -126,7 +126,7 @@ def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 5000)
+    sent = send_events(pipeline_settings, 3000)
     env = {**LONG_TRANSACTIONS, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
     log = tmp_path / "first.log"
     launcher = start_run(cli, pipeline_settings, log, env, "--nproc", "2", "--max-restarts", "2")
@@ -137,7 +137,7 @@ def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once
     # collective); the restarted ranks fence both.
     wait_until(lambda: members_with_partitions(pipeline_settings) == 2, "both ranks scoring")
     wait_until(lambda: open_transaction_records(pipeline_settings) > 0, "an open transaction")
-    assert produced_count(pipeline_settings) < 5000, "the kill came too late"
+    assert produced_count(pipeline_settings) < 3000, "the kill came too late"
     assert launcher.poll() is None and not gone(ranks[1], timeout_s=0)
     os.kill(ranks[1], signal.SIGKILL)
     assert gone(ranks[1])
@@ -169,11 +169,11 @@ def test_two_ranks_across_a_broker_kill_9_and_restart_each_event_once(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 5000)
+    sent = send_events(pipeline_settings, 3000)
     log = tmp_path / "ranks.log"
     args = ("--nproc", "2", "--max-restarts", "6", "--exit-when-idle", "8")
     launcher = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS, *args)
-    assert produced_count(pipeline_settings) < 5000, "the broker kill came too late"
+    assert produced_count(pipeline_settings) < 3000, "the broker kill came too late"
     try:
         kafka_ctl("kill", local_stack)  # a crashed broker, mid-transaction
         time.sleep(10)  # the outage

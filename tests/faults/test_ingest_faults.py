@@ -67,7 +67,7 @@ def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothi
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 6000)
+    sent = send_events(pipeline_settings, 4000)
     env = {**TWO_WORKERS, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
     log = tmp_path / "first.log"
     proc = start_run(cli, pipeline_settings, log, env)
@@ -78,7 +78,7 @@ def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothi
         "both workers consuming",
         timeout_s=300.0,
     )
-    exit_s = signal_run(proc, pipeline_settings, log, signal.SIGTERM, total=6000)
+    exit_s = signal_run(proc, pipeline_settings, log, signal.SIGTERM, total=4000)
     assert exit_s < 10.0 + 3.0, f"exit took {exit_s:.1f}s"
     assert all(gone(pid, timeout_s=5) for pid in workers)
     text = log.read_text()
@@ -86,7 +86,7 @@ def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothi
     assert "killing them" not in text  # both finished in time
 
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", TWO_WORKERS)
-    recs = collect(pipeline_settings, expected=6000)
+    recs = collect(pipeline_settings, expected=4000)
     missing, duplicates = report("ingest-sigterm", sent.ids, recs, exit_s, "at_least_once")
     print(f"RELIABILITY ingest-sigterm restart_s={run_s:.1f}")
     assert missing == 0
@@ -99,13 +99,13 @@ def test_a_killed_worker_fails_the_run_leaves_no_process_and_a_restart_loses_not
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 6000)
+    sent = send_events(pipeline_settings, 4000)
     log = tmp_path / "first.log"
     proc = start_run(cli, pipeline_settings, log, TWO_WORKERS)
     tree = descendants(proc.pid)
     workers = worker_pids(proc.pid)
     assert len(workers) == 2 and len(tree) >= 3  # two workers and the resource tracker
-    assert produced_count(pipeline_settings) < 6000, "the kill came too late"
+    assert produced_count(pipeline_settings) < 4000, "the kill came too late"
     os.kill(workers[0], signal.SIGKILL)
     code = proc.wait(60)
     assert code == 1, log.read_text()[-3000:]
@@ -115,7 +115,7 @@ def test_a_killed_worker_fails_the_run_leaves_no_process_and_a_restart_loses_not
     assert "IngestWorkerFailed" in text
 
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", TWO_WORKERS)
-    recs = collect(pipeline_settings, expected=6000)
+    recs = collect(pipeline_settings, expected=4000)
     missing, duplicates = report("ingest-worker-kill-9", sent.ids, recs, run_s, "at_least_once")
     assert missing == 0
     assert duplicates < 1000  # only the killed worker's uncommitted batches repeat
@@ -127,7 +127,7 @@ def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 5000)
+    sent = send_events(pipeline_settings, 3500)
     log = tmp_path / "killed.log"
     proc = start_run(cli, pipeline_settings, log, EXACTLY_ONCE)
     workers = worker_pids(proc.pid)
@@ -142,7 +142,7 @@ def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
         "an open transaction",
         timeout_s=300.0,
     )
-    assert produced_count(pipeline_settings) < 5000, "the kill came too late"
+    assert produced_count(pipeline_settings) < 3500, "the kill came too late"
     os.kill(workers[1], signal.SIGKILL)  # its open transaction stays open
     assert proc.wait(60) == 1, log.read_text()[-3000:]
 

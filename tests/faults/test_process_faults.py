@@ -34,14 +34,14 @@ def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 6000)
+    sent = send_events(pipeline_settings, 4000)
     env = {**SMALL_BATCHES, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "10"}
     exit_s = signal_mid_stream(
-        cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM, total=6000
+        cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM, total=4000
     )
     assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
     run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
-    recs = collect(pipeline_settings, expected=6000)
+    recs = collect(pipeline_settings, expected=4000)
     missing, duplicates = report("sigterm", sent.ids, recs, exit_s, "at_least_once")
     assert missing == 0
     assert duplicates == 0  # SIGTERM commits everything it produced
@@ -53,11 +53,11 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 6000)
+    sent = send_events(pipeline_settings, 4000)
     log = tmp_path / "first.log"
-    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL, total=6000)
+    signal_mid_stream(cli, pipeline_settings, log, SMALL_BATCHES, signal.SIGKILL, total=4000)
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
-    recs = collect(pipeline_settings, expected=6000)
+    recs = collect(pipeline_settings, expected=4000)
     missing, duplicates = report("kill-9", sent.ids, recs, run_s, "at_least_once")
     assert missing == 0
     assert duplicates < 1000  # only the killed run's uncommitted batches can repeat

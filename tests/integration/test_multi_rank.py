@@ -156,7 +156,7 @@ def test_a_killed_rank_is_restarted_then_sigterm_to_the_launcher_alone_drains_ev
     assert second.wait(300) == 0, second_log.read_text()[-4000:]
     recs = collect(settings, expected=3000)
     missing, duplicates = report(
-        "kill-9-rank-then-sigterm", sent.ids, recs, exit_s, "at_least_once"
+        "kill-9-rank-then-sigterm-2-ranks", sent.ids, recs, exit_s, "at_least_once"
     )
     assert missing == 0, second_log.read_text()[-4000:]
     assert duplicates < 1000  # only the killed rank's uncommitted batches can repeat
