@@ -92,18 +92,23 @@ def open_transaction_records(settings: Settings) -> int:
     return ends[IsolationLevel.READ_UNCOMMITTED] - ends[IsolationLevel.READ_COMMITTED]
 
 
-def members_with_partitions(settings: Settings) -> int:
-    """Members of the pipeline's consumer group that own input partitions now (0 while the
-    group has no coordinator yet or rebalances)."""
+def _group_members(settings: Settings) -> list[Any]:
+    """The members of the pipeline's consumer group now (none while it has no coordinator)."""
     admin = AdminClient(settings.kafka.admin_config())
     group = settings.kafka.group_id
     try:
         description = admin.describe_consumer_groups([group])[group].result(timeout=10)
     except KafkaException:
-        return 0
+        return []
+    return list(description.members)
+
+
+def members_with_partitions(settings: Settings) -> int:
+    """Members of the pipeline's consumer group that own input partitions now (0 while the
+    group has no coordinator yet or rebalances)."""
     return sum(
         any(tp.topic == settings.topics.input for tp in member.assignment.topic_partitions)
-        for member in description.members
+        for member in _group_members(settings)
     )
 
 
@@ -116,13 +121,7 @@ def group_members(settings: Settings) -> int:
     part of the next generation and keeps partitions there until then. A restarted run that
     must score everything waits for this to reach 0 before it starts.
     """
-    admin = AdminClient(settings.kafka.admin_config())
-    group = settings.kafka.group_id
-    try:
-        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
-    except KafkaException:
-        return 0
-    return len(description.members)
+    return len(_group_members(settings))
 
 
 def dead_letters(consumer: Consumer, expected: int, timeout_s: float = 60) -> list[Message]:
