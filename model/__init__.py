@@ -5,7 +5,8 @@ as the event producer do not pay for torch/torchrec unless they need them):
 
 - :mod:`model.spec`: feature spec, table sizes, id hashing.
 - :mod:`model.segments`: index arithmetic over per-segment counts (offsets, positions, ...).
-- :mod:`model.features`: numpy feature columns -> dense tensor + KeyedJaggedTensor.
+- :mod:`model.feature_columns`: a micro-batch's features as numpy columns (no torch).
+- :mod:`model.features`: those columns -> dense tensor + KeyedJaggedTensor.
 - :mod:`model.recent_items`: the recent-items rule shared by serving and training data.
 - :mod:`model.ranker`: the DLRM ranker and its builder.
 - :mod:`model.inference`: the one scoring forward (``score_probabilities``).
