@@ -12,13 +12,15 @@ key                        value (little-endian binary, fixed layout)
 
 Binary values keep a batch's MGET small and let the reader decode all items of a batch with one
 ``numpy.frombuffer``. ``streamrank seed-features`` writes them (synthetic, or from CSV/Parquet);
-any other producer of features only has to follow this table.
+any other producer of features only has to follow this table. The enricher asks for a batch's
+keys with :func:`mget_request`: the same names, written by one compiled pass over the id arrays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 import numpy.typing as npt
 import redis
@@ -33,6 +35,80 @@ def user_key(prefix: str, user_id: int) -> str:
 
 def item_key(prefix: str, item_id: int) -> str:
     return f"{prefix}:i:{item_id}"
+
+
+_MAX_DIGITS = 19
+"""Decimal digits of the largest int64 magnitude."""
+
+
+def mget_request(
+    prefix: str, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
+) -> bytes:
+    """The Redis ``MGET`` of every user key then every item key, in RESP (one compiled pass,
+    no Python string per key): what ``redis.Redis.mget`` would send for
+    ``[user_key(prefix, u) for u in user_ids] + [item_key(prefix, i) for i in item_ids]``.
+
+    Example::
+
+        connection.send_packed_command([mget_request("sr", users, items)])
+        values = connection.read_response()
+    """
+    users = np.frombuffer(f"{prefix}:u:".encode(), dtype=np.uint8)
+    items = np.frombuffer(f"{prefix}:i:".encode(), dtype=np.uint8)
+    n = len(user_ids) + len(item_ids)
+    head = b"*%d\r\n$4\r\nMGET\r\n" % (n + 1)
+    longest = max(len(users), len(items)) + _MAX_DIGITS + 1  # a key, its sign included
+    out = np.empty(len(head) + n * (len(str(longest)) + longest + 5), dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    end = _put_keys(users, np.ascontiguousarray(user_ids, dtype=np.int64), out, len(head))
+    end = _put_keys(items, np.ascontiguousarray(item_ids, dtype=np.int64), out, end)
+    return out[:end].tobytes()
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_keys(
+    prefix: npt.NDArray[np.uint8], ids: npt.NDArray[np.int64], out: npt.NDArray[np.uint8], at: int
+) -> int:
+    """Write ``$<length>\\r\\n<prefix><id>\\r\\n`` for every id from ``out[at]``; returns
+    the end."""
+    for v in ids:
+        negative = v < 0
+        magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
+        length = len(prefix) + _decimal_digits(magnitude) + (1 if negative else 0)
+        out[at] = 36  # '$'
+        at += 1
+        at = _put_decimal(np.uint64(length), out, at)
+        out[at], out[at + 1] = 13, 10
+        at += 2
+        out[at : at + len(prefix)] = prefix
+        at += len(prefix)
+        if negative:
+            out[at] = 45  # '-'
+            at += 1
+        at = _put_decimal(magnitude, out, at)
+        out[at], out[at + 1] = 13, 10
+        at += 2
+    return at
+
+
+@numba.njit(cache=True, nogil=True)
+def _decimal_digits(value: np.uint64) -> int:
+    digits = 1
+    rest = value // np.uint64(10)
+    while rest > 0:
+        digits += 1
+        rest //= np.uint64(10)
+    return digits
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_decimal(value: np.uint64, out: npt.NDArray[np.uint8], at: int) -> int:
+    """Write ``value`` in decimal from ``out[at]``; returns the end."""
+    digits = _decimal_digits(value)
+    for j in range(digits):
+        out[at + digits - 1 - j] = 48 + np.uint8(value % np.uint64(10))
+        value //= np.uint64(10)
+    return at + digits
 
 
 def item_record_dtype(item_dense_dim: int) -> np.dtype:

@@ -2,7 +2,10 @@
 
 For each batch the enricher looks every event's user and every row's item up in an
 in-process TTL cache (:mod:`pipeline.feature_cache`: one compiled pass each, no Python object
-per id), and fetches the distinct ids it misses with ONE ``MGET`` (never a GET per event).
+per id), and fetches the distinct ids it misses with ONE ``MGET`` (never a GET per event),
+written by one compiled pass (:func:`pipeline.feature_store.mget_request`) and sent on a
+connection of the enricher's own (redis-py's, so TLS, authentication and reconnection are
+its; the generic command path costs about 0.1 ms per call and a Python string per key).
 Missing keys, malformed values and Redis outages never lose an event: the features fall back
 to defaults (zeros, no recent items, category 0) and the event's Recommendation lists the
 feature group in ``fallback_features``. After an outage Redis is left alone for
@@ -25,7 +28,7 @@ from redis.retry import Retry
 
 from pipeline.config import RedisSettings
 from pipeline.feature_cache import CacheLookup, FeatureCache
-from pipeline.feature_store import item_key, item_record_dtype, user_key
+from pipeline.feature_store import item_record_dtype, mget_request
 from pipeline.metrics import Metrics
 from pipeline.records import Enrichment
 
@@ -82,6 +85,9 @@ class FeatureEnricher:
             retry=Retry(NoBackoff(), 0),
             **settings.client_kwargs(),
         )
+        self._connection = self._client.connection_pool.make_connection()
+        """The enricher's own connection: opened by the first MGET, closed by an error, opened
+        again by the next MGET."""
         self._down_until = 0.0
         capacity, ttl = settings.cache_max_entries, settings.cache_ttl_s
         # Users: the recent list's length in the row, the list itself in the side array (too
@@ -91,6 +97,7 @@ class FeatureEnricher:
         self._items = FeatureCache(capacity, ttl, 1, item_dense_dim)
         for fetched in (self._decode_users([]), self._decode_items([])):  # load the kernels now
             fetched.fill(fetched.missing_rows, fetched.missing_rows, fetched)
+        mget_request(self._prefix, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     def enrich(
         self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
@@ -104,7 +111,7 @@ class FeatureEnricher:
         self._metrics.record_cache("user", users.served, len(user_todo))
         self._metrics.record_cache("item", items.served, len(item_todo))
         if len(user_todo) or len(item_todo):
-            user_values, item_values = self._fetch(user_todo.tolist(), item_todo.tolist())
+            user_values, item_values = self._fetch(user_todo, item_todo)
             for cache, todo, found, source, fetched in (
                 (self._users, user_todo, users, user_source, self._decode_users(user_values)),
                 (self._items, item_todo, items, item_source, self._decode_items(item_values)),
@@ -127,21 +134,22 @@ class FeatureEnricher:
         )
 
     def _fetch(
-        self, user_ids: list[int], item_ids: list[int]
+        self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
     ) -> tuple[list[bytes | None], list[bytes | None]]:
         """One MGET for all uncached keys; all-None during an outage."""
         nothing: tuple[list[bytes | None], list[bytes | None]] = (
             [None] * len(user_ids),
             [None] * len(item_ids),
         )
-        if not user_ids and not item_ids:
+        if not len(user_ids) and not len(item_ids):
             return nothing
         if time.monotonic() < self._down_until:
             return nothing
-        keys = [user_key(self._prefix, u) for u in user_ids]
-        keys += [item_key(self._prefix, i) for i in item_ids]
+        request = mget_request(self._prefix, user_ids, item_ids)
         try:
-            values = cast(list[bytes | None], self._client.mget(keys))
+            # A failed send or read closes the connection; the next send opens a new one.
+            self._connection.send_packed_command([request])
+            values = cast(list[bytes | None], self._connection.read_response())
         except redis.RedisError as exc:
             self._down_until = time.monotonic() + self._settings.retry_after_s
             log.warning(

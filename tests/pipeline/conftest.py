@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from pipeline.config import CodecSettings, Framing, RedisSettings
+from tests.pipeline.redis_spy import CountingRedis
 
 UTC = dt.UTC
 
@@ -83,24 +83,6 @@ def confluent_settings(shared_mock_registry: _SharedMockRegistry) -> CodecSettin
     return CodecSettings(
         framing=Framing.CONFLUENT, schema_registry_url=f"mock://test-{uuid.uuid4().hex}"
     )
-
-
-class CountingRedis(redis.Redis):
-    """A Redis client that records the name of every command it sends."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.commands: list[str] = []
-        self.key_counts: list[int] = []
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.commands.append(str(args[0]).upper())
-        self.key_counts.append(len(args) - 1)
-        return super().execute_command(*args, **options)
-
-    def reset(self) -> None:
-        self.commands.clear()
-        self.key_counts.clear()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pipeline.metrics import Metrics
 from pipeline.records import Enrichment
 from pipeline.stages import enrich as enrich_mod
 from pipeline.stages.enrich import FeatureEnricher
+from tests.pipeline.redis_spy import HANDSHAKE_COMMANDS, command_of
 
 USER_DIM = 4
 ITEM_DIM = 3
@@ -421,13 +422,15 @@ def outage_setup(
         }
     )
     sent: list[str] = []
-    real_execute = redis.Redis.execute_command
+    real_send = redis.connection.AbstractConnection.send_packed_command
 
-    def recording_execute(self: redis.Redis, *args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]).upper())
-        return real_execute(self, *args, **options)
+    def recording_send(self: Any, command: Any, check_health: bool = True) -> None:
+        name, _ = command_of(command)
+        if name not in HANDSHAKE_COMMANDS:
+            sent.append(name)
+        real_send(self, command, check_health)
 
-    monkeypatch.setattr(redis.Redis, "execute_command", recording_execute)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", recording_send)
     enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, RECENT_CAP, Metrics())
     try:
         yield server, enricher, feats, sent
