@@ -74,10 +74,11 @@ def _put_keys(
     for v in ids:
         negative = v < 0
         magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
-        length = len(prefix) + _decimal_digits(magnitude) + (1 if negative else 0)
+        digits = _decimal_digits(magnitude)
+        length = np.uint64(len(prefix) + digits + (1 if negative else 0))
         out[at] = 36  # '$'
         at += 1
-        at = _put_decimal(np.uint64(length), out, at)
+        at = _put_decimal(length, _decimal_digits(length), out, at)
         out[at], out[at + 1] = 13, 10
         at += 2
         out[at : at + len(prefix)] = prefix
@@ -85,7 +86,7 @@ def _put_keys(
         if negative:
             out[at] = 45  # '-'
             at += 1
-        at = _put_decimal(magnitude, out, at)
+        at = _put_decimal(magnitude, digits, out, at)
         out[at], out[at + 1] = 13, 10
         at += 2
     return at
@@ -102,9 +103,8 @@ def _decimal_digits(value: np.uint64) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _put_decimal(value: np.uint64, out: npt.NDArray[np.uint8], at: int) -> int:
-    """Write ``value`` in decimal from ``out[at]``; returns the end."""
-    digits = _decimal_digits(value)
+def _put_decimal(value: np.uint64, digits: int, out: npt.NDArray[np.uint8], at: int) -> int:
+    """Write ``value`` (``digits`` decimal digits) in decimal from ``out[at]``; returns the end."""
     for j in range(digits):
         out[at + digits - 1 - j] = 48 + np.uint8(value % np.uint64(10))
         value //= np.uint64(10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 
 HANDSHAKE_COMMANDS = frozenset({"HELLO", "AUTH", "SELECT", "CLIENT"})
@@ -16,6 +17,27 @@ def command_of(packed: bytes | list[bytes]) -> tuple[str, int]:
     whole = packed if isinstance(packed, bytes) else b"".join(packed)
     head, length, rest = whole.split(b"\r\n", 2)
     return rest[: int(length[1:])].decode().upper(), int(head[1:]) - 1
+
+
+def data_command(packed: bytes | list[bytes]) -> tuple[str, int] | None:
+    """:func:`command_of` for a data command; ``None`` for a connection's handshake."""
+    name, args = command_of(packed)
+    return None if name in HANDSHAKE_COMMANDS else (name, args)
+
+
+def spy_on_every_connection(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the data commands every redis-py connection sends from now on (for code
+    that builds its own client)."""
+    sent: list[str] = []
+    real_send = redis.connection.AbstractConnection.send_packed_command
+
+    def recording_send(self: Any, command: Any, check_health: bool = True) -> None:
+        if (found := data_command(command)) is not None:
+            sent.append(found[0])
+        real_send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", recording_send)
+    return sent
 
 
 class CountingRedis(redis.Redis):
@@ -37,10 +59,9 @@ class CountingRedis(redis.Redis):
         self.connection_pool.connection_class = CountingConnection
 
     def _record(self, packed: bytes | list[bytes]) -> None:
-        name, args = command_of(packed)
-        if name not in HANDSHAKE_COMMANDS:
-            self.commands.append(name)
-            self.key_counts.append(args)
+        if (found := data_command(packed)) is not None:
+            self.commands.append(found[0])
+            self.key_counts.append(found[1])
 
     def reset(self) -> None:
         self.commands.clear()

@@ -17,7 +17,7 @@ from pipeline.metrics import Metrics
 from pipeline.records import Enrichment
 from pipeline.stages import enrich as enrich_mod
 from pipeline.stages.enrich import FeatureEnricher
-from tests.pipeline.redis_spy import HANDSHAKE_COMMANDS, command_of
+from tests.pipeline.redis_spy import spy_on_every_connection
 
 USER_DIM = 4
 ITEM_DIM = 3
@@ -421,16 +421,7 @@ def outage_setup(
             "retry_after_s": 2.0,
         }
     )
-    sent: list[str] = []
-    real_send = redis.connection.AbstractConnection.send_packed_command
-
-    def recording_send(self: Any, command: Any, check_health: bool = True) -> None:
-        name, _ = command_of(command)
-        if name not in HANDSHAKE_COMMANDS:
-            sent.append(name)
-        real_send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", recording_send)
+    sent = spy_on_every_connection(monkeypatch)
     enricher = FeatureEnricher(settings, USER_DIM, ITEM_DIM, RECENT_CAP, Metrics())
     try:
         yield server, enricher, feats, sent
