@@ -31,7 +31,7 @@ test: install
 
 # The model code on the GPU machine's versions (torch 2.11, TorchRec 1.6.1, FBGEMM 1.6.0) in
 # .venv-compat, next to our pins (torch 2.13, TorchRec 1.8.0) in .venv.
-COMPAT_TESTS := tests/model tests/pipeline/stages/test_score.py tests/pipeline/test_loop.py \
+COMPAT_TESTS := tests/model tests/pipeline/stages/test_score.py tests/pipeline/runtime/test_loop.py \
 	tests/scripts/test_gpu_check.py \
 	tests/scripts/gpucheck
 test-compat:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot setup of the compose stack (the `init` service), all through streamrank itself:
-# 1. the input, output and DLQ topics with topics.partitions partitions (pipeline.kafka_io's
+# 1. the input, output and DLQ topics with topics.partitions partitions (pipeline.connectors.kafka.clients's
 #    ensure_topics, the same call `streamrank run` makes);
 # 2. the synthetic world's user and item features into Redis (`streamrank seed-features`);
 # 3. the model, trained once into the shared volume as the first version of a versions
@@ -9,8 +9,8 @@
 set -euo pipefail
 
 python -c '
-from pipeline.config import load_settings
-from pipeline.kafka_io import ensure_topics
+from pipeline.settings.loading import load_settings
+from pipeline.connectors.kafka.clients import ensure_topics
 
 settings = load_settings()
 ensure_topics(settings.kafka, settings.topics)

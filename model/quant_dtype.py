@@ -8,7 +8,7 @@ __all__ = ["QuantDtype"]
 
 
 class QuantDtype(enum.StrEnum):
-    """Storage type of the embedding tables (:func:`model.quantize.quantize_ranker`).
+    """Storage type of the embedding tables (:func:`model.serving.quantize.quantize_ranker`).
 
     Example::
 

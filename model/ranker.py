@@ -14,9 +14,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from model.inference import score_probabilities
-from model.model_input import ModelInput
-from model.spec import FeatureSpec
+from model.features.model_input import ModelInput
+from model.features.spec import FeatureSpec
+from model.serving.inference import score_probabilities
 
 __all__ = ["Ranker", "build_ranker", "embedding_bag_configs"]
 
@@ -102,7 +102,8 @@ class Ranker(nn.Module):
         return logits.reshape(-1)
 
     def score(self, inp: ModelInput) -> torch.Tensor:
-        """Click probabilities, without autograd (:func:`model.inference.score_probabilities`).
+        """Click probabilities, without autograd
+        (:func:`model.serving.inference.score_probabilities`).
 
         Args:
             inp: the batch, already on the model's device.

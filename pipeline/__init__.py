@@ -1,7 +1,8 @@
 """streamrank's serving pipeline: Kafka UserEvents in, scored Recommendations out.
 
-:mod:`pipeline.loop` wires the stages of :mod:`pipeline.stages`, in the order one event flows
-through them: source -> decode -> batch -> enrich -> features -> score -> publish -> commit
+:mod:`pipeline.runtime.loop` wires the stages of :mod:`pipeline.stages`, in the order one event
+flows through them: source -> decode -> batch -> enrich -> features -> score -> publish -> commit
 (see :mod:`pipeline.stages`). Kafka clients live behind the Protocols of
-:mod:`pipeline.kafka_io`; ranks of a sharded model are launched by :mod:`pipeline.distributed`.
+:mod:`pipeline.connectors.kafka.clients`; ranks of a sharded model are launched by
+:mod:`pipeline.jobs.rank_files`.
 """

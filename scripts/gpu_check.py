@@ -9,7 +9,8 @@ section runs):
 - ``parity``: largest score difference against the CPU model (same weights, same batch) of the
   model on the device unsharded, through a 1-rank ``DistributedModelParallel`` (NCCL on a GPU,
   gloo on a CPU), and with fp16/int8 tables. Each must be <= 1e-5 (``ok``).
-- ``worker_transfer``: batches of several sizes staged through ``model.transfer.DeviceTransfer``
+- ``worker_transfer``: batches of several sizes staged through
+  ``model.serving.transfer.DeviceTransfer``
   while a scoring thread runs forward and top-K, against a plain ``.to()``; synchronisations
   counted on a GPU (only torch and ``model.*`` imported).
 - ``forward``: rows/s of the bare forward at each ``--sizes``, in fp32, tf32 and bf16, and
@@ -40,8 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.device import bind_thread
 from model.ranker import build_ranker
+from model.serving.device import bind_thread
 from scripts.gpucheck.common import batch, check_spec, synthetic_world
 from scripts.gpucheck.model_sections import forward_speed, parity
 from scripts.gpucheck.nccl import nccl_2_ranks

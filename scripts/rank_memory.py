@@ -32,7 +32,6 @@ def _rss() -> dict[str, int]:
 
 
 def _rank(rank: int, world_size: int, port: int, path: str) -> None:
-    from model.checkpoint import load_spec
     from model.distributed import (
         describe_plan,
         join_process_group,
@@ -40,6 +39,7 @@ def _rank(rank: int, world_size: int, port: int, path: str) -> None:
         plan_sharding,
         shard_ranker,
     )
+    from model.store.checkpoint import load_spec
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -74,9 +74,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--dir", type=Path, required=True)
     args = parser.parse_args()
-    from model.checkpoint import save_checkpoint
+    from model.features.spec import FeatureSpec
     from model.ranker import build_ranker
-    from model.spec import FeatureSpec
+    from model.store.checkpoint import save_checkpoint
 
     if not (args.dir / "meta.json").exists():
         spec = FeatureSpec.from_settings({"num_embeddings": {"user_id": args.user_rows}})

@@ -26,7 +26,8 @@ import pytest
 import redis
 from confluent_kafka import Consumer, Producer
 
-from pipeline.config import (
+from pipeline.connectors.kafka.clients import ensure_topics
+from pipeline.settings.loading import (
     BatchingSettings,
     KafkaSettings,
     MetricsSettings,
@@ -34,7 +35,6 @@ from pipeline.config import (
     Settings,
     TopicsSettings,
 )
-from pipeline.kafka_io import ensure_topics
 from tests.processes import SESSION_ENV, describe, kill_marked, leftovers, mark_session
 
 LEFTOVER_GRACE_ENV = "STREAMRANK_TEST_LEFTOVER_GRACE_S"

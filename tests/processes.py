@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from pipeline.lifetime import children
+from pipeline.jobs.lifetime import children
 
 SESSION_ENV = "STREAMRANK_TEST_SESSION"
 """The test session's marker: every process the session starts inherits it."""

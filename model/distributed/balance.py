@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from model.distributed.config import ShardingKind
 from model.distributed.cost import table_load
-from model.spec import FeatureSpec, TableSpec
+from model.features.spec import FeatureSpec, TableSpec
 
 __all__ = ["COLUMN_UNIT", "Placement", "split_kind", "split_placement"]
 

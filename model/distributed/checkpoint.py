@@ -3,7 +3,7 @@
 Layout of a sharded checkpoint directory::
 
     <path>/
-      meta.json        the same metadata as model/checkpoint.py (model_version, spec, ...)
+      meta.json        the same metadata as model/store/checkpoint.py (model_version, spec, ...)
                        plus "weights_format": "dcp" and "world_size"; weights_sha256 is ""
       .metadata        DCP's index: every tensor's global shape and where its shards are
       __<r>_0.distcp   the shards rank r wrote (replicated tensors are written once)
@@ -11,11 +11,11 @@ Layout of a sharded checkpoint directory::
 The tensors' names are those of the unsharded ``Ranker.state_dict()`` (DMP strips its wrapper
 prefixes), and DCP reshards on load, so a checkpoint written by any world size and sharding
 plan loads into any other one, and into a plain single-process :class:`~model.ranker.Ranker`.
-:func:`load_sharded` also accepts a single-process checkpoint of :mod:`model.checkpoint`
+:func:`load_sharded` also accepts a single-process checkpoint of :mod:`model.store.checkpoint`
 (``model.pt``), so the checkpoint ``init-model`` writes serves a sharded job directly, and
 :func:`export_unsharded` converts a sharded checkpoint back into that single-process format.
 
-:func:`model.checkpoint.load_meta` / ``load_spec`` read either kind of directory.
+:func:`model.store.checkpoint.load_meta` / ``load_spec`` read either kind of directory.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from model.checkpoint import (
+from model.features.spec import FeatureSpec
+from model.ranker import Ranker, build_ranker
+from model.store.checkpoint import (
     META_FILE,
     WEIGHTS_FILE,
     CheckpointMeta,
@@ -45,8 +47,6 @@ from model.checkpoint import (
     replace_dir,
     save_checkpoint,
 )
-from model.ranker import Ranker, build_ranker
-from model.spec import FeatureSpec
 
 __all__ = [
     "DCP_INDEX_FILE",
@@ -72,7 +72,7 @@ def checkpoint_format(path: str | os.PathLike[str]) -> str:
 
     Returns:
         ``"dcp"`` (sharded, written by :func:`save_sharded`) or ``"torch"`` (single-process,
-        written by :func:`model.checkpoint.save_checkpoint`).
+        written by :func:`model.store.checkpoint.save_checkpoint`).
 
     Raises:
         FileNotFoundError: if the directory holds neither.
@@ -146,7 +146,7 @@ def save_sharded(
         pg: the process group (default: the global one).
 
     Returns:
-        The written :class:`~model.checkpoint.CheckpointMeta` (the same on every rank).
+        The written :class:`~model.store.checkpoint.CheckpointMeta` (the same on every rank).
 
     Raises:
         FileExistsError: on every rank, if ``path`` exists and ``overwrite`` is False.
@@ -231,7 +231,7 @@ def load_sharded(
 
     - a DCP checkpoint (:func:`save_sharded`) written by any world size and plan: every rank
       reads the parts of every tensor that its shards cover (DCP reshards);
-    - a single-process checkpoint (:func:`model.checkpoint.save_checkpoint`, ``model.pt``):
+    - a single-process checkpoint (:func:`model.store.checkpoint.save_checkpoint`, ``model.pt``):
       every rank maps the whole file on the host (weights digest verified) and copies only
       the slices it owns to its device; the mapping is page cache shared by the ranks, not a
       private copy per rank, and no full table is ever on a GPU.
@@ -245,7 +245,7 @@ def load_sharded(
         pg: the process group (default: the global one; ignored without one).
 
     Returns:
-        The checkpoint's :class:`~model.checkpoint.CheckpointMeta`.
+        The checkpoint's :class:`~model.store.checkpoint.CheckpointMeta`.
 
     Raises:
         FileNotFoundError: if the directory, ``meta.json`` or the weights are missing.
@@ -324,11 +324,12 @@ def export_unsharded(
     path_out: str | os.PathLike[str],
     overwrite: bool = False,
 ) -> CheckpointMeta:
-    """Convert a checkpoint (sharded or not) into a single-process :mod:`model.checkpoint` one.
+    """Convert a checkpoint (sharded or not) into a single-process :mod:`model.store.checkpoint`
+    one.
 
     Runs in one process and uses no collectives (safe to call on one rank of a running job):
     the full weights are read into a CPU :class:`Ranker` and written with
-    :func:`model.checkpoint.save_checkpoint`, keeping ``model_version`` and ``metrics`` (the
+    :func:`model.store.checkpoint.save_checkpoint`, keeping ``model_version`` and ``metrics`` (the
     weights digest is computed afresh).
 
     Args:

@@ -1,7 +1,7 @@
 """Sharding configuration: how each embedding table is split across ranks.
 
 Plain dataclasses and string enums, free of torch and TorchRec imports, so configuration
-loading (``pipeline.config``) can build and validate them without importing
+loading (``pipeline.settings.loading``) can build and validate them without importing
 ``torchrec.distributed``. :func:`model.distributed.planner.plan_sharding` turns a
 :class:`ShardingConfig` into a TorchRec ``ShardingPlan``.
 """
@@ -12,7 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from model.spec import FeatureSpec, TableSpec
+from model.features.spec import FeatureSpec, TableSpec
 
 __all__ = [
     "Balance",

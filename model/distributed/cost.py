@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torchrec.distributed.types import ParameterSharding
 
-from model.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.spec import FeatureSpec, SparseFeature, TableSpec
 
 __all__ = ["FP32_BYTES", "ShardLoad", "lookups_per_row", "shard_loads", "table_load"]
 

@@ -55,8 +55,8 @@ from model.distributed.config import (
 )
 from model.distributed.cost import FP32_BYTES, shard_loads
 from model.distributed.runtime import make_sharder, sharders
+from model.features.spec import FeatureSpec, TableSpec
 from model.ranker import embedding_bag_configs
-from model.spec import FeatureSpec, TableSpec
 
 __all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding"]
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from model.device import rank_device
+from model.serving.device import rank_device
 
 __all__ = ["default_backend", "join_process_group", "local_world_size"]
 
@@ -22,7 +22,7 @@ def local_world_size(world_size: int | None = None) -> int:
     """Ranks per host: ``$LOCAL_WORLD_SIZE`` (torchrun sets it), else the whole world (one host).
 
     The sharding plan needs it to place rank ``r``'s shards on ``cuda:{r % local_world_size}``,
-    the GPU that rank runs on (:func:`model.device.rank_device` of its ``LOCAL_RANK``).
+    the GPU that rank runs on (:func:`model.serving.device.rank_device` of its ``LOCAL_RANK``).
 
     Args:
         world_size: the world size (default ``$WORLD_SIZE``, else 1).
@@ -70,11 +70,12 @@ def join_process_group(
         timeout_s: store and collective timeout.
 
     Returns:
-        :func:`model.device.rank_device` of the local rank.
+        :func:`model.serving.device.rank_device` of the local rank.
 
     Raises:
         KeyError: if the group does not exist yet and ``MASTER_ADDR``/``MASTER_PORT`` are unset.
-        model.device.DeviceUnavailableError: with CUDA, if this host has no GPU ``local_rank``.
+        model.serving.device.DeviceUnavailableError: with CUDA, if this host has no GPU
+        ``local_rank``.
 
     Example::
 

@@ -17,7 +17,7 @@ from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 
 from model.distributed.cost import FP32_BYTES, shard_loads
 from model.distributed.planner import EBC_MODULE_PATH
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
 
 __all__ = ["PlanReport", "RankBytes", "TablePlacement", "describe_plan"]
 

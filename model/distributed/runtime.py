@@ -6,11 +6,11 @@ Every rank calls :func:`shard_ranker` (collective) inside an initialised process
 slices it owns) or :mod:`model.distributed.checkpoint`.
 
 Running the sharded model: every rank calls
-:func:`model.inference.score_probabilities` (``dmp(dense, sparse)`` under ``torch.no_grad()``)
-with its *own* local batch at the same time (the embedding lookups are collectives: a rank
-with nothing to score must still call it, with an empty batch); each rank gets back the scores
-of its own rows. Ranks may feed different row counts, including zero (checked on gloo for
-every sharding type here); padding to a fixed size keeps shapes stable.
+:func:`model.serving.inference.score_probabilities` (``dmp(dense, sparse)`` under
+``torch.no_grad()``) with its *own* local batch at the same time (the embedding lookups are
+collectives: a rank with nothing to score must still call it, with an empty batch); each rank gets
+back the scores of its own rows. Ranks may feed different row counts, including zero (checked on
+gloo for every sharding type here); padding to a fixed size keeps shapes stable.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from torchrec.distributed.types import (
     ShardingPlan,
 )
 
-from model.memory import embedding_bytes
+from model.features.spec import FeatureSpec
 from model.ranker import Ranker, build_ranker
-from model.spec import FeatureSpec
+from model.serving.memory import embedding_bytes
 
 __all__ = ["load_unsharded_state_dict", "make_sharder", "shard_ranker", "sharders"]
 
@@ -176,7 +176,7 @@ def load_unsharded_state_dict(
 
     Args:
         dmp: from :func:`shard_ranker`.
-        state_dict: e.g. :func:`model.checkpoint.load_state_dict`'s result (any device).
+        state_dict: e.g. :func:`model.store.checkpoint.load_state_dict`'s result (any device).
         strict: require exactly the ranker's keys.
 
     Raises:

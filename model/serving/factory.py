@@ -4,8 +4,8 @@ of the single-process and the sharded path.
 :meth:`ScorerFactory.create_scorer` checks the options against the job (an option a path cannot
 honour is refused, never dropped), picks the device, loads the model through one strategy
 (:mod:`model.serving.single` or :mod:`model.serving.sharded`), and applies the precision
-(and, for a model that replays CUDA graphs, the static batch shapes: :mod:`model.graph_shapes`).
-The serving loop warms the scorer up on its scoring thread
+(and, for a model that replays CUDA graphs, the static batch shapes:
+:mod:`model.serving.graph_shapes`). The serving loop warms the scorer up on its scoring thread
 (:meth:`~model.serving.scorer.Scorer.warm_up`) before the consumer joins the group, on both
 paths.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from model.device import serving_device
-from model.graph_shapes import GraphShape, graph_shapes, records_cuda_graphs
 from model.rank import RankContext
+from model.serving.device import serving_device
+from model.serving.graph_shapes import GraphShape, graph_shapes, records_cuda_graphs
 from model.serving.options import ServingOptions
 from model.serving.scorer import Scorer
 from model.serving.single import load_single

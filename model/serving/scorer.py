@@ -17,15 +17,15 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from model.features import FeatureColumns, build_model_input
-from model.graph_shapes import GraphShape, pad_to_shape, shape_for
-from model.inference import score_probabilities
-from model.memory import embedding_bytes
-from model.model_input import ModelInput, padding_input, warm_up_input
+from model.features.build import FeatureColumns, build_model_input
+from model.features.model_input import ModelInput, padding_input, warm_up_input
+from model.features.spec import FeatureSpec
 from model.options import Precision
-from model.spec import FeatureSpec
-from model.topk import TopK, top_k_per_event
-from model.transfer import DeviceTransfer, StagedInput
+from model.serving.graph_shapes import GraphShape, pad_to_shape, shape_for
+from model.serving.inference import score_probabilities
+from model.serving.memory import embedding_bytes
+from model.serving.topk import TopK, top_k_per_event
+from model.serving.transfer import DeviceTransfer, StagedInput
 
 __all__ = ["Scorer"]
 
@@ -41,8 +41,9 @@ class Scorer:
         spec: its feature spec.
         model_version: written into every Recommendation.
         device: where the forward runs (the module is already there).
-        precision: forward precision (:mod:`model.precision`).
-        graph_shapes: for a model that replays CUDA graphs (:mod:`model.graph_shapes`): every
+        precision: forward precision (:mod:`model.serving.precision`).
+        graph_shapes: for a model that replays CUDA graphs (:mod:`model.serving.graph_shapes`):
+        every
             batch is padded to the smallest of these shapes before its forward; empty: batches
             keep their shapes.
 
@@ -72,7 +73,7 @@ class Scorer:
 
     def stage(self, features: FeatureColumns) -> StagedInput:
         """Feature columns -> model input on its way to the model's device (on a GPU the copy
-        runs asynchronously on a copy stream: :mod:`model.transfer`)."""
+        runs asynchronously on a copy stream: :mod:`model.serving.transfer`)."""
         return self.stage_input(build_model_input(features, self.spec))
 
     def stage_input(self, inp: ModelInput) -> StagedInput:
@@ -122,7 +123,7 @@ class Scorer:
         num_results: npt.NDArray[np.int64],
     ) -> TopK:
         """The best ``min(num_results, candidates)`` rows of every event (on the device; one
-        synchronisation: :func:`model.topk.top_k_per_event`)."""
+        synchronisation: :func:`model.serving.topk.top_k_per_event`)."""
         return top_k_per_event(probs, candidate_counts, num_results)
 
     def warm_up(self, batch_rows: Sequence[int]) -> float:

@@ -12,7 +12,6 @@ import logging
 import torch
 from torch import nn
 
-from model.checkpoint import CheckpointMeta, load_meta
 from model.distributed import (
     describe_plan,
     join_process_group,
@@ -20,9 +19,10 @@ from model.distributed import (
     plan_sharding,
     shard_ranker,
 )
-from model.memory import embedding_bytes
 from model.rank import RankContext
+from model.serving.memory import embedding_bytes
 from model.serving.options import ServingOptions
+from model.store.checkpoint import CheckpointMeta, load_meta
 
 __all__ = ["load_sharded_model"]
 

@@ -8,12 +8,12 @@ import logging
 import torch
 from torch import nn
 
-from model.checkpoint import CheckpointMeta, load_checkpoint
-from model.compile import maybe_compile
-from model.memory import embedding_bytes
 from model.quant_dtype import QuantDtype
-from model.quantize import quantize_ranker
+from model.serving.compile import maybe_compile
+from model.serving.memory import embedding_bytes
 from model.serving.options import ServingOptions
+from model.serving.quantize import quantize_ranker
+from model.store.checkpoint import CheckpointMeta, load_checkpoint
 
 __all__ = ["load_single"]
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from model.feature_columns import FeatureColumns
-from model.recent_items import merge_recent_items
-from model.segments import offsets, segment_ids
-from model.spec import FeatureSpec
+from model.features.columns import FeatureColumns
+from model.features.recent_items import merge_recent_items
+from model.features.segments import offsets, segment_ids
+from model.features.spec import FeatureSpec
 from model.synthetic.events import SampledEvents
 from model.synthetic.world import SyntheticWorld
 
@@ -30,7 +30,7 @@ def feature_columns(
 
     - ``user_dense``: the user's stored dense vector; ``item_category`` / ``item_dense``: each
       candidate's stored category and dense vector.
-    - recent list of an event: :func:`model.recent_items.merge_recent_items` of the event's
+    - recent list of an event: :func:`model.features.recent_items.merge_recent_items` of the event's
       ``recent_item_ids`` and the user's stored Redis ``recent`` items.
 
     Args:

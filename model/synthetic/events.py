@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from model.segments import Int64Array
+from model.features.segments import Int64Array
 
 __all__ = ["SampledEvents"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from model.segments import Int64Array
-from model.spec import string_to_id
+from model.features.segments import Int64Array
+from model.features.spec import string_to_id
 from model.synthetic.config import (
     CATEGORY_ID_BASE,
     ITEM_ID_BASE,

@@ -36,7 +36,7 @@ from pipeline.cli.common import (
     with_checkpoint,
 )
 from pipeline.cli.errors import UserError
-from pipeline.config import CONFIG_ENV_VAR, Settings
+from pipeline.settings.loading import CONFIG_ENV_VAR, Settings
 
 bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
 

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.cli.errors import UserError
 from pipeline.cli.kafka_settings_check import check_kafka_client_settings
-from pipeline.config import CodecSettings, Framing, KafkaSettings, RedisSettings
-from pipeline.secrets import mask_url
+from pipeline.settings.loading import CodecSettings, Framing, KafkaSettings, RedisSettings
+from pipeline.settings.secrets import mask_url
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
 REDIS_PROBE_TIMEOUT_S = 2.0
@@ -97,12 +97,12 @@ def require_checkpoint(path: Path) -> Path:
 
     Args:
         path: ``model.checkpoint``: a checkpoint directory, or a versions directory
-            (:mod:`model.versions`), whose current version is served.
+            (:mod:`model.store.versions`), whose current version is served.
 
     Returns:
         ``path`` itself, or the current version's directory.
     """
-    from model.versions import NoCurrentVersionError, resolve_checkpoint
+    from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 
     try:
         return resolve_checkpoint(path)

@@ -17,11 +17,11 @@ from rich.console import Console
 
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat
-from pipeline.config import Settings, load_settings
-from pipeline.summary import json_line
+from pipeline.runtime.summary import json_line
+from pipeline.settings.loading import Settings, load_settings
 
 if TYPE_CHECKING:
-    from model.spec import FeatureSpec
+    from model.features.spec import FeatureSpec
 
 log = logging.getLogger("streamrank")
 

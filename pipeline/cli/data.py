@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.cli.checks import require_kafka, require_redis, require_schema_registry
 from pipeline.cli.common import ConfigOption, command_settings, progress_console, say
 from pipeline.cli.errors import UserError
-from pipeline.secrets import mask_url
+from pipeline.settings.secrets import mask_url
 
 
 def produce(
@@ -105,7 +105,7 @@ def seed_features(
     config: ConfigOption = None,
 ) -> None:
     """Write user and item features to Redis: synthetic, or from CSV/Parquet files."""
-    from pipeline.feature_store import FeatureStoreWriter
+    from pipeline.connectors.redis.feature_store import FeatureStoreWriter
     from pipeline.tools.synthetic_io import (
         FeatureFileError,
         build_world,

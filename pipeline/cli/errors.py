@@ -11,8 +11,8 @@ import sys
 import pydantic
 from pydantic_settings import SettingsError
 
-from pipeline.config import ConfigError
-from pipeline.secrets import is_secret_name
+from pipeline.settings.loading import ConfigError
+from pipeline.settings.secrets import is_secret_name
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -35,7 +35,7 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
     """One line naming every bad or unknown key of a settings validation error.
 
     Args:
-        error: raised while validating :class:`pipeline.config.Settings`.
+        error: raised while validating :class:`pipeline.settings.loading.Settings`.
 
     Returns:
         e.g. ``unknown config key kafka.bogus; bad config value for batching.max_batch_rows:
@@ -72,7 +72,9 @@ def as_user_error(error: BaseException) -> UserError | None:
         return UserError(str(error))
     if isinstance(error, SettingsError):
         return UserError(f"bad config value: {error}")
-    device = sys.modules.get("model.device")  # not imported: no such error (and no torch here)
+    device = sys.modules.get(
+        "model.serving.device"
+    )  # not imported: no such error (and no torch here)
     if device is not None and isinstance(error, device.DeviceUnavailableError):
         return UserError(str(error))  # a rank started for a GPU this host does not have
     return None

@@ -5,7 +5,7 @@
 - ``auto`` (default): ``rich`` when stderr is a terminal, else ``text``;
 - ``rich``: colours and columns for a person at a terminal (wrapped to its width);
 - ``text``: one record per line, never wrapped (newlines inside a message are written as
-  ``\\n``): ``2026-01-31T12:00:00.123Z INFO pipeline.loop: message``;
+  ``\\n``): ``2026-01-31T12:00:00.123Z INFO pipeline.runtime.loop: message``;
 - ``json``: one JSON object per line: ``time``, ``level``, ``logger``, ``message``, ``rank``
   (under torchrun) and ``exception`` (a traceback, when there is one).
 

@@ -1,5 +1,5 @@
 """The model: ``init-model`` trains and saves one, ``plan`` prints its sharding plan, and
-``model list|promote|import`` manage a versions directory (:mod:`model.versions`)."""
+``model list|promote|import`` manage a versions directory (:mod:`model.store.versions`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pipeline.cli.common import (
 from pipeline.cli.errors import UserError
 
 if TYPE_CHECKING:
-    from model.versions import ModelVersions
+    from model.store.versions import ModelVersions
 
 model_app = typer.Typer(
     help="Model versions: list them, promote one (the pipeline serves the current version).",
@@ -85,8 +85,8 @@ def init_model(
     settings = command_settings(ctx, config)
     path = out or settings.model.checkpoint
     as_version = _check_init_target(path, versioned or promote, overwrite, version)
-    from model.checkpoint import save_checkpoint  # torch: once the target is checked
-    from model.train import train_ranker
+    from model.store.checkpoint import save_checkpoint  # torch: once the target is checked
+    from model.synthetic.train import train_ranker
     from pipeline.tools.synthetic_io import build_world
 
     apply_threads(settings)
@@ -123,7 +123,7 @@ def _check_init_target(
 ) -> bool:
     """Before training: whether ``init-model`` writes a version (else a plain checkpoint);
     raises :class:`UserError` for what would fail after training."""
-    from model.versions import is_versions_dir, validate_version_name
+    from model.store.versions import is_versions_dir, validate_version_name
 
     if version is not None:
         try:
@@ -155,14 +155,14 @@ def _check_init_target(
 
 
 def _open_or_create(path: Path) -> ModelVersions:
-    from model.versions import ModelVersions, is_versions_dir
+    from model.store.versions import ModelVersions, is_versions_dir
 
     return ModelVersions(path) if is_versions_dir(path) else ModelVersions.create(path)
 
 
 def _open_versions(path: Path) -> ModelVersions:
     """The versions directory at ``path``, or a :class:`UserError` saying what is there."""
-    from model.versions import ModelVersions, is_versions_dir
+    from model.store.versions import ModelVersions, is_versions_dir
 
     if not is_versions_dir(path):
         if (path / "meta.json").exists():
@@ -205,9 +205,9 @@ def plan(
     would train).
     """
     settings = command_settings(ctx, config)
-    from model.checkpoint import load_spec
     from model.distributed import describe_plan, plan_sharding
-    from model.versions import NoCurrentVersionError, resolve_checkpoint
+    from model.store.checkpoint import load_spec
+    from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 
     try:
         spec = load_spec(resolve_checkpoint(settings.model.checkpoint))
@@ -266,7 +266,7 @@ def promote_version(
     config: ConfigOption = None,
 ) -> None:
     """Make VERSION current: a running pipeline loads it and swaps it in between two batches."""
-    from model.versions import UnknownVersionError
+    from model.store.versions import UnknownVersionError
 
     path = _versions_dir(ctx, config, directory)
     versions = _open_versions(path)

@@ -24,15 +24,15 @@ from pipeline.cli.checks import (
 from pipeline.cli.common import CliState, ConfigOption, apply_threads, command_settings
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
-from pipeline.config import Settings, check_ingest_workers
-from pipeline.launch import Launch
-from pipeline.summary import (
+from pipeline.jobs.launch import Launch
+from pipeline.runtime.summary import (
     RANK_SUMMARIES_ENV,
     RunSummary,
     json_line,
     merge_rank_summaries,
     write_rank_summary,
 )
+from pipeline.settings.loading import Settings, check_ingest_workers
 
 log = logging.getLogger("streamrank")
 
@@ -120,9 +120,9 @@ def run(
     # The serving path (torch, TorchRec) is imported once every check has passed: a user
     # error is one line at once, and the launcher of --nproc N never imports it.
     from model.serving import UnsupportedOption
-    from pipeline.distributed import summary_path
-    from pipeline.launch import DEGRADATIONS_ENV
-    from pipeline.serve import serve
+    from pipeline.jobs.launch import DEGRADATIONS_ENV
+    from pipeline.jobs.rank_files import summary_path
+    from pipeline.runtime.serve import serve
 
     if served != settings.model.checkpoint:
         log.info("serving model version %s of %s", served.name, settings.model.checkpoint)
@@ -195,13 +195,13 @@ def _print_summary(result: dict[str, object]) -> None:
 
 
 def _launch_ranks(launch: Launch, summary_json: Path | None) -> int:
-    """Run the ranks under torchrun (:func:`~pipeline.launch.supervise`), then print (and with
+    """Run the ranks under torchrun (:func:`~pipeline.jobs.launch.supervise`), then print (and with
     ``--summary-json``, write) the job's summary merged from the ranks' records.
 
     Returns:
         torchrun's exit status.
     """
-    from pipeline.launch import supervise
+    from pipeline.jobs.launch import supervise
 
     rank_args = drop_option(drop_option(sys.argv[1:], "--nproc"), "--summary-json")
     if launch.nproc > 1:

@@ -1,10 +1,10 @@
 """Metrics of the ingest workers on their rank's one Prometheus endpoint.
 
-Each worker counts into a registry of its own (the usual :class:`~pipeline.metrics.Metrics`) and
-sends a :func:`snapshot` of it to the rank every second and when it stops
-(:class:`MetricsRelay`). The rank serves one endpoint whose families merge its own registry with
-the latest snapshot of every worker (:class:`MergedMetrics`), so dashboards and alerts read the
-same series as with one process:
+Each worker counts into a registry of its own (the usual
+:class:`~pipeline.observability.metrics.Metrics`) and sends a :func:`snapshot` of it to the rank
+every second and when it stops (:class:`MetricsRelay`). The rank serves one endpoint whose families
+merge its own registry with the latest snapshot of every worker (:class:`MergedMetrics`), so
+dashboards and alerts read the same series as with one process:
 
 - counters, histograms and summaries are summed over the workers (their ``_created`` sample is
   the earliest);

@@ -2,8 +2,8 @@
 runs in the rank's scoring server.
 
 :class:`RemoteScorer` is a :class:`~model.serving.Scorer` to the loop
-(:class:`~pipeline.loop.ScoringPipeline`, :mod:`pipeline.stages.score`,
-:class:`~pipeline.processor.BatchProcessor`), which need no change:
+(:class:`~pipeline.runtime.loop.ScoringPipeline`, :mod:`pipeline.stages.score`,
+:class:`~pipeline.runtime.processor.BatchProcessor`), which need no change:
 
 - :meth:`RemoteScorer.stage` builds the model input on this worker's CPU (hashing, KJT layout)
   and copies it into the worker's next shared-memory slot (:mod:`pipeline.ingest.transport`);
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
-from model.features import FeatureColumns, build_model_input
-from model.model_input import ModelInput
+from model.features.build import FeatureColumns, build_model_input
+from model.features.model_input import ModelInput
+from model.features.spec import FeatureSpec
 from model.options import Precision
 from model.serving import Scorer
-from model.spec import FeatureSpec
-from model.transfer import StagedInput
+from model.serving.transfer import StagedInput
 from pipeline.ingest.transport import ScoreRequest, SharedSlot, WorkerLink
 
 __all__ = ["RemoteScorer"]

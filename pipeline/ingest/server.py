@@ -8,10 +8,12 @@ One loop on the rank's main thread (the thread that bound the device and warmed 
    and summaries are kept (:mod:`pipeline.ingest.relay`). Before the first step every worker
    must be ready (with several ranks: every rank's, agreed in one step), then all of them are
    told to join the consumer group at once;
-2. **agree**: the rank's :class:`~pipeline.stepping.Stepper` decides the step as the loop of one
+2. **agree**: the rank's :class:`~pipeline.runtime.stepping.Stepper` decides the step as the loop
+  of one
    process does: alone, score whenever a request waits and stop once every worker is done
-   (:class:`~pipeline.stepping.LocalStepper`); with several ranks of a sharded model
-   (:class:`~pipeline.stepping.CollectiveStepper`), every rank takes part in every forward, padded
+   (:class:`~pipeline.runtime.stepping.LocalStepper`); with several ranks of a sharded model
+   (:class:`~pipeline.runtime.stepping.CollectiveStepper`), every rank takes part in every forward,
+   padded
    to the largest request of the step (a rank without one joins with padding), and the ranks stop
    together when every worker of every rank is done;
 3. **score**: the oldest request's slot is read in place, staged to the device
@@ -33,8 +35,8 @@ import pickle
 from collections import deque
 from typing import Protocol
 
-from model.device import bind_thread
 from model.serving import Scorer
+from model.serving.device import bind_thread
 from pipeline.ingest.relay import MergedMetrics
 from pipeline.ingest.transport import (
     MetricsReport,
@@ -44,8 +46,8 @@ from pipeline.ingest.transport import (
     WorkerReady,
 )
 from pipeline.ingest.workers import Channel, IngestWorkerFailed
-from pipeline.isolation import is_isolatable
-from pipeline.stepping import LocalStepper, Stepper
+from pipeline.runtime.isolation import is_isolatable
+from pipeline.runtime.stepping import LocalStepper, Stepper
 
 __all__ = ["RemoteForwardError", "ScoringServer", "WorkerPool"]
 

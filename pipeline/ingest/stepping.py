@@ -22,8 +22,8 @@ import dataclasses
 
 import torch
 
-from pipeline.metrics import Metrics
-from pipeline.stepping import NO_SWAP, LocalStepper, StepDecision, SwapOffer
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.stepping import NO_SWAP, LocalStepper, StepDecision, SwapOffer
 
 __all__ = ["IdleFlags", "WorkerStepper"]
 
@@ -60,7 +60,7 @@ class WorkerStepper(LocalStepper):
     Args:
         flags: the rank's idle flags.
         index: this worker's flag.
-        metrics: records this worker's step time (:class:`~pipeline.stepping.StepClock`).
+        metrics: records this worker's step time (:class:`~pipeline.runtime.stepping.StepClock`).
     """
 
     def __init__(self, flags: IdleFlags, index: int, metrics: Metrics | None = None) -> None:

@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from model.model_input import ModelInput, sparse_features
-from model.spec import FeatureSpec
+from model.features.model_input import ModelInput, sparse_features
+from model.features.spec import FeatureSpec
 
 __all__ = [
     "MetricsReport",
@@ -139,7 +139,7 @@ class WorkerDone:
     """A worker's run is over: its summary (its last message).
 
     Attributes:
-        summary: :meth:`pipeline.summary.RunSummary.as_dict` of its run.
+        summary: :meth:`pipeline.runtime.summary.RunSummary.as_dict` of its run.
         latencies_s: its events' latencies (the run summary's samples).
         first_input_at: ``time.monotonic()`` of its first input (``None``: none), comparable
             across the processes of a host.

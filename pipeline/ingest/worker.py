@@ -1,10 +1,10 @@
 """An ingest worker's process: what surrounds its loop.
 
-The loop itself (a complete :class:`~pipeline.loop.ScoringPipeline`: its own consumer in the
+The loop itself (a complete :class:`~pipeline.runtime.loop.ScoringPipeline`: its own consumer in the
 rank's consumer group, its own producer and commits) is built by the serving entry,
-:func:`pipeline.serve.serve_ingest_worker`, inside :func:`worker_process`, which:
+:func:`pipeline.runtime.serve.serve_ingest_worker`, inside :func:`worker_process`, which:
 
-1. binds the worker's life to its rank (``PR_SET_PDEATHSIG``: :func:`pipeline.lifetime.
+1. binds the worker's life to its rank (``PR_SET_PDEATHSIG``: :func:`pipeline.jobs.lifetime.
    die_with_parent`);
 2. runs the assignment's ``setup`` (the CLI's logging) and labels the worker's log records
    ``[w<index>]``;
@@ -40,19 +40,19 @@ from typing import TYPE_CHECKING, NoReturn
 import numpy as np
 import torch
 
-from pipeline.config import Settings
 from pipeline.ingest.relay import MetricsRelay, snapshot
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.ingest.transport import WorkerDone, WorkerLink
 from pipeline.ingest.workers import WorkerAssignment
-from pipeline.lifetime import die_with_parent
-from pipeline.metrics import Metrics
-from pipeline.model_loader import ModelLoader
-from pipeline.summary import RunSummary
+from pipeline.jobs.lifetime import die_with_parent
+from pipeline.models.loader import ModelLoader
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.summary import RunSummary
+from pipeline.settings.loading import Settings
 
 if TYPE_CHECKING:
-    from model.retrieval import RetrievalIndex
+    from model.retrieval.index import RetrievalIndex
 
 __all__ = ["WorkerRuntime", "worker_process"]
 

@@ -6,7 +6,7 @@ initialised its device and threads, which a fork would copy half-way), each with
 (:mod:`pipeline.ingest.transport`), its settings (its own ``transactional.id`` with
 exactly-once: :func:`worker_settings`) and its share of ``--max-events``.
 
-Lifetime (with :mod:`pipeline.lifetime`):
+Lifetime (with :mod:`pipeline.jobs.lifetime`):
 
 - a worker dies with its rank (``PR_SET_PDEATHSIG``, set first thing in the worker);
 - :meth:`IngestWorkers.stop` (the rank's SIGTERM/SIGINT) passes SIGTERM on to every worker: each
@@ -40,9 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from model.features.spec import FeatureSpec
 from model.rank import RankContext
-from model.spec import FeatureSpec
-from pipeline.config import Settings
 from pipeline.ingest.stepping import IdleFlags
 from pipeline.ingest.transport import (
     SLOTS_PER_WORKER,
@@ -51,7 +50,8 @@ from pipeline.ingest.transport import (
     StartConsuming,
     WorkerDone,
 )
-from pipeline.summary import RunSummary
+from pipeline.runtime.summary import RunSummary
+from pipeline.settings.loading import Settings
 
 __all__ = [
     "KILL_MARGIN_S",
@@ -139,7 +139,7 @@ def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settin
 
 def max_event_rows(settings: Settings) -> int:
     """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
-    ``retrieval.num_candidates`` if larger (as :meth:`pipeline.model_loader.ModelLoader.options`).
+    ``retrieval.num_candidates`` if larger (as :meth:`pipeline.models.loader.ModelLoader.options`).
     """
     rows = settings.codec.max_candidates
     if settings.retrieval.enabled:
@@ -217,7 +217,7 @@ class IngestWorkers:
         spec: the served model's feature spec.
         model_version: the served model's version.
         target: the worker's entry (a module-level function taking a
-            :class:`WorkerAssignment`: :func:`pipeline.serve.serve_ingest_worker`).
+            :class:`WorkerAssignment`: :func:`pipeline.runtime.serve.serve_ingest_worker`).
         setup: run first in each worker (picklable).
         exit_when_idle_s: ``--exit-when-idle`` of every worker.
         max_events: ``--max-events``, shared out (:func:`share_of`).

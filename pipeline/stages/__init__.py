@@ -14,5 +14,5 @@ module         job
 ``rebalance``  what the member does when the group moves partitions
 =============  =====================================================================
 
-:mod:`pipeline.loop` wires them; none of them builds Kafka clients.
+:mod:`pipeline.runtime.loop` wires them; none of them builds Kafka clients.
 """

@@ -7,7 +7,7 @@ those messages back for their offsets and dead letters. Nothing is decoded twice
 A batch closes when the next event would push it past ``max_batch_rows`` rows (rows are
 event x candidate pairs; an event is never split), when it reaches ``max_batch_rows``, or when
 its oldest event has waited ``max_delay_ms``, whichever comes first (when to score is decided by
-:mod:`pipeline.stepping`, agreed across ranks). Memory in flight is bounded by
+:mod:`pipeline.runtime.stepping`, agreed across ranks). Memory in flight is bounded by
 ``max_batch_rows`` (plus one event) here and by the commit stage's in-flight limit after.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from pipeline.records import DecodedMessages, EventColumns
+from pipeline.types import DecodedMessages, EventColumns
 
 __all__ = ["MicroBatcher"]
 
@@ -74,7 +74,7 @@ class MicroBatcher:
 
         Args:
             row_cap: close the batch at this many rows if fewer than ``max_rows`` (a latency
-                budget's cut: :mod:`pipeline.batch_policy`); the first event always fits.
+                budget's cut: :mod:`pipeline.runtime.batch_policy`); the first event always fits.
 
         Returns:
             The messages admitted, in order: the events added and every rejected message

@@ -5,7 +5,7 @@ The record keeps the original key, value and headers, and adds:
 =====================  =======================================================
 header                 value
 =====================  =======================================================
-``x-dlq-reason``       a :class:`pipeline.records.RejectReason` value
+``x-dlq-reason``       a :class:`pipeline.types.RejectReason` value
 ``x-dlq-detail``       human-readable detail (truncated to 1 KiB)
 ``x-source-topic``     topic the message was consumed from
 ``x-source-partition`` its partition (decimal)
@@ -23,9 +23,9 @@ import time
 
 from confluent_kafka import Message
 
-from pipeline.kafka_io import Headers, RecordProducer
-from pipeline.metrics import Metrics
-from pipeline.records import Checkpoint, RejectedMessage
+from pipeline.connectors.kafka.clients import Headers, RecordProducer
+from pipeline.observability.metrics import Metrics
+from pipeline.types import Checkpoint, RejectedMessage
 
 __all__ = ["DETAIL_HEADER", "REASON_HEADER", "DeadLetterSink", "dead_letter_headers"]
 

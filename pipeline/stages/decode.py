@@ -1,11 +1,11 @@
 """Decode: consumed messages -> validated UserEvent columns, or a reject reason per message.
 
-The compiled kernel (:mod:`pipeline.avro.kernels`) decodes every body of a poll in one call, no
-dict per event, applying the rules of :mod:`pipeline.avro.rules`. The fastavro reference
-(:mod:`pipeline.avro.reference`) is only asked about the exceptions: each message the kernel
-rejects (so its dead letter gets the reference's reason and detail) and Confluent messages whose
-writer schema is not our reader schema (schema resolution is fastavro's job). Each message is
-decoded once.
+The compiled kernel (:mod:`pipeline.connectors.avro.kernels`) decodes every body of a poll in one
+call, no dict per event, applying the rules of :mod:`pipeline.connectors.avro.rules`. The fastavro
+reference (:mod:`pipeline.connectors.avro.reference`) is only asked about the exceptions: each
+message the kernel rejects (so its dead letter gets the reference's reason and detail) and
+Confluent messages whose writer schema is not our reader schema (schema resolution is fastavro's
+job). Each message is decoded once.
 
 Example::
 
@@ -20,32 +20,32 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from model.segments import offsets, positions
-from model.spec import string_to_id
-from pipeline.avro import framing as wire
-from pipeline.avro import kernels
-from pipeline.avro.reference import ReferenceDecoder, records_to_columns
-from pipeline.avro.rules import (
+from model.features.segments import offsets, positions
+from model.features.spec import string_to_id
+from pipeline.connectors.avro import framing as wire
+from pipeline.connectors.avro import kernels
+from pipeline.connectors.avro.reference import ReferenceDecoder, records_to_columns
+from pipeline.connectors.avro.rules import (
     EARLIEST_EVENT_MS,
     STATUS_EMPTY,
     STATUS_OK,
     STATUS_OVERSIZED,
     STATUS_SLOW_PATH,
 )
-from pipeline.config import CodecSettings, Framing
-from pipeline.records import DecodedMessages, EventColumns, RejectedMessage
+from pipeline.settings.loading import CodecSettings, Framing
+from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
 
 __all__ = ["MessageDecoder"]
 
 
 class MessageDecoder:
-    """Consumed messages -> :class:`~pipeline.records.DecodedMessages`.
+    """Consumed messages -> :class:`~pipeline.types.DecodedMessages`.
 
     Args:
         settings: framing, registry and validation limits (``[codec]``).
         recent_cap: ``recent_item_ids`` beyond this are dropped (newest first are kept).
         retrieve: accept events without candidates (``retrieval.enabled``: they get retrieved
-            ones before batching, :mod:`pipeline.retrieve`); off: ``no_candidates``.
+            ones before batching, :mod:`pipeline.runtime.retrieve`); off: ``no_candidates``.
     """
 
     def __init__(self, settings: CodecSettings, recent_cap: int, retrieve: bool = False) -> None:
@@ -54,7 +54,7 @@ class MessageDecoder:
         self._framing = settings.framing
         self._same_schema: dict[int, bool] = {}
         self._categorical: dict[int, int] = {}
-        """FNV-1a key of a context string's bytes -> :func:`model.spec.string_to_id`."""
+        """FNV-1a key of a context string's bytes -> :func:`model.features.spec.string_to_id`."""
         self.decode_values([])  # load (or compile) the kernels now, not on the first batch
 
     def decode(self, topic: str, messages: list[Message]) -> DecodedMessages:
@@ -151,7 +151,8 @@ class MessageDecoder:
     def _categorical_ids(
         self, buf: npt.NDArray[np.uint8], strings: npt.NDArray[np.int64], column: int
     ) -> npt.NDArray[np.int64]:
-        """:func:`model.spec.string_to_id` of a string column, hashed once per distinct value."""
+        """:func:`model.features.spec.string_to_id` of a string column, hashed once per distinct
+        value."""
         keys = kernels.string_keys(buf, strings, column)
         unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         ids = np.empty(len(unique), dtype=np.int64)

@@ -1,6 +1,6 @@
 """Features: a batch's event columns plus its enrichment -> the ranker's input columns.
 
-The rule for ``recent_items`` (shared with training: ``model.recent_items``): the event's
+The rule for ``recent_items`` (shared with training: ``model.features.recent_items``): the event's
 ``recent_item_ids`` in order, then the user's stored recent items in order, truncated to
 ``spec.recent_items_cap``.
 
@@ -12,10 +12,10 @@ Example::
 
 from __future__ import annotations
 
-from model.features import FeatureColumns
-from model.recent_items import merge_recent_items
-from model.spec import FeatureSpec
-from pipeline.records import Enrichment, EventColumns
+from model.features.build import FeatureColumns
+from model.features.recent_items import merge_recent_items
+from model.features.spec import FeatureSpec
+from pipeline.types import Enrichment, EventColumns
 
 __all__ = ["build_feature_columns"]
 
@@ -31,7 +31,8 @@ def build_feature_columns(
         spec: the served model's feature spec (for the recent-items cap).
 
     Returns:
-        ``model.features.FeatureColumns`` ready for ``model.features.build_model_input``.
+        ``model.features.build.FeatureColumns`` ready for
+        ``model.features.build.build_model_input``.
     """
     recent_counts, recent_ids = merge_recent_items(
         events.recent_counts,

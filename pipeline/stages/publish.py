@@ -1,9 +1,10 @@
 """Publish: one Recommendation per event of a scored batch to the output topic.
 
-The sink is passive: it encodes the batch (one compiled call, :mod:`pipeline.avro.kernels`) and
-produces each record with its batch's :class:`~pipeline.records.Checkpoint` as the delivery
-callback (``checkpoint.expect_delivery()``), so the broker's acknowledgement flows back to the
-offsets it covers. What is committed, and when, is the commit stage's business.
+The sink is passive: it encodes the batch (one compiled call,
+:mod:`pipeline.connectors.avro.kernels`) and produces each record with its batch's
+:class:`~pipeline.types.Checkpoint` as the delivery callback (``checkpoint.expect_delivery()``), so
+the broker's acknowledgement flows back to the offsets it covers. What is committed, and when, is
+the commit stage's business.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from model.segments import offsets, starts
-from pipeline.avro.kernels import encode_recommendations
-from pipeline.kafka_io import RecordProducer
-from pipeline.metrics import Metrics
-from pipeline.records import Enrichment, EventColumns, FallbackFeature, PreparedBatch, ScoredBatch
+from model.features.segments import offsets, starts
+from pipeline.connectors.avro.kernels import encode_recommendations
+from pipeline.connectors.kafka.clients import RecordProducer
+from pipeline.observability.metrics import Metrics
+from pipeline.types import Enrichment, EventColumns, FallbackFeature, PreparedBatch, ScoredBatch
 
 __all__ = ["EncodedBatch", "FallbackFlags", "RecommendationSink", "fallback_flags"]
 

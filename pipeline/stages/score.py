@@ -19,10 +19,10 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from model.device import bind_thread
 from model.serving import Scorer
-from pipeline.metrics import Metrics
-from pipeline.records import PreparedBatch, ScoredBatch
+from model.serving.device import bind_thread
+from pipeline.observability.metrics import Metrics
+from pipeline.types import PreparedBatch, ScoredBatch
 
 __all__ = ["ForwardExecutor", "score_batch"]
 
@@ -54,7 +54,7 @@ def score_batch(
 class ForwardExecutor:
     """Runs :func:`score_batch` on one scoring thread, one batch at a time.
 
-    The scoring thread binds the model's GPU first (:func:`model.device.bind_thread`: a new
+    The scoring thread binds the model's GPU first (:func:`model.serving.device.bind_thread`: a new
     thread's current device is ``cuda:0``) and warms the model up there (CUDA-graph trees are
     per thread) before the constructor returns, i.e. before the consumer joins the group.
 

@@ -2,7 +2,7 @@
 
 :class:`KafkaSource` wraps the consumer for the loop: it polls a bounded number of messages
 into a backlog that the loop takes from in runs (to decode them together), keeps the assignment
-the rebalance callbacks report (:mod:`pipeline.rebalance`), and remembers when input last
+the rebalance callbacks report (:mod:`pipeline.runtime.rebalance`), and remembers when input last
 arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
 end-of-partition is ignored, a fatal error raises, anything else is logged.
 """
@@ -23,7 +23,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from pipeline.kafka_io import RebalanceCallback, SubscribingConsumer
+from pipeline.connectors.kafka.clients import RebalanceCallback, SubscribingConsumer
 
 log = logging.getLogger(__name__)
 

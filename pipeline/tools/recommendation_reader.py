@@ -10,14 +10,14 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     RECOMMENDATION_V1_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.avro.rules import epoch_millis
-from pipeline.config import Settings
-from pipeline.kafka_io import make_consumer
+from pipeline.connectors.avro.rules import epoch_millis
+from pipeline.connectors.kafka.clients import make_consumer
+from pipeline.settings.loading import Settings
 
 
 def read_messages(

@@ -17,10 +17,10 @@ import redis
 from confluent_kafka import Producer
 
 from model.synthetic import SyntheticWorld, WorldConfig, to_event_dicts
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import Settings
-from pipeline.feature_store import FeatureStoreWriter
-from pipeline.kafka_io import ensure_topics, make_producer, produce
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import ensure_topics, make_producer, produce
+from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.settings.loading import Settings
 from pipeline.tools.synthetic_settings import synthetic_settings
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.config import ConfigError, Settings
+from pipeline.settings.loading import ConfigError, Settings
 
 __all__ = ["SyntheticSettings", "synthetic_settings"]
 

@@ -7,9 +7,9 @@ import socket
 import numpy as np
 import torch
 
-from model.features import build_model_input
-from model.model_input import ModelInput
-from model.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.build import build_model_input
+from model.features.model_input import ModelInput
+from model.features.spec import FeatureSpec, SparseFeature, TableSpec
 from model.synthetic import SampledEvents, SyntheticWorld, WorldConfig, feature_columns
 
 #: Largest score difference accepted between two devices or two paths.

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from model.inference import score_probabilities
-from model.model_input import ModelInput
+from model.features.model_input import ModelInput
+from model.features.spec import FeatureSpec
 from model.options import Precision
 from model.ranker import Ranker, build_ranker
-from model.spec import FeatureSpec
+from model.serving.inference import score_probabilities
 from model.synthetic import SyntheticWorld
 from scripts.gpucheck.common import TOLERANCE, batch, free_port, max_abs_diff, sync
 
@@ -45,7 +45,7 @@ def parity(ranker: Ranker, spec: FeatureSpec, inp: ModelInput, device: torch.dev
         "int8_tables": ...}, "ok": every difference <= TOLERANCE}``.
     """
     from model.distributed import join_process_group
-    from model.quantize import quantize_ranker
+    from model.serving.quantize import quantize_ranker
 
     expected = ranker.score(inp)
     moved = on_device(ranker, spec, device)

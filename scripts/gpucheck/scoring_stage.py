@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.features.spec import FeatureSpec
 from model.ranker import Ranker
-from model.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
 from scripts.gpucheck.common import sample_events
 from scripts.gpucheck.model_sections import on_device
@@ -29,8 +29,8 @@ class FeatureTable:
         self._world = world
 
     def enrich(self, user_ids: np.ndarray, item_ids: np.ndarray) -> Any:
-        from model.segments import flatten
-        from pipeline.records import Enrichment
+        from model.features.segments import flatten
+        from pipeline.types import Enrichment
 
         world = self._world
         users, items = world.user_index_of(user_ids), world.item_index_of(item_ids)
@@ -79,16 +79,16 @@ def scoring_stage(
     try:
         from model.serving import Scorer
         from model.synthetic import to_event_dicts
-        from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-        from pipeline.config import CodecSettings
-        from pipeline.metrics import Metrics
-        from pipeline.processor import BatchProcessor
-        from pipeline.records import Batch, Checkpoint
+        from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+        from pipeline.observability.metrics import Metrics
+        from pipeline.runtime.processor import BatchProcessor
+        from pipeline.runtime.summary import RunSummary
+        from pipeline.settings.loading import CodecSettings
         from pipeline.stages.dead_letter import DeadLetterSink
         from pipeline.stages.decode import MessageDecoder
         from pipeline.stages.publish import RecommendationSink
         from pipeline.stages.score import ForwardExecutor
-        from pipeline.summary import RunSummary
+        from pipeline.types import Batch, Checkpoint
     except ImportError as exc:  # the GPU machine lacks a serving dependency
         return {"skipped": f"missing {exc.name}"}
 

@@ -3,12 +3,12 @@
 Only torch and ``model.*`` are imported, so this runs on the GPU machine without the
 pipeline's dependencies. Batches of several sizes (growing and shrinking, so the pinned staging
 buffers grow and are reused) go through the serving arrangement: the main thread stages batch
-n+1 through :class:`model.transfer.DeviceTransfer` (pinned buffers, copy stream, event) while
-a scoring thread, bound to the device with :func:`model.device.bind_thread`, runs batch n's
-forward and :func:`model.topk.top_k_per_event`. Each batch's top-K is compared with the plain
-path: ``inp.to(device)``, forward and top-K on the main thread. On a GPU the synchronisations
-of the overlapped run are counted with ``torch.cuda.set_sync_debug_mode("warn")`` (the
-design: one per batch, reading its top-K). On a CPU there is nothing to copy: the input is used
+n+1 through :class:`model.serving.transfer.DeviceTransfer` (pinned buffers, copy stream, event)
+while a scoring thread, bound to the device with :func:`model.serving.device.bind_thread`, runs
+batch n's forward and :func:`model.serving.topk.top_k_per_event`. Each batch's top-K is compared
+with the plain path: ``inp.to(device)``, forward and top-K on the main thread. On a GPU the
+synchronisations of the overlapped run are counted with ``torch.cuda.set_sync_debug_mode("warn")``
+(the design: one per batch, reading its top-K). On a CPU there is nothing to copy: the input is used
 in place, and the threading, sizes and top-K still run.
 """
 
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.device import bind_thread
-from model.features import FeatureColumns, build_model_input
-from model.inference import score_probabilities
+from model.features.build import FeatureColumns, build_model_input
+from model.features.spec import FeatureSpec
 from model.ranker import Ranker
-from model.spec import FeatureSpec
+from model.serving.device import bind_thread
+from model.serving.inference import score_probabilities
+from model.serving.topk import TopK, top_k_per_event
+from model.serving.transfer import DeviceTransfer, StagedInput
 from model.synthetic import SyntheticWorld, feature_columns
-from model.topk import TopK, top_k_per_event
-from model.transfer import DeviceTransfer, StagedInput
 from scripts.gpucheck.common import TOLERANCE, sample_events, sync
 from scripts.gpucheck.model_sections import on_device
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.metrics import Metrics
+from pipeline.observability.metrics import Metrics
 from tests.docker.promql import (
     ALERTS,
     DOCKER_DIR,

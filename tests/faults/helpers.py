@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, T
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.conftest import REPO_ROOT, LocalStack
 from tests.integration.conftest import (
     WORLD,

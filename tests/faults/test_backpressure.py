@@ -1,6 +1,7 @@
 """Backpressure on the real stack: with a producer queue of 20 records that librdkafka holds for
 1.5 s before sending (``linger.ms``), a record waits longer than
-:data:`~pipeline.backpressure.PAUSE_AFTER_S` for room, the pipeline pauses its input partitions
+:data:`~pipeline.runtime.backpressure.PAUSE_AFTER_S` for room, the pipeline pauses its input
+partitions
 instead of spinning, and still scores every event exactly once."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect
 
 pytestmark = pytest.mark.slow

@@ -21,16 +21,16 @@ import pytest
 from confluent_kafka import Consumer
 
 from model.synthetic import SyntheticWorld
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.avro.schema_registry import SchemaLookup
-from pipeline.config import CodecSettings, Framing, Settings
-from pipeline.metrics import Metrics
-from pipeline.records import RejectReason
+from pipeline.connectors.avro.schema_registry import SchemaLookup
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import CodecSettings, Framing, Settings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from pipeline.stages.enrich import FeatureEnricher
+from pipeline.stages.enrich.enricher import FeatureEnricher
+from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters, seeded_settings
 from tests.faults.test_poison_input import sent_like
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, spec_of

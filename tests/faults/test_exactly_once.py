@@ -25,11 +25,11 @@ import pytest
 from confluent_kafka import Consumer
 
 from model.rank import RankContext
-from pipeline.config import Settings
-from pipeline.delivery_settings import DeliverySettings, Guarantee
-from pipeline.kafka_io import make_consumer, make_producer
-from pipeline.records import DeliveryFailed
+from pipeline.connectors.kafka.clients import make_consumer, make_producer
+from pipeline.settings.delivery import DeliverySettings, Guarantee
+from pipeline.settings.loading import Settings
 from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
+from pipeline.types import DeliveryFailed
 from tests.conftest import LocalStack
 from tests.faults.helpers import (
     Cli,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.faults.helpers import (
     Cli,
     audit_exactly_once,

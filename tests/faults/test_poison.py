@@ -12,11 +12,11 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer
 
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import Settings
-from pipeline.metrics import Metrics
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from pipeline.stages.enrich import FeatureEnricher
+from pipeline.stages.enrich.enricher import FeatureEnricher
 from tests.faults.helpers import dead_letters
 from tests.integration.conftest import (
     BackgroundPipeline,

@@ -15,14 +15,14 @@ import redis
 from confluent_kafka import Consumer
 
 from model.synthetic import SyntheticWorld
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.config import CodecSettings, Settings
-from pipeline.feature_store import encode_items, encode_user, item_key, user_key
-from pipeline.records import RejectReason
+from pipeline.connectors.redis.feature_store import encode_items, encode_user, item_key, user_key
+from pipeline.settings.loading import CodecSettings, Settings
 from pipeline.stages.dead_letter import REASON_HEADER
+from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters, seeded_settings
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect
 

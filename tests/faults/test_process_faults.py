@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.conftest import LocalStack
 from tests.faults.helpers import Cli, kafka_ctl, report, run_until_idle, signal_mid_stream
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, wait_for_outputs

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import KafkaSettings, Settings
+from pipeline.settings.loading import KafkaSettings, Settings
 from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -17,19 +17,23 @@ import numpy as np
 import pytest
 import redis
 
-from model.checkpoint import load_checkpoint, load_meta, save_checkpoint
-from model.features import build_model_input
+from model.features.build import build_model_input
+from model.features.spec import FeatureSpec, SparseFeature
 from model.serving import Scorer, ScorerFactory
-from model.spec import FeatureSpec, SparseFeature
+from model.store.checkpoint import load_checkpoint, load_meta, save_checkpoint
 from model.synthetic import SampledEvents, SyntheticWorld, feature_columns, to_event_dicts
-from model.train import train_ranker
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import ModelSettings, Settings
-from pipeline.feature_store import FeatureStoreWriter
-from pipeline.kafka_io import make_consumer, make_producer, produce
-from pipeline.loop import ScoringPipeline
-from pipeline.stages.enrich import BatchEnricher
-from pipeline.summary import RunSummary
+from model.synthetic.train import train_ranker
+from pipeline.connectors.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+)
+from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
+from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.runtime.loop import ScoringPipeline
+from pipeline.runtime.summary import RunSummary
+from pipeline.settings.loading import ModelSettings, Settings
+from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import SyntheticSettings
 from tests.processes import TREE_ENV, kill_marked, new_marker
@@ -164,7 +168,7 @@ class BackgroundPipeline:
         settings: the run's settings.
         scorer: the model (default: the settings' checkpoint).
         enricher: the feature source (default: Redis as configured).
-        pipeline: a pipeline built already (e.g. by :func:`pipeline.serve.build_pipeline`,
+        pipeline: a pipeline built already (e.g. by :func:`pipeline.runtime.serve.build_pipeline`,
             which also loads the retrieval index and follows a versions directory).
     """
 

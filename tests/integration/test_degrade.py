@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.integration.conftest import SentEvents, collect
 from tests.support.crash_rank import CRASH_ENV
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.config import CodecSettings, RedisSettings, Settings
-from pipeline.records import RejectReason
-from pipeline.retrieval_settings import RetrievalSettings
+from pipeline.settings.loading import CodecSettings, RedisSettings, Settings
+from pipeline.settings.retrieval import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
+from pipeline.types import RejectReason
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,

@@ -21,20 +21,20 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from model.candidates import fill_candidates
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
+from model.retrieval.candidates import fill_candidates
 from model.synthetic import SyntheticWorld, to_event_dicts
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     records_to_columns,
 )
-from pipeline.config import CodecSettings, Settings
-from pipeline.kafka_io import make_producer, produce
-from pipeline.model_loader import ModelLoader
-from pipeline.records import RejectReason
+from pipeline.connectors.kafka.clients import make_producer, produce
+from pipeline.models.loader import ModelLoader
+from pipeline.settings.loading import CodecSettings, Settings
 from pipeline.stages.dead_letter import REASON_HEADER
+from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters
 from tests.integration.conftest import (
     WORLD,

@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from model.features.spec import FeatureSpec
 from model.rank import RankContext
 from model.ranker import build_ranker
-from model.spec import FeatureSpec
+from model.store.versions import ModelVersions
 from model.synthetic import SyntheticWorld, to_event_dicts
-from model.versions import ModelVersions
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import BatchingSettings, Settings
-from pipeline.kafka_io import make_consumer, make_producer, produce
-from pipeline.metrics import Metrics
-from pipeline.retrieval_settings import ModelSwapSettings
-from pipeline.serve import build_pipeline
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.serve import build_pipeline
+from pipeline.settings.loading import BatchingSettings, Settings
+from pipeline.settings.retrieval import ModelSwapSettings
 from tests.integration.conftest import (
     WORLD,
     BackgroundPipeline,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import Settings
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.faults.helpers import (
     dead_letters,

@@ -32,7 +32,7 @@ import yaml
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.docker.promql import (
     ALERTS,
     REPO_ROOT,

@@ -15,15 +15,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model.candidates import fill_candidates
+from model.features.spec import FeatureSpec
 from model.rank import RankContext
-from model.spec import FeatureSpec
+from model.retrieval.candidates import fill_candidates
 from model.synthetic import SyntheticWorld, to_event_dicts
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec, records_to_columns
-from pipeline.config import CodecSettings, Framing, Settings
-from pipeline.kafka_io import make_producer, produce
-from pipeline.metrics import Metrics
-from pipeline.serve import build_pipeline
+from pipeline.connectors.avro.reference import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    records_to_columns,
+)
+from pipeline.connectors.kafka.clients import make_producer, produce
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.serve import build_pipeline
+from pipeline.settings.loading import CodecSettings, Framing, Settings
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,

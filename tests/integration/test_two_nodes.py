@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from tests.integration.conftest import SentEvents, collect
 from tests.model.distributed.ranks import free_port
 

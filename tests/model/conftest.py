@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.features import FeatureColumns
-from model.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.build import FeatureColumns
+from model.features.spec import FeatureSpec, SparseFeature, TableSpec
 from model.synthetic import SampledEvents, SyntheticWorld, WorldConfig, feature_columns
 
 

@@ -106,9 +106,9 @@ SINGLE_PROCESS = [
         if n.startswith("model") and not n.startswith("model.distributed") and n not in SHARDED
     ),
     "model.distributed.config",
-    "pipeline.config",
-    "pipeline.loop",
-    "pipeline.serve",
+    "pipeline.settings.loading",
+    "pipeline.runtime.loop",
+    "pipeline.runtime.serve",
 ]
 
 
@@ -142,7 +142,7 @@ def test_a_single_process_scorer_never_loads_the_sharded_strategy(tmp_path: Path
     code = f"""
 import sys
 from pathlib import Path
-from model.checkpoint import save_checkpoint
+from model.store.checkpoint import save_checkpoint
 from model.ranker import build_ranker
 from model.serving import ScorerFactory, ServingOptions
 from tests.pipeline.factories import TINY_SPEC

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import PoolingType
 
-from model.features import FeatureColumns, build_model_input
-from model.model_input import pad_model_input
+from model.features.build import FeatureColumns, build_model_input
+from model.features.model_input import pad_model_input
+from model.features.spec import FeatureSpec
 from model.ranker import Ranker, build_ranker, embedding_bag_configs
-from model.spec import FeatureSpec
 
 
 def test_embedding_configs_follow_spec(spec: FeatureSpec) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from pipeline.config import CodecSettings, Framing, RedisSettings
-from tests.pipeline.redis_spy import CountingRedis
+from pipeline.settings.loading import CodecSettings, Framing, RedisSettings
+from tests.pipeline.connectors.redis.redis_spy import CountingRedis
 
 UTC = dt.UTC
 

@@ -10,15 +10,19 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from model.features import build_model_input
+from model.features.build import build_model_input
+from model.features.spec import FeatureSpec, SparseFeature, TableSpec
 from model.ranker import build_ranker
 from model.serving import Scorer
-from model.spec import FeatureSpec, SparseFeature, TableSpec
-from model.transfer import StagedInput
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec, records_to_columns
-from pipeline.config import CodecSettings
-from pipeline.records import Batch, Checkpoint, Enrichment, EventColumns, PreparedBatch
+from model.serving.transfer import StagedInput
+from pipeline.connectors.avro.reference import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    records_to_columns,
+)
+from pipeline.settings.loading import CodecSettings
 from pipeline.stages.features import build_feature_columns
+from pipeline.types import Batch, Checkpoint, Enrichment, EventColumns, PreparedBatch
 from tests.pipeline.fakes import FakeMessage
 
 TINY_SPEC = FeatureSpec(

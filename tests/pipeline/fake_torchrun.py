@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from pipeline.lifetime import die_with_parent
+from pipeline.jobs.lifetime import die_with_parent
 
 
 def _rank(out: Path, index: int, generation: int, mode: str) -> None:

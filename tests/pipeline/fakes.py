@@ -1,8 +1,8 @@
 """Fakes of the Kafka clients for stage and loop unit tests (integration tests use the broker).
 
-They implement the Protocols of :mod:`pipeline.kafka_io` and nothing more: a consumer that
-serves a scripted list of messages and records commits, a producer that records what it was
-given and fires delivery callbacks when told (or on poll/flush, like librdkafka).
+They implement the Protocols of :mod:`pipeline.connectors.kafka.clients` and nothing more: a
+consumer that serves a scripted list of messages and records commits, a producer that records what
+it was given and fires delivery callbacks when told (or on poll/flush, like librdkafka).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
 
-from pipeline.kafka_io import DeliveryCallback, Headers, RebalanceCallback
+from pipeline.connectors.kafka.clients import DeliveryCallback, Headers, RebalanceCallback
 
 
 @dataclass

@@ -63,7 +63,7 @@ def test_the_stages_are_the_data_flow() -> None:
 
 def test_nothing_calls_back_into_the_loop() -> None:
     """No method of the loop is handed to another object (a callback back up)."""
-    tree = ast.parse((ROOT / "pipeline" / "loop.py").read_text())
+    tree = ast.parse((ROOT / "pipeline" / "runtime" / "loop.py").read_text())
     (loop,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ScoringPipeline"]
     methods = {n.name for n in loop.body if isinstance(n, ast.FunctionDef)}
     handed = []
@@ -82,13 +82,13 @@ def test_nothing_calls_back_into_the_loop() -> None:
     importers = [
         p
         for p in (ROOT / "pipeline").rglob("*.py")
-        if "pipeline.loop" in _imports(p) and "tools" not in p.parts
+        if "pipeline.runtime.loop" in _imports(p) and "tools" not in p.parts
     ]
     assert {p.name for p in importers} == {"serve.py"}
 
 
 def test_the_loop_reads_in_data_flow_order() -> None:
-    body = (ROOT / "pipeline" / "loop.py").read_text()
+    body = (ROOT / "pipeline" / "runtime" / "loop.py").read_text()
     loop = body[body.index("def _loop(") : body.index("def _fill_batch(")]
     steps = [m.group(1) for m in re.finditer(r"# (consume|decode -> batch|process|commit)\b", loop)]
     assert steps == ["consume", "decode -> batch", "process", "commit"]

@@ -143,7 +143,7 @@ def test_the_shipped_previous_schema_is_v1() -> None:
 
 @pytest.mark.parametrize("written", ["v1", "new"])
 def test_the_output_reader_decodes_records_of_both_schemas_in_raw_framing(written: str) -> None:
-    from pipeline.config import Settings
+    from pipeline.settings.loading import Settings
     from pipeline.tools.recommendation_reader import recommendation_codec
 
     codec = recommendation_codec(Settings())

@@ -2,7 +2,7 @@
 
 A tests-only entry module wrapping the real one (``pipeline.cli``): the serving code has no
 crash hook. ``streamrank run --nproc N`` started through this module starts its ranks through
-it too (:func:`pipeline.launch.entry_module`), and ``CRASH_RANK=R/W/S`` makes rank R of a
+it too (:func:`pipeline.jobs.launch.entry_module`), and ``CRASH_RANK=R/W/S`` makes rank R of a
 W-rank job exit with status 1 S seconds after it starts, so "the same rank keeps dying" is
 reproducible (``tests/integration/test_degrade.py``).
 """

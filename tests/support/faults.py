@@ -24,9 +24,9 @@ import numpy.typing as npt
 import torch
 
 from model.serving import Scorer
-from model.topk import TopK
-from pipeline.records import Enrichment
-from pipeline.stages.enrich import BatchEnricher
+from model.serving.topk import TopK
+from pipeline.stages.enrich.enricher import BatchEnricher
+from pipeline.types import Enrichment
 
 
 class InjectedFault(RuntimeError):

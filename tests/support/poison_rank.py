@@ -1,6 +1,6 @@
 """``python -m tests.support.poison_rank ARGS``: ``streamrank ARGS`` whose scorer fails for one
 event, in every process (``streamrank run --nproc N`` started through this module starts its
-ranks through it too: :func:`pipeline.launch.entry_module`).
+ranks through it too: :func:`pipeline.jobs.launch.entry_module`).
 
 A tests-only entry module wrapping the real one: the served scorer is wrapped in
 :class:`tests.support.faults.FailingScorer`, whose top-K (after the collective forward) fails for

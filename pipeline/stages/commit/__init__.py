@@ -15,9 +15,9 @@ module             job
 
 from __future__ import annotations
 
-from pipeline.delivery_settings import DeliverySettings, Guarantee
-from pipeline.kafka_io import KafkaClients
-from pipeline.shutdown import Shutdown
+from pipeline.connectors.kafka.clients import KafkaClients
+from pipeline.runtime.shutdown import Shutdown
+from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.stages.commit.protocol import Checkpointer
 from pipeline.stages.commit.transactions import TransactionalCheckpointer, transactional_kafka
 

@@ -7,7 +7,7 @@ produced for it, *and for every earlier message of its partition*, are acknowled
 broker. The protocol, owned entirely by :class:`Checkpointer`:
 
 1. The loop registers consumed messages with :meth:`Checkpointer.consumed` (in poll order):
-   they join the open :class:`~pipeline.records.Checkpoint`.
+   they join the open :class:`~pipeline.types.Checkpoint`.
 2. When a micro-batch closes, :meth:`Checkpointer.cut` ends the open checkpoint there: the batch
    carries it (``Batch.checkpoint``), and what is consumed from then on joins the next one.
 3. Every record produced on behalf of consumed messages passes ``checkpoint.expect_delivery()``
@@ -22,8 +22,8 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
 5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
    acknowledgement and commits synchronously.
 
-Commit results are checked: with :class:`~pipeline.kafka_io.CommitResults` wired to the
-consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
+Commit results are checked: with :class:`~pipeline.connectors.kafka.clients.CommitResults` wired to
+the consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
 a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its
 offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later).
 
@@ -44,9 +44,9 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from pipeline.kafka_io import CommitResults, CommittingConsumer, PollingProducer
-from pipeline.records import Checkpoint, DeliveryFailed
-from pipeline.shutdown import Shutdown
+from pipeline.connectors.kafka.clients import CommitResults, CommittingConsumer, PollingProducer
+from pipeline.runtime.shutdown import Shutdown
+from pipeline.types import Checkpoint, DeliveryFailed
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ the same way); it changes *how* sealed checkpoints are committed:
    comes back in time lets the transaction commit. An *abortable* one aborts the transaction,
    and a *fatal* one (the producer was fenced by a newer one with the same
    ``transactional.id``) leaves the producer unusable; both raise
-   :class:`~pipeline.records.DeliveryFailed`, as does a retriable error that outlasts the
+   :class:`~pipeline.types.DeliveryFailed`, as does a retriable error that outlasts the
    call's budget (``timeout_s``, the shutdown deadline): the run stops non-zero, and the next
    run (or torchrun's restart) resumes from the committed offsets; a ``read_committed`` reader
    never sees the aborted records. A transaction left open (the broker unreachable) is aborted
@@ -33,7 +33,8 @@ the same way); it changes *how* sealed checkpoints are committed:
    ignores its timeout while the coordinator is unreachable (it waits for the request's
    ``socket.timeout.ms``, 60 s by default), so every transactional call runs on a helper thread
    while the loop's thread waits in short slices. SIGTERM/SIGINT during such a wait are
-   honoured: the stop sets the shutdown deadline at once (:class:`~pipeline.shutdown.Shutdown`),
+   honoured: the stop sets the shutdown deadline at once
+   (:class:`~pipeline.runtime.shutdown.Shutdown`),
    and the call is given up when it passes.
 """
 
@@ -48,10 +49,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from model.rank import RankContext
-from pipeline.config import KafkaSettings, Settings
-from pipeline.records import Checkpoint, DeliveryFailed
-from pipeline.shutdown import Shutdown
+from pipeline.runtime.shutdown import Shutdown
+from pipeline.settings.loading import KafkaSettings, Settings
 from pipeline.stages.commit.protocol import Checkpointer
+from pipeline.types import Checkpoint, DeliveryFailed
 
 log = logging.getLogger(__name__)
 

@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     ReferenceDecoder,
     records_to_columns,
 )
-from pipeline.config import Settings
-from pipeline.metrics import Metrics
-from pipeline.records import EventColumns, ScoredBatch
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import Settings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.stages.publish import FallbackFlags, RecommendationSink
 from pipeline.tools.synthetic_io import build_world, to_event_dicts
+from pipeline.types import EventColumns, ScoredBatch
 
 
 def _us_per_event(work: Callable[[], object], events: int) -> float:

@@ -22,16 +22,16 @@ import torch
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from model.features import FeatureColumns
-from model.model_input import ModelInput
+from model.features.build import FeatureColumns
+from model.features.model_input import ModelInput
+from model.features.spec import FeatureSpec
 from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory
-from model.spec import FeatureSpec
+from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 from model.synthetic import SyntheticWorld, feature_columns
-from model.versions import NoCurrentVersionError, resolve_checkpoint
-from pipeline.config import Settings, TopicsSettings
-from pipeline.feature_store import FeatureStoreWriter
-from pipeline.kafka_io import make_consumer
+from pipeline.connectors.kafka.clients import make_consumer
+from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.settings.loading import Settings, TopicsSettings
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)

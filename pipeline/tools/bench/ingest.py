@@ -34,10 +34,10 @@ import numpy as np
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from model.features import build_model_input
-from model.spec import FeatureSpec
-from pipeline.config import Settings
+from model.features.build import build_model_input
+from model.features.spec import FeatureSpec
 from pipeline.ingest.transport import ScoreReply, ScoreRequest, SharedSlot, SlotShape
+from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import (
     BenchTopics,
     batch_of_rows,
@@ -59,7 +59,7 @@ def cpu_seconds_of(pid: int) -> float:
 
 def worker_pids(pid: int) -> list[int]:
     """The ingest workers of run process ``pid`` (children started by ``spawn_main``)."""
-    from pipeline.lifetime import children
+    from pipeline.jobs.lifetime import children
 
     out = []
     for child in children(pid):
@@ -267,7 +267,7 @@ def bench_ingest(
                     f"event {result['rank_cpu_us']:.1f} us scoring process + "
                     f"{result['workers_cpu_us']:.1f} us workers"
                 )
-    from model.checkpoint import load_spec
+    from model.store.checkpoint import load_spec
 
     spec = load_spec(settings.model.checkpoint)
     transport = transport_cost(spec, world, settings.batching.max_batch_rows)

@@ -29,15 +29,15 @@ import numpy.typing as npt
 import torch
 
 from model.serving import Scorer
-from pipeline.avro.reference import (
+from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.avro.rules import epoch_millis
-from pipeline.config import MetricsSettings, Settings
-from pipeline.loop import ScoringPipeline
-from pipeline.metrics import Metrics
+from pipeline.connectors.avro.rules import epoch_millis
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.loop import ScoringPipeline
+from pipeline.settings.loading import MetricsSettings, Settings
 from pipeline.tools.bench.common import (
     create_topics,
     delete_run_topics,

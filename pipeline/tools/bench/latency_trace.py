@@ -1,7 +1,7 @@
 """Where each event's latency went: per-batch stage timings joined to per-event timestamps.
 
 :class:`StageTrace` listens to a pipeline's own Prometheus metrics
-(:class:`~pipeline.metrics.Metrics`): every observation of
+(:class:`~pipeline.observability.metrics.Metrics`): every observation of
 ``streamrank_stage_duration_seconds{stage=...}`` and of ``streamrank_batch_rows`` is kept with
 the wall-clock time it was made (the histograms themselves are untouched).
 
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.metrics import Metrics
+from pipeline.observability.metrics import Metrics
 
 TRACED_STAGES = ("enrich", "features", "forward", "produce")
 BUSY_STAGES = ("enrich", "features", "forward", "produce")

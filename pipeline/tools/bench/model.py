@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from model.features import build_model_input
+from model.features.build import build_model_input
 from model.serving import Scorer
 from model.synthetic import SyntheticWorld
 from pipeline.tools.bench.common import batch_of_rows, time_forward_rows

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 
 
 class Pacer:
@@ -162,8 +162,8 @@ def offer_events(plan: OfferPlan, conn: Connection) -> None:
 
 def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
     from model.synthetic import to_event_dicts
-    from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
-    from pipeline.kafka_io import make_producer, produce
+    from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+    from pipeline.connectors.kafka.clients import make_producer, produce
     from pipeline.tools.consumer_group import wait_for_assignment
     from pipeline.tools.synthetic_io import build_world
 

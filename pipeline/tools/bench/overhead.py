@@ -4,7 +4,8 @@ One run, on fresh topics holding the same N pre-produced events:
 
 a. **passthrough**: a bare consumer reads the N raw messages and a bare producer writes N
    values the size of a Recommendation (no decode, no encode): what Kafka alone costs.
-b. **pipeline**: a fresh :class:`~pipeline.loop.ScoringPipeline` scores the N events with a tiny
+b. **pipeline**: a fresh :class:`~pipeline.runtime.loop.ScoringPipeline` scores the N events with a
+tiny
    ranker (embedding dim 8, one small MLP layer each side), so the forward is negligible.
 c. **stages**: during (b), process CPU time (``resource.getrusage``, so librdkafka's threads
    count) is charged to the stage running at the time; nested stages are exclusive.
@@ -23,10 +24,10 @@ import torch
 
 from model.ranker import build_ranker
 from model.serving import Scorer
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.config import MetricsSettings, Settings
-from pipeline.kafka_io import make_consumer, make_producer, produce
-from pipeline.loop import ScoringPipeline
+from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
+from pipeline.runtime.loop import ScoringPipeline
+from pipeline.settings.loading import MetricsSettings, Settings
 from pipeline.tools.bench.common import BenchTopics, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 

@@ -14,9 +14,9 @@ import numpy as np
 
 from model.serving import Scorer
 from model.synthetic import SyntheticWorld
-from pipeline.config import MetricsSettings, Settings
-from pipeline.loop import ScoringPipeline
-from pipeline.summary import RunSummary
+from pipeline.runtime.loop import ScoringPipeline
+from pipeline.runtime.summary import RunSummary
+from pipeline.settings.loading import MetricsSettings, Settings
 from pipeline.tools.bench.common import (
     BenchTopics,
     delete_run_topics,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from model.synthetic import SyntheticWorld
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import BenchTopics, score_backlog, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
@@ -40,8 +40,8 @@ def _run_ranks_once(
 
 def _bytes_per_rank(settings: Settings, nprocs: tuple[int, ...]) -> dict[int, Any]:
     """Per world size, the planned embedding bytes of each rank (CPU plan)."""
-    from model.checkpoint import load_spec
     from model.distributed import describe_plan, plan_sharding
+    from model.store.checkpoint import load_spec
 
     spec = load_spec(settings.model.checkpoint)
     memory = {}
@@ -79,7 +79,7 @@ def bench_ranks(
     Returns:
         Rows/s per world size and round, ratios over the first, bytes (and lookup work) per
         rank, and per round the ranks' step stats
-        (:func:`pipeline.distributed.step_stats`).
+        (:func:`pipeline.jobs.rank_files.step_stats`).
 
     Example::
 

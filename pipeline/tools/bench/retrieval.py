@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from model.features.spec import FeatureSpec, SparseFeature
 from model.ranker import build_ranker
-from model.retrieval import (
+from model.retrieval.index import (
     IndexKind,
     RetrievalConfig,
     RetrievalIndex,
@@ -37,11 +38,10 @@ from model.retrieval import (
     ivf_parameters,
     needed_tables,
 )
-from model.spec import FeatureSpec, SparseFeature
+from model.store.tables import EmbeddingTables
+from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 from model.synthetic import ITEM_ID_BASE, ITEM_ID_STRIDE, USER_ID_BASE, USER_ID_STRIDE
-from model.tables import EmbeddingTables
-from model.versions import NoCurrentVersionError, resolve_checkpoint
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 
 log = logging.getLogger(__name__)
 

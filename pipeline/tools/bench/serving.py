@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from model.compile import maybe_compile
-from model.features import build_model_input
-from model.model_input import ModelInput
+from model.features.build import build_model_input
+from model.features.model_input import ModelInput
 from model.options import Precision
-from model.quantize import compare_quantized, quantize_ranker
 from model.ranker import Ranker
 from model.serving import Scorer
-from pipeline.config import Settings
+from model.serving.compile import maybe_compile
+from model.serving.quantize import compare_quantized, quantize_ranker
+from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import batch_of_rows, plain_scorer, time_forward_rows
 from pipeline.tools.synthetic_io import build_world
 

@@ -42,9 +42,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from model.synthetic import SyntheticWorld
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.config import Settings, TopicsSettings
-from pipeline.kafka_io import ensure_topics
+from pipeline.connectors.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+)
+from pipeline.connectors.kafka.clients import ensure_topics
+from pipeline.settings.loading import Settings, TopicsSettings
 from pipeline.tools.bench.common import (
     child_env,
     fresh_topics,

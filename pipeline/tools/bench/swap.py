@@ -42,12 +42,16 @@ from typing import IO, Any
 import numpy as np
 
 from model.ranker import build_ranker
+from model.store.versions import ModelVersions, NoCurrentVersionError, resolve_checkpoint
 from model.synthetic import SyntheticWorld
-from model.versions import ModelVersions, NoCurrentVersionError, resolve_checkpoint
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, USER_EVENT_SCHEMA_FILE, RecordCodec
-from pipeline.avro.rules import epoch_millis
-from pipeline.config import Settings
-from pipeline.kafka_io import ensure_topics
+from pipeline.connectors.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+)
+from pipeline.connectors.avro.rules import epoch_millis
+from pipeline.connectors.kafka.clients import ensure_topics
+from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import child_env, fresh_topics, seeded_world, streamrank_command
 from pipeline.tools.bench.soak_probe import topic_messages
 from pipeline.tools.synthetic_io import produce_events
@@ -267,7 +271,7 @@ class _Producer:
 
 def _two_versions(settings: Settings, root: Path) -> ModelVersions:
     """The configured model's shapes, twice (untrained: seeds 0 and 1); the first current."""
-    from model.checkpoint import load_meta
+    from model.store.checkpoint import load_meta
 
     try:
         spec = load_meta(resolve_checkpoint(settings.model.checkpoint)).spec
@@ -291,7 +295,7 @@ def _wait_scored(
     """Until ``expected`` Recommendations are on the output topic (its high watermarks)."""
     from confluent_kafka import KafkaException, TopicPartition
 
-    from pipeline.kafka_io import make_consumer
+    from pipeline.connectors.kafka.clients import make_consumer
 
     topic = settings.topics.output
     consumer = make_consumer(settings.kafka, group_id=f"bench-swap-count-{os.getpid()}")

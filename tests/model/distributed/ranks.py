@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.distributed import join_process_group
-from model.features import build_model_input
-from model.model_input import ModelInput, pad_model_input
-from model.spec import FeatureSpec
+from model.features.build import build_model_input
+from model.features.model_input import ModelInput, pad_model_input
+from model.features.spec import FeatureSpec
 from model.synthetic import SyntheticWorld, feature_columns
 from tests.model.conftest import SMALL_WORLD
 

@@ -9,7 +9,7 @@ from model.distributed import ShardingConfig, describe_plan, plan_sharding
 from model.distributed.balance import split_kind, split_placement
 from model.distributed.config import ShardingKind
 from model.distributed.cost import lookups_per_row, table_load
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
 
 BIG_USER = FeatureSpec.from_settings({"num_embeddings": {"user_id": 10_000_000}})
 

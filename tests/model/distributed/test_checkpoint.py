@@ -18,14 +18,6 @@ import pytest
 import torch
 from torch import nn
 
-from model.checkpoint import (
-    META_FILE,
-    WEIGHTS_FILE,
-    load_checkpoint,
-    load_meta,
-    load_spec,
-    save_checkpoint,
-)
 from model.distributed import (
     DCP_INDEX_FILE,
     ShardingConfig,
@@ -37,10 +29,18 @@ from model.distributed import (
     save_sharded,
     shard_ranker,
 )
-from model.features import FeatureColumns, build_model_input
-from model.inference import score_probabilities
+from model.features.build import FeatureColumns, build_model_input
+from model.features.spec import FeatureSpec
 from model.ranker import build_ranker
-from model.spec import FeatureSpec
+from model.serving.inference import score_probabilities
+from model.store.checkpoint import (
+    META_FILE,
+    WEIGHTS_FILE,
+    load_checkpoint,
+    load_meta,
+    load_spec,
+    save_checkpoint,
+)
 from tests.model.conftest import small_spec
 from tests.model.distributed.ranks import (
     MIXED_3_RANKS,

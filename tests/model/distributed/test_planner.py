@@ -14,7 +14,7 @@ from model.distributed import (
     describe_plan,
     plan_sharding,
 )
-from model.spec import FeatureSpec
+from model.features.spec import FeatureSpec
 from tests.model.conftest import small_spec
 from tests.model.distributed.ranks import MIXED_3_RANKS
 

@@ -22,9 +22,9 @@ import pytest
 import torch.distributed as dist
 
 from model.distributed import ShardingConfig, describe_plan, plan_sharding, shard_ranker
-from model.inference import score_probabilities
-from model.memory import embedding_bytes
 from model.ranker import build_ranker
+from model.serving.inference import score_probabilities
+from model.serving.memory import embedding_bytes
 from tests.model.conftest import small_spec
 from tests.model.distributed.ranks import (
     MIXED_3_RANKS,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import load_checkpoint, save_checkpoint
 from model.distributed import describe_plan, export_unsharded, plan_sharding
 from model.ranker import build_ranker
+from model.store.checkpoint import load_checkpoint, save_checkpoint
 from tests.model.conftest import small_spec
 from tests.model.distributed.ranks import TOLERANCE, rank_inputs, spawn_ranks
 from tests.model.distributed.test_checkpoint import SEED, _chain_worker

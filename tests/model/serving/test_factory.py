@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import save_checkpoint
-from model.graph_shapes import graph_shapes, shape_for
 from model.options import Precision
 from model.quant_dtype import QuantDtype
 from model.rank import RankContext
 from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOption
-from pipeline.metrics import Metrics
+from model.serving.graph_shapes import graph_shapes, shape_for
+from model.store.checkpoint import save_checkpoint
+from pipeline.observability.metrics import Metrics
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import ForwardExecutor
 from tests.pipeline.factories import TINY_SPEC, prepared_batch, user_event

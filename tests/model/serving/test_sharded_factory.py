@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from model.checkpoint import save_checkpoint
 from model.options import Precision
 from model.rank import RankContext
 from model.ranker import build_ranker
 from model.serving import ScorerFactory, ServingOptions
+from model.store.checkpoint import save_checkpoint
 from tests.model.conftest import small_spec
 from tests.model.distributed.ranks import rank_inputs, spawn_ranks
 

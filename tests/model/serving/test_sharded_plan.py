@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from model.features.spec import FeatureSpec
 from model.rank import RankContext
 from model.serving import ServingOptions, sharded
-from model.spec import FeatureSpec
 
 
 class _Planned(Exception):

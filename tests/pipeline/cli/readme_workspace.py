@@ -26,12 +26,12 @@ import typer.main
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from model.checkpoint import save_checkpoint
+from model.store.checkpoint import save_checkpoint
 from model.synthetic import SyntheticWorld
-from model.train import train_ranker
+from model.synthetic.train import train_ranker
 from pipeline.cli import app
-from pipeline.config import KafkaSettings, Settings, TopicsSettings
-from pipeline.feature_store import FeatureStoreWriter
+from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.settings.loading import KafkaSettings, Settings, TopicsSettings
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import synthetic_settings
 from tests.conftest import LocalStack

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.device import rank_device
+from model.serving.device import rank_device
 from pipeline.cli.errors import USER_ERROR_EXIT_CODE, as_user_error
 
 

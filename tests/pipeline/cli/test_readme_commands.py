@@ -20,10 +20,10 @@ import pytest
 import redis
 import typer.testing
 
-from model.checkpoint import load_meta
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from model.store.checkpoint import load_meta
 from pipeline.cli import app
-from pipeline.kafka_io import ensure_topics, make_producer, produce
+from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import ensure_topics, make_producer, produce
 from pipeline.tools.bench.common import delete_topics
 from pipeline.tools.bench.swap import NEW, OLD
 from pipeline.tools.synthetic_io import produce_events

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model.versions import POINTER_FILE
+from model.store.versions import POINTER_FILE
 from tests.conftest import REPO_ROOT, LocalStack
 from tests.pipeline.cli.conftest import CliRunner
 

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.rank import RankContext
 from pipeline.ingest.relay import MergedMetrics, snapshot
-from pipeline.metrics import Metrics
+from pipeline.observability.metrics import Metrics
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,18 +10,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model.features import build_model_input
-from model.model_input import ModelInput
+from model.features.build import build_model_input
+from model.features.model_input import ModelInput
 from model.serving import Scorer
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.server import ScoringServer
 from pipeline.ingest.workers import IngestWorkerFailed
-from pipeline.metrics import Metrics
-from pipeline.records import PreparedBatch, ScoredBatch
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.stepping import LocalStepper, StepDecision
 from pipeline.stages import score as score_stage
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import ForwardExecutor
-from pipeline.stepping import LocalStepper, StepDecision
+from pipeline.types import PreparedBatch, ScoredBatch
 from tests.pipeline.factories import (
     TINY_SPEC,
     DefaultsEnricher,

@@ -4,7 +4,7 @@ step's other parts (the swap offer included) on as the local stepper decides the
 from __future__ import annotations
 
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
-from pipeline.stepping import SwapOffer
+from pipeline.runtime.stepping import SwapOffer
 
 
 def test_a_worker_stops_on_idleness_only_when_every_worker_is_idle() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.features import build_model_input
+from model.features.build import build_model_input
 from pipeline.ingest.transport import (
     ScoreReply,
     ScoreRequest,
@@ -93,7 +93,7 @@ def test_a_closed_server_end_is_server_gone_not_an_event_error() -> None:
     ours.close()
     with pytest.raises(ServerGone):
         link.score(ScoreRequest(0, 1, 1, (1,)))
-    assert issubclass(ServerGone, OSError)  # never bisected as poison (pipeline.isolation)
+    assert issubclass(ServerGone, OSError)  # never bisected as poison (pipeline.runtime.isolation)
 
 
 def test_a_reply_to_another_slot_is_an_error() -> None:

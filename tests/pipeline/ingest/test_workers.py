@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from model.rank import RankContext
-from pipeline.config import DeliverySettings, KafkaSettings, Settings, load_settings
-from pipeline.delivery_settings import Guarantee
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.ingest.workers import share_of, worker_settings
+from pipeline.settings.delivery import Guarantee
+from pipeline.settings.loading import DeliverySettings, KafkaSettings, Settings, load_settings
 from pipeline.stages.commit import transactional_kafka
 
 

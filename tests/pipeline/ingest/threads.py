@@ -11,7 +11,6 @@ from multiprocessing import Pipe
 import numpy as np
 
 from model.rank import RankContext
-from pipeline.config import BatchingSettings, Settings
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.transport import (
     SLOTS_PER_WORKER,
@@ -21,6 +20,7 @@ from pipeline.ingest.transport import (
     WorkerLink,
 )
 from pipeline.ingest.workers import Channel, IngestWorkers
+from pipeline.settings.loading import BatchingSettings, Settings
 from tests.pipeline.factories import TINY_SPEC
 
 WorkerBody = Callable[[int, RemoteScorer], None]

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.avro.reference import records_to_columns
-from pipeline.records import DecodedMessages, EventColumns, RejectedMessage, RejectReason
+from pipeline.connectors.avro.reference import records_to_columns
 from pipeline.stages import batch as batch_mod
 from pipeline.stages.batch import MicroBatcher
+from pipeline.types import DecodedMessages, EventColumns, RejectedMessage, RejectReason
 from tests.pipeline.fakes import FakeMessage
 
 

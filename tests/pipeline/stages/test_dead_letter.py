@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.metrics import Metrics
-from pipeline.records import Checkpoint, RejectedMessage, RejectReason
+from pipeline.observability.metrics import Metrics
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER, DeadLetterSink
+from pipeline.types import Checkpoint, RejectedMessage, RejectReason
 from tests.pipeline.fakes import FakeMessage, FakeProducer
 
 

@@ -1,6 +1,7 @@
 """The decode stage against the fastavro reference: random valid events and damaged messages.
 
-The compiled kernel and the reference apply the same rules (:mod:`pipeline.avro.rules`): these
+The compiled kernel and the reference apply the same rules (:mod:`pipeline.connectors.avro.rules`):
+these
 property tests hold them to the same verdict and the same columns on every message."""
 
 from __future__ import annotations
@@ -14,12 +15,21 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec, records_to_columns
-from pipeline.avro.rules import EARLIEST_EVENT_MS, STATUS_OK, STATUS_REASONS, STATUS_SLOW_PATH
-from pipeline.avro.schema_registry import load_schema
-from pipeline.config import CodecSettings
-from pipeline.records import EventColumns, RejectedMessage, RejectReason
+from pipeline.connectors.avro.reference import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    records_to_columns,
+)
+from pipeline.connectors.avro.rules import (
+    EARLIEST_EVENT_MS,
+    STATUS_OK,
+    STATUS_REASONS,
+    STATUS_SLOW_PATH,
+)
+from pipeline.connectors.avro.schema_registry import load_schema
+from pipeline.settings.loading import CodecSettings
 from pipeline.stages.decode import MessageDecoder
+from pipeline.types import EventColumns, RejectedMessage, RejectReason
 from tests.pipeline.factories import event_messages
 
 LIMITS = CodecSettings(

@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model.features import FeatureColumns, build_model_input
-from model.recent_items import merge_recent_items
-from model.segments import flatten
-from model.spec import FeatureSpec
-from pipeline.avro.reference import records_to_columns
-from pipeline.feature_store import item_record_dtype
-from pipeline.records import Enrichment, EventColumns
+from model.features.build import FeatureColumns, build_model_input
+from model.features.recent_items import merge_recent_items
+from model.features.segments import flatten
+from model.features.spec import FeatureSpec
+from pipeline.connectors.avro.reference import records_to_columns
+from pipeline.connectors.redis.feature_store import item_record_dtype
 from pipeline.stages.features import build_feature_columns
+from pipeline.types import Enrichment, EventColumns
 
 EventFactory = Callable[..., dict[str, Any]]
 SPEC = FeatureSpec(

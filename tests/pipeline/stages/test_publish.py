@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.config import CodecSettings
-from pipeline.metrics import Metrics
-from pipeline.records import Checkpoint, ScoredBatch
+from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import CodecSettings
 from pipeline.stages.publish import RecommendationSink, fallback_flags
+from pipeline.types import Checkpoint, ScoredBatch
 from tests.pipeline.factories import prepared_batch, user_event
 from tests.pipeline.fakes import FakeProducer
 from tests.pipeline.stages.test_features import EventFactory, _enrichment, _events

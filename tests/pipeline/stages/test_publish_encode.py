@@ -9,11 +9,15 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec, records_to_columns
-from pipeline.config import CodecSettings
-from pipeline.metrics import Metrics
-from pipeline.records import ScoredBatch
+from pipeline.connectors.avro.reference import (
+    RECOMMENDATION_SCHEMA_FILE,
+    RecordCodec,
+    records_to_columns,
+)
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import CodecSettings
 from pipeline.stages.publish import FallbackFlags, RecommendationSink
+from pipeline.types import ScoredBatch
 from tests.pipeline.fakes import FakeProducer
 
 longs = st.integers(-(2**63), 2**63 - 1)

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-from model.graph_shapes import GraphShape
 from model.serving import Scorer
-from pipeline.metrics import Metrics
+from model.serving.graph_shapes import GraphShape
+from pipeline.observability.metrics import Metrics
 from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
 from tests.pipeline.factories import prepared_batch, tiny_scorer, user_event
 

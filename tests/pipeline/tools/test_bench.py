@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from model.synthetic import SyntheticWorld, WorldConfig
-from pipeline.config import KafkaSettings, ModelSettings, Settings
-from pipeline.kafka_io import ensure_topics
+from pipeline.connectors.kafka.clients import ensure_topics
+from pipeline.settings.loading import KafkaSettings, ModelSettings, Settings
 from pipeline.tools.bench import overhead
 from pipeline.tools.bench.common import (
     BenchTopics,

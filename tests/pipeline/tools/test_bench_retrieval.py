@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.ranker import build_ranker
-from model.retrieval import RetrievalConfig
-from model.versions import ModelVersions
-from pipeline.config import ModelSettings, Settings
+from model.retrieval.index import RetrievalConfig
+from model.store.versions import ModelVersions
+from pipeline.settings.loading import ModelSettings, Settings
 from pipeline.tools.bench.common import load_or_build_scorer
 from pipeline.tools.bench.retrieval import bench_retrieval
 

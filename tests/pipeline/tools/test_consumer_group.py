@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer
 
-from pipeline.config import Settings
+from pipeline.settings.loading import Settings
 from pipeline.tools.consumer_group import GroupNotReadyError, wait_for_assignment
 
 

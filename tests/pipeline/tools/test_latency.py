@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pipeline.config import BatchingSettings, Settings
-from pipeline.metrics import Metrics
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.loading import BatchingSettings, Settings
 from pipeline.tools.bench.latency import bench_latency
 from pipeline.tools.bench.latency_plot import plot_latency
 from pipeline.tools.bench.latency_trace import BusyTime, StageTrace, decompose, quantiles_ms

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from pipeline.metrics import Metrics
+from pipeline.observability.metrics import Metrics
 from pipeline.tools.bench.soak import Sample, SoakPlan, SoakRun, evaluate
 from pipeline.tools.bench.soak_plot import plot_soak
 from pipeline.tools.bench.soak_probe import MetricsScrape, bucket_quantile, window_quantile

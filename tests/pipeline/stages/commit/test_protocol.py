@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from pipeline.kafka_io import CommitResults
-from pipeline.records import DeliveryFailed
-from pipeline.shutdown import Shutdown
+from pipeline.connectors.kafka.clients import CommitResults
+from pipeline.runtime.shutdown import Shutdown
 from pipeline.stages.commit import Checkpointer
+from pipeline.types import DeliveryFailed
 from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
 
 T = "events"

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from model.rank import RankContext
-from pipeline.config import KafkaSettings, Settings
-from pipeline.delivery_settings import DeliverySettings, Guarantee
-from pipeline.records import DeliveryFailed
-from pipeline.shutdown import Shutdown
+from pipeline.runtime.shutdown import Shutdown
+from pipeline.settings.delivery import DeliverySettings, Guarantee
+from pipeline.settings.loading import KafkaSettings, Settings
 from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
+from pipeline.types import DeliveryFailed
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
 
 T = "events"

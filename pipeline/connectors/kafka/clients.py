@@ -1,0 +1,245 @@
+"""Thin wrappers over confluent-kafka clients: the Protocols stages depend on, creation,
+back-pressured produce, topic setup.
+
+Stages never name ``confluent_kafka.Consumer``/``Producer``: they take the small Protocols
+below, so their unit tests run on fakes while integration tests use the real broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, overload
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.settings.loading import KafkaSettings, TopicsSettings
+
+log = logging.getLogger(__name__)
+
+CLIENT_LOGGER = logging.getLogger("pipeline.kafka.librdkafka")
+"""Where the clients' own librdkafka log lines go (served by poll/consume/flush): records in
+the run's log format, not raw ``%5|...`` lines on stderr."""
+
+ErrorCallback = Callable[[KafkaError], None]
+"""librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
+
+RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
+"""``on_assign``/``on_revoke``/``on_lost``: (consumer, partitions)."""
+
+Headers = list[tuple[str, str | bytes | None]]
+
+CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
+"""librdkafka's ``on_commit``: the result of an offset commit (served by ``consume``)."""
+
+
+class CommitResults:
+    """The consumer's ``on_commit``, forwarding each commit result to :attr:`listener`.
+
+    The consumer is configured before the commit protocol exists; the protocol sets
+    ``listener`` when it is built.
+
+    Example::
+
+        results = CommitResults()
+        consumer = make_consumer(settings, extra={"on_commit": results})
+        results.listener = checkpointer.on_commit
+    """
+
+    def __init__(self) -> None:
+        self.listener: CommitCallback | None = None
+
+    def __call__(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if self.listener is not None:
+            self.listener(err, partitions)
+
+
+class PollingProducer(Protocol):
+    """What the commit protocol needs of a producer: serve callbacks, wait for delivery."""
+
+    def poll(self, timeout: float = ...) -> int: ...
+
+    def flush(self, timeout: float = ...) -> int: ...
+
+
+class RecordProducer(PollingProducer, Protocol):
+    """What the sinks need: produce a record with a delivery callback."""
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = ...,
+        key: bytes | None = ...,
+        *,
+        headers: Headers | None = ...,
+        on_delivery: DeliveryCallback | None = ...,
+    ) -> None: ...
+
+
+class CommittingConsumer(Protocol):
+    """What the commit protocol needs of a consumer."""
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
+    ) -> list[TopicPartition]: ...
+
+
+class SubscribingConsumer(CommittingConsumer, Protocol):
+    """What the source stage needs of a consumer."""
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback = ...,
+        on_revoke: RebalanceCallback = ...,
+        on_lost: RebalanceCallback = ...,
+    ) -> None: ...
+
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Message]: ...
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def log_client_error(err: KafkaError) -> None:
+    """Default ``error_cb``: transient errors are logged, fatal ones too (the loop raises)."""
+    level = logging.ERROR if err.fatal() else logging.WARNING
+    log.log(level, "kafka client error: %s", err)
+
+
+def make_consumer(
+    settings: KafkaSettings,
+    *,
+    group_id: str | None = None,
+    error_cb: ErrorCallback = log_client_error,
+    stats_cb: Callable[[str], None] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Consumer:
+    """A consumer with manual commits (see :mod:`pipeline.stages.commit`)."""
+    conf = settings.consumer_config(group_id)
+    conf["error_cb"] = error_cb
+    conf["logger"] = CLIENT_LOGGER
+    if stats_cb is not None:
+        conf.setdefault("statistics.interval.ms", 5000)
+        conf["stats_cb"] = stats_cb
+    conf.update(extra or {})
+    return Consumer(conf)
+
+
+def make_producer(
+    settings: KafkaSettings,
+    *,
+    error_cb: ErrorCallback = log_client_error,
+    extra: dict[str, Any] | None = None,
+) -> Producer:
+    """An idempotent ``acks=all`` producer."""
+    conf = settings.producer_config()
+    conf["error_cb"] = error_cb
+    conf["logger"] = CLIENT_LOGGER
+    conf.update(extra or {})
+    return Producer(conf)
+
+
+def produce(
+    producer: RecordProducer,
+    topic: str,
+    value: bytes | None,
+    *,
+    key: bytes | None = None,
+    headers: Headers | None = None,
+    on_delivery: DeliveryCallback | None = None,
+) -> None:
+    """``producer.produce`` that waits (serving callbacks) while the local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def ensure_topics(
+    settings: KafkaSettings, topics: TopicsSettings, names: Sequence[str] | None = None
+) -> None:
+    """Create the pipeline's topics when missing (``topics.create_missing``).
+
+    Args:
+        settings: where the cluster is.
+        topics: names, partition count and replication factor.
+        names: a subset to create; defaults to input, output and DLQ.
+    """
+    if not topics.create_missing:
+        return
+    wanted = list(names or (topics.input, topics.output, topics.dlq))
+    admin = AdminClient(settings.admin_config())
+    existing = set(admin.list_topics(timeout=15).topics)
+    missing = [
+        NewTopic(
+            name, num_partitions=topics.partitions, replication_factor=topics.replication_factor
+        )
+        for name in wanted
+        if name not in existing
+    ]
+    if not missing:
+        return
+    for name, future in admin.create_topics(missing, operation_timeout=15).items():
+        try:
+            future.result()
+            log.info("created topic %s (%d partitions)", name, topics.partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+@dataclass
+class KafkaClients:
+    """The clients one scoring loop uses (real ones from :func:`connect`, fakes in tests)."""
+
+    consumer: SubscribingConsumer
+    producer: RecordProducer
+    commit_results: CommitResults | None = None
+    """Where the consumer reports commit results (``None``: commits are taken as done)."""
+
+
+ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
+"""Builds a loop's clients from its settings and a librdkafka ``stats_cb``."""
+
+
+def connect(
+    settings: KafkaSettings, topics: TopicsSettings, stats_cb: Callable[[str], None]
+) -> KafkaClients:
+    """Create missing topics, then an idempotent producer and a manual-commit consumer.
+
+    Args:
+        settings: where the cluster is and how to talk to it.
+        topics: the pipeline's topics.
+        stats_cb: receives librdkafka's statistics JSON (consumer lag and more).
+
+    Returns:
+        The clients (the consumer is not subscribed yet).
+
+    Example::
+
+        clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
+    """
+    ensure_topics(settings, topics)
+    results = CommitResults()
+    return KafkaClients(
+        consumer=make_consumer(settings, stats_cb=stats_cb, extra={"on_commit": results}),
+        producer=make_producer(settings),
+        commit_results=results,
+    )

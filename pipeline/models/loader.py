@@ -1,0 +1,250 @@
+"""Loading one model version for serving: its scorer and its retrieval index, together.
+
+One loader serves the start-up and every later version (:mod:`pipeline.models.watch` calls it
+on its background thread, :mod:`pipeline.runtime.model_swap` finishes what needs the loop). A
+version is a :class:`ServedModel`: the :class:`~model.serving.Scorer` (built by the one
+:class:`~model.serving.ScorerFactory`) and, with ``[retrieval]`` on, the
+:class:`~model.retrieval.index.RetrievalIndex` built from the same checkpoint's item vectors, so the
+candidates a version retrieves and the scores it gives always come from the same weights.
+
+Loading has two parts:
+
+- :meth:`ModelLoader.load_local` needs no other process and runs off the loop (the watcher's
+  thread): the metadata and its compatibility with what is served (the Redis feature layout
+  and the decoder depend on ``user_dense_dim``, ``item_dense_dim`` and ``recent_items_cap``),
+  the item catalogue and the retrieval index, and in one process the whole scorer. With
+  several ranks it also checks the weights (the digest of ``model.pt``), so that a corrupt
+  file is found by every rank alone, before any collective.
+- :meth:`ModelLoader.complete` is the collective part of a sharded model (planning, sharding
+  and loading the shards, on the default process group): every rank calls it at the same
+  step, with no forward in flight (see :mod:`pipeline.runtime.model_swap`). In one process there is
+  nothing left to do.
+
+Neither part warms the model up: the scoring thread does, before its first batch
+(:meth:`pipeline.stages.score.ForwardExecutor.swap`).
+
+Example::
+
+    loader = ModelLoader(settings, RankContext.from_env())
+    served = loader.load(checkpoint)              # start-up: both parts
+    pending = loader.load_local(new_version_dir)  # the watcher's thread
+    served = loader.complete(pending)             # the agreed step
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+from model.rank import RankContext
+from pipeline.models.catalogue import load_catalogue, load_retrieval_index
+from pipeline.settings.loading import Settings
+from pipeline.settings.retrieval import CatalogueSource
+
+if TYPE_CHECKING:
+    from model.features.spec import FeatureSpec
+    from model.retrieval.index import RetrievalIndex
+    from model.serving import Scorer, ServingOptions
+
+__all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel"]
+
+log = logging.getLogger(__name__)
+
+#: What the serving loop depends on beyond the model (the Redis layout, the decoder's cap).
+_FIXED_SPEC_FIELDS = ("user_dense_dim", "item_dense_dim", "recent_items_cap")
+
+
+class IncompatibleModel(ValueError):
+    """A version whose features the running pipeline cannot serve without a restart."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model version, ready to serve.
+
+    Attributes:
+        scorer: the model (not warmed up on the scoring thread yet).
+        index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+    """
+
+    scorer: Scorer
+    index: RetrievalIndex | None
+
+    @property
+    def version(self) -> str:
+        """Its ``model_version`` (the name Recommendations carry)."""
+        return self.scorer.model_version
+
+
+@dataclass(frozen=True)
+class PendingModel:
+    """A version after :meth:`ModelLoader.load_local`.
+
+    Attributes:
+        path: its checkpoint directory.
+        version: its ``model_version``.
+        index: its retrieval index (or ``None``).
+        scorer: the scorer when it could be built off the loop (one process); ``None``: the
+            ranks build it together (:meth:`ModelLoader.complete`).
+    """
+
+    path: Path
+    version: str
+    index: RetrievalIndex | None
+    scorer: Scorer | None
+
+
+class ModelLoader:
+    """Builds :class:`ServedModel` s of checkpoint directories for this process.
+
+    Args:
+        settings: ``[model]`` (how to serve), ``[retrieval]`` (the index), ``[redis]`` (the
+            catalogue), ``batching.max_batch_rows`` and ``codec.max_candidates``.
+        rank: this process's place in the job (several ranks: sharded, collective).
+        redis_client: for ``retrieval.catalogue = "redis"`` (default: one from
+            ``[redis]``, made when first needed).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        rank: RankContext | None = None,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rank = rank or RankContext()
+        self._redis = redis_client
+        self._spec: FeatureSpec | None = None
+
+    def options(self, checkpoint: Path) -> ServingOptions:
+        """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
+        ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``)."""
+        settings = self.settings
+        max_event_rows = settings.codec.max_candidates
+        if settings.retrieval.enabled:
+            max_event_rows = max(max_event_rows, settings.retrieval.num_candidates)
+        return settings.model.serving_options(
+            settings.batching.max_batch_rows, max_event_rows, checkpoint
+        )
+
+    def load(self, checkpoint: Path) -> ServedModel:
+        """Both parts at once (start-up; collective with several ranks).
+
+        Raises:
+            UnsupportedOption: a ``[model]`` option this job cannot serve.
+            FileNotFoundError / ValueError: a missing, corrupt or incompatible checkpoint.
+        """
+        return self.complete(self.load_local(checkpoint, check_weights=False))
+
+    def load_local(self, checkpoint: Path, check_weights: bool = True) -> PendingModel:
+        """Everything that needs no other rank (safe on a background thread).
+
+        Args:
+            checkpoint: the version's checkpoint directory.
+            check_weights: with several ranks, read the weights against their digest now
+                (``False`` at start-up, where a failure stops the job anyway and the sharded
+                load checks the digest again).
+
+        Returns:
+            The pending version.
+
+        Raises:
+            IncompatibleModel: its features differ from the served version's.
+            Exception: whatever reading the checkpoint, the catalogue or building the index
+                raised.
+        """
+        from model.store.checkpoint import load_meta
+
+        meta = load_meta(checkpoint)
+        self._check_compatible(meta.spec)
+        scorer = None
+        if self.rank.distributed:
+            if check_weights:
+                _verify_weights(checkpoint)
+        else:
+            from model.serving import ScorerFactory
+
+            scorer = ScorerFactory(self.options(checkpoint), self.rank).create_scorer()
+        index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
+        return PendingModel(checkpoint, meta.model_version, index, scorer)
+
+    def complete(self, pending: PendingModel) -> ServedModel:
+        """The rest: with several ranks, build the sharded scorer (collective: every rank at
+        the same step, nothing else on the default process group meanwhile).
+
+        Raises:
+            Exception: whatever building the scorer raised.
+        """
+        scorer = pending.scorer
+        if scorer is None:
+            from model.serving import ScorerFactory
+
+            scorer = ScorerFactory(self.options(pending.path), self.rank).create_scorer()
+        if self._spec is None:
+            self._spec = scorer.spec
+        return ServedModel(scorer, pending.index)
+
+    def _check_compatible(self, spec: FeatureSpec) -> None:
+        served = self._spec
+        if served is None:
+            return
+        changed = [
+            f"{name} {getattr(served, name)} -> {getattr(spec, name)}"
+            for name in _FIXED_SPEC_FIELDS
+            if getattr(served, name) != getattr(spec, name)
+        ]
+        if changed:
+            raise IncompatibleModel(
+                f"its features differ from the served model's ({', '.join(changed)}): "
+                "restart the pipeline to serve it"
+            )
+
+    def retrieval_index(self, checkpoint: Path) -> RetrievalIndex | None:
+        """The retrieval index of ``checkpoint`` (also built alone by each ingest worker).
+
+        Args:
+            checkpoint: the version's checkpoint directory.
+
+        Returns:
+            The index; ``None`` with ``[retrieval]`` off or an empty catalogue (logged).
+
+        Example::
+
+            index = ModelLoader(settings).retrieval_index(checkpoint)
+        """
+        settings = self.settings
+        if not settings.retrieval.enabled:
+            return None
+        client = None
+        if settings.retrieval.catalogue is CatalogueSource.REDIS:
+            client = self._redis_client()
+        catalogue = load_catalogue(settings.retrieval, client, settings.redis.key_prefix)
+        if catalogue.size == 0:
+            log.warning(
+                "retrieval: the item catalogue (%s) is empty: events without candidates go to "
+                "the dead-letter topic (no_candidates) until a model version loads with items",
+                settings.retrieval.catalogue.value,
+            )
+            return None
+        return load_retrieval_index(checkpoint, settings.retrieval, catalogue)
+
+    def _redis_client(self) -> redis.Redis:
+        if self._redis is None:
+            redis_settings = self.settings.redis
+            self._redis = redis.Redis.from_url(redis_settings.url, **redis_settings.client_kwargs())
+        return self._redis
+
+
+def _verify_weights(checkpoint: Path) -> None:
+    """Read a single-process checkpoint's weights against their digest (a sharded one's index
+    must exist; DCP raises a read error on every rank at once)."""
+    from model.store.checkpoint import load_state_dict
+    from model.store.tables import DCP_INDEX_FILE
+
+    if (checkpoint / DCP_INDEX_FILE).is_file():
+        return
+    load_state_dict(checkpoint, verify=True, mmap=True)

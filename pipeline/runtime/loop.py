@@ -1,0 +1,360 @@
+"""The scoring loop of one consumer-group member: consume -> decode -> batch -> process -> commit.
+
+Follow one message through :meth:`ScoringPipeline.run`, in the order the data flows:
+
+1. **consume** (:mod:`pipeline.stages.source`): ``consume`` fills a bounded backlog.
+2. **decode** (:mod:`pipeline.stages.decode`): a run of messages -> validated event columns,
+   or a reject reason per message; each message is decoded once. Events without candidates
+   get retrieved ones right away (:mod:`pipeline.runtime.retrieve`, with ``[retrieval]`` on).
+3. **batch** (:mod:`pipeline.stages.batch`): the events that fit join the open micro-batch;
+   the admitted messages' offsets join the open checkpoint (:mod:`pipeline.stages.commit`)
+   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). Whether
+   the batch is ready is the batch policy's call (:mod:`pipeline.runtime.batch_policy`: as soon
+   as the scorer is free, within a latency budget); when to score is the stepper's decision
+   (:mod:`pipeline.runtime.stepping`, agreed across ranks).
+4. **process** (:class:`~pipeline.runtime.processor.BatchProcessor`): enrich -> features -> forward
+  ->
+   top-K -> publish for the closed batch and the checkpoint cut for it.
+5. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
+   guard is acknowledged.
+
+Between two steps the served model version may change (:mod:`pipeline.runtime.model_swap`: agreed in
+the step, carried out here when nothing decoded waits for a batch and no forward is in flight).
+
+Rebalances are handled by :mod:`pipeline.runtime.rebalance`; Kafka clients come from a
+:data:`~pipeline.connectors.kafka.clients.ClientFactory` (the real broker by default, fakes in unit
+tests). Nothing below calls back into this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from model.rank import RankContext
+from model.serving import Scorer
+from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import ClientFactory, connect
+from pipeline.observability.metrics import Metrics
+from pipeline.runtime.backpressure import BackpressuredProducer
+from pipeline.runtime.batch_policy import BatchPolicy
+from pipeline.runtime.model_swap import ModelSwap, SwapAction
+from pipeline.runtime.processor import BatchProcessor
+from pipeline.runtime.rebalance import RebalanceHandler
+from pipeline.runtime.retrieve import CandidateRetriever
+from pipeline.runtime.shutdown import Shutdown
+from pipeline.runtime.stepping import NO_SWAP, LocalStepper, StepDecision, Stepper
+from pipeline.runtime.summary import RunSummary
+from pipeline.settings.delivery import Guarantee
+from pipeline.settings.loading import Settings
+from pipeline.stages.batch import MicroBatcher
+from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
+from pipeline.stages.dead_letter import DeadLetterSink
+from pipeline.stages.decode import MessageDecoder
+from pipeline.stages.enrich.enricher import BatchEnricher, FeatureEnricher
+from pipeline.stages.publish import RecommendationSink
+from pipeline.stages.score import ForwardExecutor
+from pipeline.stages.source import KafkaSource
+from pipeline.types import Batch
+
+if TYPE_CHECKING:
+    from model.retrieval.index import RetrievalIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    """The stages that need the Kafka clients (built when a run starts)."""
+
+    source: KafkaSource
+    dead_letters: DeadLetterSink
+    checkpointer: Checkpointer
+    processor: BatchProcessor
+    rebalance: RebalanceHandler
+
+
+class ScoringPipeline:
+    """One consumer-group member scoring its partitions.
+
+    Args:
+        settings: the whole configuration.
+        scorer: the model to serve (:class:`~model.serving.ScorerFactory` builds it).
+        metrics: where to count (a fresh registry by default).
+        enricher: the feature source; built from ``settings.redis`` by default.
+        stepper: when to score: :class:`~pipeline.runtime.stepping.LocalStepper` for one process,
+            :class:`~pipeline.runtime.stepping.CollectiveStepper` for the ranks of a sharded model.
+        clients: builds the Kafka clients (default
+        :func:`pipeline.connectors.kafka.clients.connect`).
+        rank: this process's place in the job (the transactional id of exactly-once).
+        index: the served version's retrieval index (``None``: events without candidates
+            are dead-lettered, ``no_candidates``).
+        models: follows a versions directory and swaps new versions in
+            (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
+
+    Example::
+
+        scorer = ScorerFactory(settings.model.serving_options(4096)).create_scorer()
+        summary = ScoringPipeline(load_settings(), scorer).run(exit_when_idle_s=5)
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        scorer: Scorer,
+        metrics: Metrics | None = None,
+        enricher: BatchEnricher | None = None,
+        stepper: Stepper | None = None,
+        clients: ClientFactory = connect,
+        rank: RankContext | None = None,
+        index: RetrievalIndex | None = None,
+        models: ModelSwap | None = None,
+    ) -> None:
+        self.settings = settings
+        self.scorer = scorer
+        self.metrics = metrics or Metrics()
+        self.rank = rank or RankContext()
+        spec, batching, retrieval = scorer.spec, settings.batching, settings.retrieval
+        self.decoder = MessageDecoder(
+            settings.codec, recent_cap=spec.recent_items_cap, retrieve=retrieval.enabled
+        )
+        self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
+        self.models = models
+        self.enricher: BatchEnricher = enricher or FeatureEnricher(
+            settings.redis,
+            spec.user_dense_dim,
+            spec.item_dense_dim,
+            spec.recent_items_cap,
+            self.metrics,
+        )
+        self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
+        self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
+        self.stepper: Stepper = stepper or LocalStepper(self.metrics)
+        self.collective = not isinstance(self.stepper, LocalStepper)
+        overlap = batching.overlap_forward
+        self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
+        self.shutdown = Shutdown(settings.shutdown.timeout_s)
+        self.summary = RunSummary()
+        self._clients = clients
+        self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
+        self._run: _Run | None = None
+        self._taken = 0
+        self._busy_at = 0.0
+        """Monotonic time the loop last had events to batch or score."""
+
+    @property
+    def assignment(self) -> set[tuple[str, int]]:
+        """Partitions this member owns now (empty before the run joins the group)."""
+        return self._run.source.assignment if self._run else set()
+
+    def stop(self) -> None:
+        """Ask the loop to finish the open batch, commit, and return (thread/signal safe).
+
+        Every wait from now on ends within ``shutdown.timeout_s``.
+        """
+        self.shutdown.request()
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM/SIGINT call :meth:`stop` (with several ranks: at the next agreed step)."""
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: finishing the open batch and committing", signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def run(
+        self, exit_when_idle_s: float | None = None, max_events: int | None = None
+    ) -> RunSummary:
+        """Consume and score until stopped, idle for ``exit_when_idle_s``, or ``max_events``
+        messages consumed (never more: the rest stay uncommitted for the next run).
+
+        Returns:
+            The run's :class:`~pipeline.runtime.summary.RunSummary`.
+        """
+        run = self._run = self._start()
+        started = time.monotonic()
+        if self.models is not None:
+            self.models.start()
+        try:
+            self._loop(run, exit_when_idle_s, max_events)
+            run.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
+        except BaseException:
+            run.rebalance.failed = True  # closing must not score or commit more
+            raise
+        finally:
+            self.summary.seconds = time.monotonic() - started
+            self.summary.first_input_at = run.source.first_input_at
+            self.metrics.set_up(False)
+            if self.models is not None:
+                self.models.stop()
+            run.source.close()
+            run.processor.close()
+        return self.summary
+
+    def _start(self) -> _Run:
+        """Connect, and build the stages that need the clients, in data-flow order."""
+        settings, metrics = self.settings, self.metrics
+        exactly_once = settings.delivery.guarantee is Guarantee.EXACTLY_ONCE
+        kafka = transactional_kafka(settings, self.rank) if exactly_once else settings.kafka
+        clients = self._clients(kafka, settings.topics, metrics.record_librdkafka_stats)
+        source = KafkaSource(
+            clients.consumer, settings.topics.input, settings.batching.consume_batch_size
+        )
+        producer = BackpressuredProducer(clients.producer, source, self.shutdown)
+        dead_letters = DeadLetterSink(producer, settings.topics.dlq, metrics)
+        codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+        processor = BatchProcessor(
+            self.enricher,
+            ForwardExecutor(self.scorer, metrics, self._warm_up_rows),
+            RecommendationSink(producer, settings.topics.output, codec.header, metrics),
+            dead_letters,
+            metrics,
+            self.summary,
+            overlap=self.overlap,
+            collective=self.collective,
+        )
+        checkpointer = make_checkpointer(
+            settings.delivery,
+            clients,
+            settings.batching.max_in_flight_batches,
+            self.shutdown,
+        )
+        metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
+        rebalance = RebalanceHandler(source, self.batcher, checkpointer, processor, self.collective)
+        source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
+        return _Run(source, dead_letters, checkpointer, processor, rebalance)
+
+    def _loop(self, run: _Run, exit_when_idle_s: float | None, max_events: int | None) -> None:
+        """One step per iteration. Every rank runs the same number of iterations."""
+        batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
+        processor, policy = run.processor, self.policy
+        poll_s = self.stepper.poll_timeout_s
+        while True:
+            # consume: what is queued at once; block only while there is nothing to do
+            if not (source.backlog or batcher.waiting or batcher.is_complete or batcher.full):
+                free, now = not processor.busy, time.monotonic()
+                _, wait_s = policy.decide(batcher.rows, batcher.oldest, now, free, source.drained)
+                source.poll(min(poll_s, wait_s))
+            # decode -> batch
+            self._fill_batch(run, max_events)
+            # when to score (agreed across ranks)
+            drained = source.drained and not source.backlog and not batcher.waiting
+            score_now, _ = policy.decide(
+                batcher.rows, batcher.oldest, time.monotonic(), not processor.busy, drained
+            )
+            ready = batcher.full or batcher.is_complete or score_now
+            idle = self._idle(source.last_activity, exit_when_idle_s, source.backlog)
+            stop_requested = self.shutdown.requested or (
+                max_events is not None and self.summary.events_in >= max_events
+            )
+            holding = self.models is not None and self.models.holding
+            ready = ready or (holding and len(batcher) > 0)  # a swap waits for it
+            offer = self.models.offer(not batcher.waiting) if self.models else NO_SWAP
+            step = self.stepper.agree(
+                ready, batcher.rows, stop_requested, idle, processor.needs_isolation, offer
+            )
+            # process
+            if step.isolate:  # a rank's batch failed after the collective forward
+                run.processor.isolate_together(self.stepper)
+            if step.run or step.stop:
+                closed = batcher.close()
+                batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
+                run.processor.submit(batch, pad_rows=step.rows)
+            elif not len(batcher):
+                checkpointer.seal_open()  # offsets of dead-lettered messages alone
+            run.processor.collect(wait=step.stop)
+            for rows, seconds in run.processor.take_costs():
+                policy.cost.observe(rows, seconds)
+            if self.models is not None and not step.stop:
+                self._follow_models(run, step)
+            # commit
+            checkpointer.commit_ready()
+            if step.stop:
+                # One last agreement: a batch that failed in this last step is bisected by every
+                # rank before they leave (a single process has bisected it already).
+                last = self.stepper.agree(False, 0, True, idle, run.processor.needs_isolation)
+                if last.isolate:
+                    run.processor.isolate_together(self.stepper)
+                    checkpointer.commit_ready()
+                if idle:
+                    log.info("no input for %.1fs: stopping", exit_when_idle_s)
+                return
+
+    def _fill_batch(self, run: _Run, max_events: int | None) -> None:
+        """Decode polled messages and admit what fits into the open batch: their offsets join
+        the open checkpoint, their rejects go to the dead-letter topic."""
+        batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
+        while True:
+            admitted = batcher.admit(self.policy.row_cap(batcher.oldest, time.monotonic()))
+            if admitted is not None:
+                checkpointer.consumed(admitted.topic, admitted.partitions, admitted.offsets)
+                for index, rejection in admitted.rejections:
+                    run.dead_letters.publish(admitted.messages[index], rejection, checkpointer.open)
+                self.summary.dead_lettered += len(admitted.rejections)
+                self.summary.events_in += len(admitted)
+                self.metrics.events_in.inc(len(admitted))
+                continue
+            limit = self.settings.batching.consume_batch_size
+            if max_events is not None:
+                limit = min(limit, max_events - self._taken)
+            holding = self.models is not None and self.models.holding
+            if batcher.is_complete or batcher.full or limit <= 0 or holding:
+                return
+            arrived = source.head_arrival
+            messages = source.take(limit)
+            if not messages:
+                return
+            self._taken += len(messages)
+            with self.metrics.stage("decode"):
+                decoded = self.decoder.decode(source.topic, messages)
+            batcher.queue(self.retriever.fill(decoded), arrived)
+
+    def _follow_models(self, run: _Run, step: StepDecision) -> None:
+        """After a step: swap in the agreed model version once every batcher is empty.
+
+        The scorer of the processor and executor and the retriever's index switch together,
+        between two batches (the batch in flight is published first), so every event of a
+        batch is scored by one version, with candidates retrieved by that version.
+        """
+        assert self.models is not None
+        action = self.models.decide(step.swap, batches_empty=step.run or step.rows == 0)
+        if action is not SwapAction.SWAP:
+            return
+        run.processor.collect(wait=True)  # no forward in flight from here on
+        served = self.models.complete(self.stepper)
+        if served is None:
+            return
+        start = time.perf_counter()
+        try:
+            run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
+        except Exception as exc:
+            if self.collective:  # a collective warm-up failed: the ranks cannot go on apart
+                raise
+            self.models.failed(served, exc)
+            return
+        self.scorer = served.scorer
+        self.retriever.index = served.index
+        self.models.swapped(served, warm_up_s=time.perf_counter() - start)
+
+    def _idle(
+        self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int
+    ) -> bool:
+        """No input and nothing to do for ``exit_when_idle_s`` (counted once in the group): a
+        loop that spent longer than that scoring what one poll brought is not idle when it is
+        done (a rebalance may be what keeps the next poll empty)."""
+        batcher = self.batcher
+        now = time.monotonic()
+        if len(batcher) or batcher.waiting or backlog:
+            self._busy_at = now
+            return False
+        return (
+            exit_when_idle_s is not None
+            and last_activity is not None
+            and now - max(last_activity, self._busy_at) >= exit_when_idle_s
+        )

@@ -1,0 +1,387 @@
+"""Configuration: one TOML file plus ``STREAMRANK_<SECTION>__<KEY>`` environment overrides.
+
+Precedence (highest first): environment variables, the TOML file, the defaults below.
+The TOML file is ``--config PATH`` on the CLI, else ``$STREAMRANK_CONFIG``, else
+``streamrank.toml`` in the working directory when it exists.
+
+Example ``streamrank.toml``::
+
+    [kafka]
+    bootstrap_servers = "broker-1:9092,broker-2:9092"
+    security_protocol = "SASL_SSL"
+    sasl_mechanism = "PLAIN"
+    sasl_username = "svc-ranker"
+    sasl_password = "..."          # never logged (SecretStr)
+    [kafka.consumer_extra]         # any librdkafka consumer property, passed through as is
+    "fetch.min.bytes" = "65536"
+
+    [batching]
+    max_batch_rows = 4096
+    max_delay_ms = 20
+
+Environment example: ``STREAMRANK_TOPICS__INPUT=events-v2``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from model.store.versions import is_versions_dir
+from pipeline.settings.delivery import DeliverySettings, ShutdownSettings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.model import ModelSettings
+from pipeline.settings.retrieval import ModelSwapSettings, RetrievalSettings
+
+ENV_PREFIX = "STREAMRANK_"
+ENV_NESTED_DELIMITER = "__"
+CONFIG_ENV_VAR = "STREAMRANK_CONFIG"
+DEFAULT_CONFIG_FILE = Path("streamrank.toml")
+
+
+class ConfigError(Exception):
+    """A configuration the user has to fix: an unknown setting, a missing config file."""
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """The config file named by ``--config`` or ``$STREAMRANK_CONFIG`` does not exist."""
+
+
+class _Section(BaseModel):
+    """A settings section: unknown keys are errors, not silently ignored; frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Framing(enum.StrEnum):
+    """How Avro records are framed in Kafka message values."""
+
+    RAW = "raw"
+    """Schemaless Avro; both sides use the schema files in ``schemas/``."""
+    CONFLUENT = "confluent"
+    """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro body."""
+
+
+class TopicsSettings(_Section):
+    """Topic names, and how to create them when missing."""
+
+    input: str = "user-events"
+    output: str = "recommendations"
+    dlq: str = "user-events-dlq"
+    create_missing: bool = True
+    partitions: int = 4
+    replication_factor: int = 1
+
+
+class CodecSettings(_Section):
+    """Wire format of events and recommendations, and the limits that reject bad input."""
+
+    framing: Framing = Framing.RAW
+    schema_registry_url: str | None = None
+    schema_registry_extra: dict[str, str] = Field(default_factory=dict)
+    max_message_bytes: int = 64 * 1024
+    max_candidates: int = 1000
+    max_id: int = 2**63 - 1
+    """Ids (user, item) must lie in ``[0, max_id]``."""
+    max_num_results: int = 1000
+    max_recent_items: int = 1000
+    """More ``recent_item_ids`` than this is rejected (up to it they are truncated to the
+    model's cap)."""
+    max_string_length: int = 256
+    """``event_id``, ``context.device`` and ``context.country``: 1 to this many characters."""
+    max_event_time_ahead_s: float = 3600.0
+    """``event_time`` later than now plus this is rejected; one before 1973-03-03 too (seconds sent
+    as milliseconds)."""
+
+    @model_validator(mode="after")
+    def _registry_for_confluent(self) -> CodecSettings:
+        if self.framing is Framing.CONFLUENT and not self.schema_registry_url:
+            raise ValueError(
+                'codec.framing = "confluent" needs codec.schema_registry_url (the schema '
+                'registry\'s base URL, e.g. "http://registry:8081"), or framing = "raw"'
+            )
+        return self
+
+
+class RedisSettings(_Section):
+    """Feature store location, timeouts and the in-process cache in front of it."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sr"
+    socket_timeout_ms: int = 200
+    connect_timeout_ms: int = 200
+    cache_ttl_s: float = 30.0
+    cache_max_entries: int = 200_000
+    retry_after_s: float = 1.0
+    """After an outage, how long to serve defaults before trying Redis again."""
+    ssl_ca_certs: str | None = None
+    """CA certificate file (PEM) that signed the server's certificate, for a TLS
+    (``rediss://``) URL; unset: the system's CAs. ``scripts/stack_up.sh --secure`` sets it."""
+
+    @model_validator(mode="after")
+    def _tls_settings_need_tls(self) -> RedisSettings:
+        if self.ssl_ca_certs and not self.url.startswith("rediss://"):
+            raise ValueError("redis.ssl_ca_certs needs a TLS URL (rediss://...)")
+        return self
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """What a Redis client needs besides the URL: the TLS settings (none for ``redis://``).
+
+        Timeouts and retries are the caller's (the feature store's are short, a bulk loader's
+        are not).
+
+        Returns:
+            Keyword arguments for ``redis.Redis.from_url(self.url, ...)``.
+
+        Example::
+
+            client = redis.Redis.from_url(settings.url, **settings.client_kwargs())
+        """
+        return {"ssl_ca_certs": self.ssl_ca_certs} if self.ssl_ca_certs else {}
+
+
+class BatchingSettings(_Section):
+    """Dynamic micro-batching (:mod:`pipeline.runtime.batch_policy`): a batch is scored as soon
+    as the scorer is free, and at the latest at ``max_batch_rows``, ``max_delay_ms`` or when the
+    latency budget would be exceeded."""
+
+    max_batch_rows: int = 4096
+    """Rows are (event x candidate) pairs; an event is never split across batches."""
+    max_delay_ms: float = 20.0
+    """Longest an event waits for its batch to be scored, measured from when it was consumed
+    (a free scorer does not wait this long: it waits at most one batch's fixed cost)."""
+    latency_budget_ms: float = 100.0
+    """A batch's oldest event's wait plus the batch's estimated processing time (enrich to
+    publish, learnt online) stays within this: the batch is scored, or cut, before it would not.
+    A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
+    consume_batch_size: int = 500
+    """Messages asked from Kafka per poll."""
+    max_in_flight_batches: int = 4
+    """Batches produced but not yet acknowledged by the broker before the loop waits for acks
+    (without pausing the input)."""
+    overlap_forward: bool | None = None
+    """Run each batch's forward on a scoring thread while the loop consumes the next batch.
+    ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
+    where the loop's work and the forward's threads compete for the same cores (measured slower
+    on 2 cores: BENCHMARKS.md)."""
+    ingest_workers: int = 0
+    """Processes per rank that consume, decode, enrich and build the model input, each a member
+    of the consumer group with its own commits, while the rank's process only scores their
+    batches (:mod:`pipeline.ingest`). 0: one process does everything."""
+
+    @field_validator("overlap_forward", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return None
+        return value
+
+    @field_validator("ingest_workers")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("latency_budget_ms")
+    @classmethod
+    def _budget(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+
+class MetricsSettings(_Section):
+    """Prometheus endpoint."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+
+class Settings(BaseSettings):
+    """All of streamrank's configuration, frozen once loaded. See the module docstring for
+    sources; :func:`load_settings` reads the file, ``Settings(...)`` only the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+        toml_file=None,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    topics: TopicsSettings = Field(default_factory=TopicsSettings)
+    codec: CodecSettings = Field(default_factory=CodecSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    model_swap: ModelSwapSettings = Field(default_factory=ModelSwapSettings)
+    synthetic: dict[str, Any] = Field(default_factory=dict)
+    """``[synthetic]``, the tools' section (``seed-features``, ``produce``, ``init-model``):
+    kept as written and validated only by the tools that read it
+    (:class:`pipeline.tools.synthetic_settings.SyntheticSettings`)."""
+
+    @field_validator("synthetic", mode="before")
+    @classmethod
+    def _tool_section(cls, value: Any) -> Any:
+        return value.model_dump() if isinstance(value, BaseModel) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        env = _KnownNamesEnvSettingsSource(settings_cls)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env]
+        toml_file = settings_cls.model_config.get("toml_file")
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+
+def check_ingest_workers(settings: Settings) -> None:
+    """Refuse ingest workers where the job would follow a versions directory.
+
+    A swap changes the scorer between two agreed steps of one loop
+    (:mod:`pipeline.runtime.model_swap`);
+    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
+    in K other loops, which no swap step spans.
+
+    Raises:
+        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
+            ``model.checkpoint`` a versions directory (one line, for the CLI).
+
+    Example::
+
+        check_ingest_workers(load_settings())
+    """
+    root = settings.model.checkpoint
+    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
+        raise ValueError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
+            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
+            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
+        )
+
+
+def unknown_env_settings(environ: Mapping[str, str]) -> list[str]:
+    """``STREAMRANK_*`` variables that have the shape of a setting but name none.
+
+    A variable is read as a setting when it uses the nested delimiter
+    (``STREAMRANK_TOPICS__INPUT``) or names a whole section (``STREAMRANK_KAFKA``); other
+    ``STREAMRANK_*`` variables (``STREAMRANK_CONFIG``, ``STREAMRANK_STACK_DIR`` of the scripts)
+    are not settings and are left alone. Names are case-insensitive, as pydantic-settings reads
+    them.
+
+    Args:
+        environ: the environment to check, e.g. ``os.environ``.
+
+    Returns:
+        The offending variable names, sorted.
+
+    Example::
+
+        unknown_env_settings({"STREAMRANK_TOPIC__INPUT": "x"})  # ["STREAMRANK_TOPIC__INPUT"]
+    """
+    sections = Settings.model_fields
+    unknown = []
+    for name in environ:
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        section, nested, rest = name[len(ENV_PREFIX) :].lower().partition(ENV_NESTED_DELIMITER)
+        if not nested and section not in sections:
+            continue  # not a setting: a variable of the scripts or of the CLI
+        if section not in sections:
+            unknown.append(name)
+            continue
+        model = sections[section].annotation
+        key = rest.partition(ENV_NESTED_DELIMITER)[0]
+        if nested and isinstance(model, type) and key not in model.model_fields:
+            unknown.append(name)
+    return sorted(unknown)
+
+
+class _KnownNamesEnvSettingsSource(EnvSettingsSource):
+    """The environment source, refusing ``STREAMRANK_*`` variables that name no setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        unknown = unknown_env_settings(os.environ)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key in the environment: {', '.join(unknown)} "
+                f"(settings are {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY>, sections: "
+                f"{', '.join(Settings.model_fields)})"
+            )
+        return super().__call__()
+
+
+def _config_file() -> Path | None:
+    """``$STREAMRANK_CONFIG``, else ``./streamrank.toml`` when it exists."""
+    from_env = os.environ.get(CONFIG_ENV_VAR)
+    if from_env:
+        return Path(from_env)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``config_file`` (or the default locations) and the environment.
+
+    Args:
+        config_file: a TOML file; it must exist when given.
+        overrides: section objects or dicts that win over every other source (tests use this).
+
+    Returns:
+        The validated, frozen :class:`Settings`.
+
+    Raises:
+        ConfigFileNotFoundError: ``config_file`` (or ``$STREAMRANK_CONFIG``) does not exist.
+        ConfigError: a ``STREAMRANK_*`` environment variable names no setting, or the file is
+            not valid TOML.
+        pydantic.ValidationError: an unknown key in the file, or a bad value anywhere.
+
+    Example::
+
+        settings = load_settings(Path("streamrank.toml"))
+    """
+    chosen = config_file or _config_file()
+    if chosen is None:
+        return Settings(**overrides)
+    if not chosen.is_file():
+        raise ConfigFileNotFoundError(f"config file not found: {chosen}")
+    from_file = type(
+        "Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": chosen}}
+    )
+    try:
+        return from_file(**overrides)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {chosen} is not valid TOML: {error}") from error

@@ -1,0 +1,150 @@
+"""The ``[model]`` section of the configuration: the model to serve, its placement and the
+feature spec of new models.
+
+The spec keys (``model.features.spec.SPEC_SETTING_KEYS``) take their defaults from
+``FeatureSpec()``, and :meth:`ModelSettings.feature_spec` builds the spec from them
+(``FeatureSpec.from_settings``): the spec is defined once, in :mod:`model.features.spec`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from model.distributed.config import (
+    Balance,
+    ComputeKernel,
+    ShardingConfig,
+    ShardingKind,
+    TableShardingConfig,
+)
+from model.features.spec import SPEC_SETTING_KEYS, FeatureSpec
+from model.options import CompileMode, Precision
+from model.quant_dtype import QuantDtype
+from model.serving.options import ServingOptions
+
+
+class TableShardingSettings(BaseModel):
+    """``[model.sharding.tables.<feature or table name>]``: the sharding of one table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sharding_type: ShardingKind = ShardingKind.TABLE_WISE
+    compute_kernel: ComputeKernel | None = None
+    """``None``: ``dense`` for data-parallel, else ``fused``."""
+    ranks: list[int] | None = None
+    """Explicit ranks (table-wise: one; column-wise: one per column shard)."""
+
+    def to_config(self) -> TableShardingConfig:
+        """The :class:`model.distributed.config.TableShardingConfig` of this table."""
+        ranks = tuple(self.ranks) if self.ranks is not None else None
+        return TableShardingConfig(self.sharding_type, self.compute_kernel, ranks)
+
+
+class ShardingSettings(BaseModel):
+    """``[model.sharding]``: multi-rank table placement (see ``model.distributed``).
+
+    Example::
+
+        [model.sharding]
+        default = "table_wise"
+        balance = "split"
+        [model.sharding.tables.recent_items]
+        sharding_type = "column_wise"
+        ranks = [0, 1]
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: ShardingKind = ShardingKind.TABLE_WISE
+    """Sharding of tables without an entry in ``tables`` (automatic kernel)."""
+    balance: Balance = Balance.SPLIT
+    """Who places table-wise tables without explicit ranks: ``split`` (bytes and lookup work
+    balanced, big tables split over all ranks), ``bytes`` (whole tables, bytes balanced) or
+    ``planner`` (TorchRec's planner)."""
+    tables: dict[str, TableShardingSettings] = Field(default_factory=dict)
+    """Per-table overrides keyed by feature name (``item_id``) or table name (``t_item_id``)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> ShardingSettings:
+        self.to_config()  # raises ValueError on combinations the config rejects
+        return self
+
+    def to_config(self) -> ShardingConfig:
+        """The :class:`model.distributed.config.ShardingConfig` these settings describe."""
+        return ShardingConfig(
+            default=TableShardingConfig(self.default),
+            per_table={name: table.to_config() for name, table in self.tables.items()},
+            balance=self.balance,
+        )
+
+
+_SPEC_DEFAULTS = FeatureSpec()
+
+
+class ModelSettings(BaseModel):
+    """The model: its feature spec (used by ``init-model``), checkpoint and placement.
+
+    The served model's spec is the one stored in its checkpoint; the spec fields here
+    (``model.features.spec.SPEC_SETTING_KEYS``, defaults from ``FeatureSpec()``) only shape new
+    models
+    (``init-model``, ``bench model`` without a checkpoint).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint: Path = Path("artifacts/model")
+    device: str = "auto"
+    """``auto`` picks ``cuda:{local_rank}`` when a GPU is present, else ``cpu``."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+    quantize: QuantDtype = QuantDtype.FP32
+    """Embedding-table storage for serving in one process: ``fp32``, ``fp16`` or ``int8``
+    (TorchRec quantized EmbeddingBagCollection)."""
+    compile: bool = False
+    """``torch.compile`` the served model. It compiles (warm-up forwards at the batch size)
+    before the consumer joins the group, so no partition waits on a compile."""
+    compile_mode: CompileMode = CompileMode.DEFAULT
+    """``torch.compile`` mode, with ``compile = true``."""
+    precision: Precision = Precision.FP32
+    """Forward precision: ``fp32``, ``tf32`` (TF32 matmuls on GPUs) or ``bf16`` (autocast)."""
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
+    """Multi-rank table placement (``[model.sharding]``)."""
+    embedding_dim: int = _SPEC_DEFAULTS.embedding_dim
+    num_embeddings: dict[str, int] = Field(
+        default_factory=lambda: {t.feature.value: t.num_embeddings for t in _SPEC_DEFAULTS.tables}
+    )
+    """Rows per table, by sparse feature name (missing names keep their defaults)."""
+    user_dense_dim: int = _SPEC_DEFAULTS.user_dense_dim
+    item_dense_dim: int = _SPEC_DEFAULTS.item_dense_dim
+    recent_items_cap: int = _SPEC_DEFAULTS.recent_items_cap
+    dense_arch: list[int] = Field(default_factory=lambda: list(_SPEC_DEFAULTS.dense_arch))
+    over_arch: list[int] = Field(default_factory=lambda: list(_SPEC_DEFAULTS.over_arch))
+
+    def feature_spec(self) -> FeatureSpec:
+        """The :class:`model.features.spec.FeatureSpec` these settings describe."""
+        return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
+
+    def serving_options(
+        self, batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
+    ) -> ServingOptions:
+        """What :class:`~model.serving.ScorerFactory` builds from these settings.
+
+        Args:
+            batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
+            max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
+            checkpoint: the checkpoint to serve (a versions directory's current version);
+                default ``checkpoint``.
+        """
+        return ServingOptions(
+            checkpoint=checkpoint or self.checkpoint,
+            device=self.device,
+            quantize=self.quantize,
+            compile=self.compile,
+            compile_mode=self.compile_mode,
+            precision=self.precision,
+            sharding=self.sharding.to_config(),
+            batch_rows=batch_rows,
+            max_event_rows=max_event_rows,
+        )

@@ -1,0 +1,127 @@
+"""The ``[retrieval]`` and ``[model_swap]`` sections: candidates for events that bring none, and
+how a running pipeline follows a versions directory.
+
+``[retrieval]``: an event whose ``candidate_item_ids`` is empty gets the ``num_candidates``
+catalogue items whose ranker item embeddings have the largest inner product with its query
+vector (:mod:`model.retrieval.index`); the ranker then scores them. The index is built whenever a
+model version is loaded, from that version's tables and the item catalogue read at that time.
+
+``[model_swap]``: with ``model.checkpoint`` pointing at a versions directory
+(:mod:`model.store.versions`), the pipeline polls its pointer and swaps a newly promoted version in
+between two batches (:mod:`pipeline.models.watch`).
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from model.features.spec import SparseFeature
+from model.retrieval.config import IndexKind, RetrievalConfig
+
+__all__ = ["CatalogueSource", "ModelSwapSettings", "RetrievalSettings"]
+
+
+class CatalogueSource(enum.StrEnum):
+    """``retrieval.catalogue``: where the raw ids of the items that exist come from."""
+
+    REDIS = "redis"
+    """Every item key of the feature store (``<redis.key_prefix>:i:<item_id>``, a SCAN): the
+    items ``seed-features`` (or your feature pipeline) wrote, i.e. the items the ranker has
+    features for."""
+    FILE = "file"
+    """``retrieval.catalogue_path``: a ``.npy`` int64 array, or text with one id per line."""
+
+
+class RetrievalSettings(BaseModel):
+    """``[retrieval]`` (keys of :class:`model.retrieval.index.RetrievalConfig`, plus the catalogue).
+
+    Example::
+
+        [retrieval]
+        num_candidates = 100
+        index = "auto"          # flat up to exact_max_items, else ivfpq
+        nprobe = 64
+        catalogue = "redis"
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Answer events without candidates from the index; off: they go to the DLQ
+    (``no_candidates``) as before."""
+    num_candidates: int = 100
+    """Items retrieved per event, all scored by the ranker."""
+    index: IndexKind = IndexKind.AUTO
+    """``auto``, ``flat`` (exact) or ``ivfpq`` (approximate)."""
+    exact_max_items: int = 100_000
+    """With ``index = "auto"``: the largest catalogue indexed exactly."""
+    nlist: int = 0
+    """IVF cells; 0: sqrt(items) rounded to a power of two."""
+    nprobe: int = 64
+    """IVF cells scanned per query."""
+    pq_m: int = 0
+    """PQ bytes per vector; 0: embedding_dim / 4."""
+    pq_bits: int = 8
+    refine_factor: int = 4
+    """The best refine_factor x num_candidates PQ hits are re-ranked exactly (0: off)."""
+    train_size: int = 0
+    """Vectors the IVF/PQ training sees; 0: min(items, max(64 x nlist, 65536))."""
+    query_features: list[SparseFeature] = Field(default_factory=lambda: [SparseFeature.USER_ID])
+    """Event-side embeddings summed into the query: user_id, recent_items, device, country."""
+    threads: int = 1
+    """Faiss (OpenMP) threads, process-wide; 1 keeps builds and searches off the forward's
+    cores; 0: one per core."""
+    catalogue: CatalogueSource = CatalogueSource.REDIS
+    catalogue_path: Path | None = None
+    """With ``catalogue = "file"``: the ids (``.npy`` int64, or one per line)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> RetrievalSettings:
+        self.to_config()  # raises ValueError on values RetrievalConfig rejects
+        if self.catalogue is CatalogueSource.FILE and self.catalogue_path is None:
+            raise ValueError('catalogue = "file" needs catalogue_path')
+        return self
+
+    def to_config(self) -> RetrievalConfig:
+        """The :class:`model.retrieval.index.RetrievalConfig` these settings describe."""
+        return RetrievalConfig(
+            num_candidates=self.num_candidates,
+            index=self.index,
+            exact_max_items=self.exact_max_items,
+            nlist=self.nlist,
+            nprobe=self.nprobe,
+            pq_m=self.pq_m,
+            pq_bits=self.pq_bits,
+            refine_factor=self.refine_factor,
+            train_size=self.train_size,
+            query_features=tuple(self.query_features),
+            threads=self.threads,
+        )
+
+
+class ModelSwapSettings(BaseModel):
+    """``[model_swap]``: following a versions directory while serving.
+
+    Example::
+
+        [model_swap]
+        poll_interval_s = 2.0
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Watch ``model.checkpoint`` when it is a versions directory (a plain checkpoint is
+    served as loaded, as before)."""
+    poll_interval_s: float = 2.0
+    """Seconds between two reads of the versions directory's pointer (one small file)."""
+
+    @field_validator("poll_interval_s")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value

@@ -1,0 +1,342 @@
+"""The types that pass between the stages, in the order the data flows.
+
+A stage imports these, never another stage (``tests/pipeline/test_architecture.py`` checks it):
+
+=====================  ==========================================================================
+type                   made by -> used by
+=====================  ==========================================================================
+``DecodedMessages``    decode -> retrieval (:mod:`pipeline.runtime.retrieve`) -> the loop (offsets,
+                       dead letters) and batch
+``EventColumns``       decode -> batch -> enrich / features / publish (the events as columns;
+                       :mod:`pipeline.columns`)
+``Checkpoint``         commit (``Checkpointer.cut``) -> publish / dead letters (acknowledgements
+                       travel with the records they guard)
+``Batch``              batch + commit -> :class:`~pipeline.runtime.processor.BatchProcessor`
+``Enrichment``         enrich -> features, publish (fallback flags)
+``PreparedBatch``      features -> score (the model input on its way to the device)
+``ScoredBatch``        score -> publish (top-K item ids and scores of every event)
+``RejectedMessage``    decode, retrieval, poison isolation -> the dead-letter stage
+                       (``RejectReason``)
+=====================  ==========================================================================
+
+Everything per event is a numpy column; the only per-event Python objects are the consumed
+Kafka messages themselves (a poison event is dead-lettered as its untouched source message).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+from confluent_kafka import KafkaError, Message
+
+from pipeline.columns import EventColumns
+
+if TYPE_CHECKING:  # torch is imported by the commands that score, not by every command
+    from model.serving.transfer import StagedInput
+
+__all__ = [
+    "Batch",
+    "Checkpoint",
+    "DecodedMessages",
+    "DeliveryFailed",
+    "Enrichment",
+    "EventColumns",
+    "FallbackFeature",
+    "PreparedBatch",
+    "RejectReason",
+    "RejectedMessage",
+    "ScoredBatch",
+]
+
+Int64Array = npt.NDArray[np.int64]
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
+
+
+class RejectReason(enum.StrEnum):
+    """Why a message went to the dead-letter topic (the ``x-dlq-reason`` header)."""
+
+    EMPTY = "empty_value"
+    OVERSIZED = "oversized_message"
+    UNDECODABLE = "undecodable"
+    BAD_FRAMING = "bad_framing"
+    UNKNOWN_SCHEMA = "unknown_schema"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    NO_CANDIDATES = "no_candidates"
+    TOO_MANY_CANDIDATES = "too_many_candidates"
+    ID_OUT_OF_RANGE = "id_out_of_range"
+    INVALID_FIELD = "invalid_field"
+    TOO_MANY_RECENT_ITEMS = "too_many_recent_items"
+    INVALID_STRING = "invalid_string"
+    INVALID_EVENT_TIME = "invalid_event_time"
+    PROCESSING_ERROR = "processing_error"
+    """Decoded and valid, but a step after decode (enrich, features, forward, top-K, encode)
+    fails for this event alone (:mod:`pipeline.runtime.isolation`)."""
+
+
+class RejectedMessage(Exception):
+    """A message that cannot be scored. ``reason`` is stable; ``detail`` is for humans.
+
+    Example::
+
+        raise RejectedMessage(RejectReason.NO_CANDIDATES, "candidate_item_ids is empty")
+    """
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class DeliveryFailed(RuntimeError):
+    """A record could not be delivered; the offsets it guards were not committed."""
+
+
+class FallbackFeature(enum.StrEnum):
+    """Feature groups that can fall back to defaults (``Recommendation.fallback_features``)."""
+
+    USER = "user_features"
+    ITEM = "item_features"
+
+
+@dataclass
+class DecodedMessages:
+    """What a run of consumed messages decoded to (the decode stage's output).
+
+    Attributes:
+        messages: the consumed messages (``M``), in consumption order.
+        partitions / offsets: int64[M], each message's partition and offset.
+        events: the accepted events (``E``), in message order.
+        event_message: int64[E], the index in ``messages`` of each accepted event.
+        rejections: (index in ``messages``, why) of every rejected message, in order.
+    """
+
+    topic: str
+    messages: list[Message]
+    partitions: Int64Array
+    offsets: Int64Array
+    events: EventColumns
+    event_message: Int64Array
+    rejections: list[tuple[int, RejectedMessage]]
+
+    def split(self, events: int) -> tuple[DecodedMessages, DecodedMessages]:
+        """The messages up to the ``events``-th accepted event (excluded), and the rest.
+
+        The head holds ``events`` accepted events and every rejected message before the first
+        event it does not hold (all of them when it holds every event).
+        """
+        cut = int(self.event_message[events]) if events < self.events.num_events else len(self)
+        head = DecodedMessages(
+            self.topic,
+            self.messages[:cut],
+            self.partitions[:cut],
+            self.offsets[:cut],
+            self.events.slice(0, events),
+            self.event_message[:events],
+            [r for r in self.rejections if r[0] < cut],
+        )
+        tail = DecodedMessages(
+            self.topic,
+            self.messages[cut:],
+            self.partitions[cut:],
+            self.offsets[cut:],
+            self.events.slice(events),
+            self.event_message[events:] - cut,
+            [(i - cut, r) for i, r in self.rejections if i >= cut],
+        )
+        return head, tail
+
+    def without_partitions(self, partitions: set[int]) -> DecodedMessages:
+        """These messages less those of ``partitions`` (a revocation)."""
+        keep = ~np.isin(self.partitions, np.fromiter(partitions, np.int64, len(partitions)))
+        if keep.all():
+            return self
+        new_index = np.cumsum(keep) - 1
+        event_keep = np.flatnonzero(keep[self.event_message])
+        return DecodedMessages(
+            self.topic,
+            [m for m, k in zip(self.messages, keep.tolist(), strict=True) if k],
+            self.partitions[keep],
+            self.offsets[keep],
+            self.events.take(event_keep),
+            new_index[self.event_message[event_keep]],
+            [(int(new_index[i]), r) for i, r in self.rejections if keep[i]],
+        )
+
+    def with_events(self, events: EventColumns) -> DecodedMessages:
+        """These messages with their accepted events replaced (same events, new columns: e.g.
+        retrieved candidates)."""
+        if events.num_events != self.events.num_events:
+            raise ValueError(f"{events.num_events} events for {self.events.num_events}")
+        return DecodedMessages(
+            self.topic,
+            self.messages,
+            self.partitions,
+            self.offsets,
+            events,
+            self.event_message,
+            self.rejections,
+        )
+
+    def reject_events(self, which: Int64Array, rejection: RejectedMessage) -> DecodedMessages:
+        """These messages with the accepted events ``which`` (indices into ``events``) rejected
+        after all, for ``rejection``; the other events and every message keep their places.
+
+        Example::
+
+            decoded.reject_events(np.flatnonzero(counts == 0), RejectedMessage(...))
+        """
+        if not len(which):
+            return self
+        keep = np.ones(self.events.num_events, dtype=bool)
+        keep[which] = False
+        rejected = [(int(i), rejection) for i in self.event_message[which].tolist()]
+        return DecodedMessages(
+            self.topic,
+            self.messages,
+            self.partitions,
+            self.offsets,
+            self.events.take(np.flatnonzero(keep)),
+            self.event_message[keep],
+            sorted(self.rejections + rejected, key=lambda r: r[0]),
+        )
+
+    def event_messages(self) -> list[Message]:
+        """The source message of every accepted event."""
+        messages = self.messages
+        if len(self.event_message) == len(messages):  # every message is an event: all of them
+            return messages
+        return [messages[i] for i in self.event_message.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+@dataclass
+class Checkpoint:
+    """The offsets a group of produced records guards, and their acknowledgements.
+
+    Attributes:
+        next_offsets: (topic, partition) -> offset to commit (last consumed offset + 1).
+        pending: records produced and not acknowledged yet.
+        sealed: every record of it has been produced (it can commit once ``pending`` is 0).
+        error: the first delivery error, if any.
+        before_produce: called before each record is produced (exactly-once begins the
+            transaction there).
+    """
+
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    pending: int = 0
+    sealed: bool = False
+    error: str | None = None
+    before_produce: Callable[[], None] | None = None
+
+    def expect_delivery(self) -> DeliveryCallback:
+        """Count one more record produced on behalf of these offsets.
+
+        Returns:
+            Its ``on_delivery`` callback: the broker's acknowledgement flows back here.
+        """
+        if self.before_produce is not None:
+            self.before_produce()
+        self.pending += 1
+        return self.on_delivery
+
+    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self.pending -= 1
+        if err is not None and self.error is None:
+            self.error = f"delivery to {msg.topic()} failed: {err}"
+
+    def seal(self) -> None:
+        """Every record of this checkpoint is produced: it commits once they are acknowledged."""
+        self.sealed = True
+
+    @property
+    def done(self) -> bool:
+        return self.sealed and self.pending == 0
+
+
+@dataclass
+class Batch:
+    """A closed micro-batch: its events, their source messages, and the checkpoint its records
+    guard (every message consumed up to the batch's close, dead-lettered ones included).
+
+    Attributes:
+        events: the events as columns.
+        messages: per event, the Kafka message it came from.
+        checkpoint: cut when the batch closed; sealed once its records are produced.
+    """
+
+    events: EventColumns
+    messages: list[Message]
+    checkpoint: Checkpoint
+
+    def take(self, order: Int64Array) -> Batch:
+        """The events ``order`` of this batch, with their messages, on the same checkpoint."""
+        return Batch(
+            self.events.take(order), [self.messages[i] for i in order.tolist()], self.checkpoint
+        )
+
+
+@dataclass
+class Enrichment:
+    """Redis features of one batch, aligned with its events (``E``) and rows (``R``).
+
+    Attributes:
+        user_dense: float32[E, user_dense_dim].
+        user_recent_counts: int64[E], stored recent items of each event's user.
+        user_recent_ids: int64[user_recent_counts.sum()], event-major, newest first.
+        user_missing: bool[E], True where user features fell back to defaults.
+        item_category: int64[R] raw category ids.
+        item_dense: float32[R, item_dense_dim].
+        item_missing: bool[R], True where item features fell back to defaults.
+    """
+
+    user_dense: npt.NDArray[np.float32]
+    user_recent_counts: Int64Array
+    user_recent_ids: Int64Array
+    user_missing: npt.NDArray[np.bool_]
+    item_category: Int64Array
+    item_dense: npt.NDArray[np.float32]
+    item_missing: npt.NDArray[np.bool_]
+
+
+@dataclass
+class PreparedBatch:
+    """A batch ready for its forward.
+
+    Attributes:
+        batch: the events, their messages and checkpoint.
+        enrichment: their Redis features.
+        staged: dense tensor + KJT on (or being copied to) the model's device.
+        prepare_s: seconds its enrich and features took.
+    """
+
+    batch: Batch
+    enrichment: Enrichment
+    staged: StagedInput
+    prepare_s: float = 0.0
+
+
+@dataclass
+class ScoredBatch:
+    """Top-K of every event of a batch, in item ids (flat, event-major, best first).
+
+    Attributes:
+        counts: int64[E] items per event.
+        item_ids: int64[counts.sum()].
+        scores: float64[counts.sum()].
+        model_version: of the model that scored the batch.
+        forward_s: seconds its forward and top-K took.
+    """
+
+    counts: Int64Array
+    item_ids: Int64Array
+    scores: npt.NDArray[np.float64]
+    model_version: str
+    forward_s: float = 0.0
