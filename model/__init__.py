@@ -22,7 +22,7 @@ as the event producer do not pay for torch/torchrec unless they need them):
 - :mod:`model.distributed`: sharding the tables across ranks with ``DistributedModelParallel``
   (config, planner, report, process group, runtime, sharded checkpoints); the only modules
   that import ``torchrec.distributed``.
-- :mod:`model.quant_dtype` / :mod:`model.serving.quantize`: quantized tables for single-process
+- :mod:`model.options` / :mod:`model.serving.quantize`: quantized tables for single-process
   serving.
 - :mod:`model.serving.compile`: optional ``torch.compile`` of the ranker.
 - :mod:`model.serving.graph_shapes`: static batch shapes for the CUDA-graph compile modes.

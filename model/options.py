@@ -1,10 +1,11 @@
-"""Serving options as string enums, importable without torch (the config imports them)."""
+"""Serving options as string enums: precision, compile mode, table storage type. Importable
+without torch (the config imports them)."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["CompileMode", "Precision"]
+__all__ = ["CompileMode", "Precision", "QuantDtype"]
 
 
 class Precision(enum.StrEnum):
@@ -29,3 +30,17 @@ class CompileMode(enum.StrEnum):
     REDUCE_OVERHEAD = "reduce-overhead"
     MAX_AUTOTUNE = "max-autotune"
     MAX_AUTOTUNE_NO_CUDAGRAPHS = "max-autotune-no-cudagraphs"
+
+
+class QuantDtype(enum.StrEnum):
+    """Storage type of the embedding tables (:func:`model.serving.quantize.quantize_ranker`).
+
+    Example::
+
+        QuantDtype("int8") is QuantDtype.INT8
+    """
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT4 = "int4"

@@ -4,5 +4,5 @@
 flows through them: source -> decode -> batch -> enrich -> features -> score -> publish -> commit
 (see :mod:`pipeline.stages`). Kafka clients live behind the Protocols of
 :mod:`pipeline.connectors.kafka.clients`; ranks of a sharded model are launched by
-:mod:`pipeline.jobs.rank_files`.
+:mod:`pipeline.jobs.summaries`.
 """

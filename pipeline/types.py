@@ -26,6 +26,8 @@ Kafka messages themselves (a poison event is dead-lettered as its untouched sour
 from __future__ import annotations
 
 import enum
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -340,3 +342,39 @@ class ScoredBatch:
     scores: npt.NDArray[np.float64]
     model_version: str
     forward_s: float = 0.0
+
+
+class Shutdown:
+    """Whether a stop was asked for, and by when every wait must end.
+
+    Args:
+        timeout_s: from the request to the deadline (``shutdown.timeout_s``).
+        clock: monotonic seconds (tests pass a fake one, shared with the waits they drive).
+
+    Example::
+
+        shutdown = Shutdown(10.0)
+        shutdown.request()          # e.g. from a SIGTERM handler
+        shutdown.deadline           # time.monotonic() + 10 at the first request
+    """
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._requested = threading.Event()
+        self._deadline: float | None = None
+
+    def request(self) -> None:
+        """Ask for a stop (thread and signal safe); the first request sets the deadline."""
+        if not self._requested.is_set():
+            self._deadline = self._clock() + self.timeout_s
+        self._requested.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._requested.is_set()
+
+    @property
+    def deadline(self) -> float | None:
+        """``time.monotonic()`` by which every wait must end; ``None`` before a request."""
+        return self._deadline

@@ -27,14 +27,12 @@ import redis
 from confluent_kafka import Consumer, Producer
 
 from pipeline.connectors.kafka.clients import ensure_topics
-from pipeline.settings.loading import (
-    BatchingSettings,
-    KafkaSettings,
-    MetricsSettings,
-    RedisSettings,
-    Settings,
-    TopicsSettings,
-)
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
+from pipeline.settings.redis import RedisSettings
+from pipeline.settings.topics import TopicsSettings
 from tests.processes import SESSION_ENV, describe, kill_marked, leftovers, mark_session
 
 LEFTOVER_GRACE_ENV = "STREAMRANK_TEST_LEFTOVER_GRACE_S"

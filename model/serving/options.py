@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.distributed.config import ShardingConfig
-from model.options import CompileMode, Precision
-from model.quant_dtype import QuantDtype
+from model.options import CompileMode, Precision, QuantDtype
 
 __all__ = ["ServingOptions", "UnsupportedOption"]
 

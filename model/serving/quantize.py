@@ -23,7 +23,7 @@ import torch
 from torchrec.inference.modules import DEFAULT_QUANT_MAPPING, quantize_inference_model
 
 from model.features.model_input import ModelInput
-from model.quant_dtype import QuantDtype
+from model.options import QuantDtype
 from model.ranker import Ranker
 from model.serving.memory import embedding_bytes
 

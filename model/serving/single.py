@@ -8,7 +8,7 @@ import logging
 import torch
 from torch import nn
 
-from model.quant_dtype import QuantDtype
+from model.options import QuantDtype
 from model.serving.compile import maybe_compile
 from model.serving.memory import embedding_bytes
 from model.serving.options import ServingOptions

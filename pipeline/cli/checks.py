@@ -18,7 +18,9 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.cli.errors import UserError
 from pipeline.cli.kafka_settings_check import check_kafka_client_settings
-from pipeline.settings.loading import CodecSettings, Framing, KafkaSettings, RedisSettings
+from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.redis import RedisSettings
 from pipeline.settings.secrets import mask_url
 
 KAFKA_PROBE_TIMEOUT_S = 5.0

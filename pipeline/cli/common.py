@@ -17,7 +17,7 @@ from rich.console import Console
 
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat
-from pipeline.runtime.summary import json_line
+from pipeline.observability.summary import json_line
 from pipeline.settings.loading import Settings, load_settings
 
 if TYPE_CHECKING:

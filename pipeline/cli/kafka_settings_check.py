@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from pydantic import SecretStr
 
 from pipeline.cli.errors import UserError
-from pipeline.settings.loading import KafkaSettings
+from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.secrets import is_secret_name
 
 __all__ = ["VALID_VALUES", "check_kafka_client_settings"]

@@ -25,13 +25,8 @@ from pipeline.cli.common import CliState, ConfigOption, apply_threads, command_s
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
 from pipeline.jobs.launch import Launch
-from pipeline.runtime.summary import (
-    RANK_SUMMARIES_ENV,
-    RunSummary,
-    json_line,
-    merge_rank_summaries,
-    write_rank_summary,
-)
+from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, write_rank_summary
+from pipeline.observability.summary import RunSummary, json_line
 from pipeline.settings.loading import Settings, check_ingest_workers
 
 log = logging.getLogger("streamrank")
@@ -121,8 +116,8 @@ def run(
     # error is one line at once, and the launcher of --nproc N never imports it.
     from model.serving import UnsupportedOption
     from pipeline.jobs.launch import DEGRADATIONS_ENV
-    from pipeline.jobs.rank_files import summary_path
-    from pipeline.runtime.serve import serve
+    from pipeline.jobs.summaries import summary_path
+    from pipeline.serve import serve
 
     if served != settings.model.checkpoint:
         log.info("serving model version %s of %s", served.name, settings.model.checkpoint)

@@ -1,5 +1,5 @@
 """A rank with ingest workers: warm the model up, start the workers, serve them, merge their
-summaries (called by :func:`pipeline.runtime.serve.serve` when ``batching.ingest_workers > 0``).
+summaries (called by :func:`pipeline.serve.serve` when ``batching.ingest_workers > 0``).
 
 Example::
 
@@ -22,8 +22,8 @@ from pipeline.ingest.relay import MergedMetrics
 from pipeline.ingest.server import ScoringServer
 from pipeline.ingest.workers import IngestWorkers, WorkerAssignment
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.stepping import Stepper
-from pipeline.runtime.summary import RunSummary
 from pipeline.settings.loading import Settings
 
 __all__ = ["serve_with_workers"]
@@ -55,7 +55,7 @@ def serve_with_workers(
         scorer: its model.
         metrics: its metrics (the workers' are merged in: :mod:`pipeline.ingest.relay`).
         stepper: when to score (agreed across ranks with several).
-        target: the workers' entry (:func:`pipeline.runtime.serve.serve_ingest_worker`).
+        target: the workers' entry (:func:`pipeline.serve.serve_ingest_worker`).
         exit_when_idle_s: each worker stops after this long without input.
         max_events: shared out over the workers (never more in all).
         setup: run first in every worker (the CLI's logging; picklable).

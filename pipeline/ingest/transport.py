@@ -139,7 +139,7 @@ class WorkerDone:
     """A worker's run is over: its summary (its last message).
 
     Attributes:
-        summary: :meth:`pipeline.runtime.summary.RunSummary.as_dict` of its run.
+        summary: :meth:`pipeline.observability.summary.RunSummary.as_dict` of its run.
         latencies_s: its events' latencies (the run summary's samples).
         first_input_at: ``time.monotonic()`` of its first input (``None``: none), comparable
             across the processes of a host.

@@ -2,7 +2,7 @@
 
 The loop itself (a complete :class:`~pipeline.runtime.loop.ScoringPipeline`: its own consumer in the
 rank's consumer group, its own producer and commits) is built by the serving entry,
-:func:`pipeline.runtime.serve.serve_ingest_worker`, inside :func:`worker_process`, which:
+:func:`pipeline.serve.serve_ingest_worker`, inside :func:`worker_process`, which:
 
 1. binds the worker's life to its rank (``PR_SET_PDEATHSIG``: :func:`pipeline.jobs.lifetime.
    die_with_parent`);
@@ -48,7 +48,7 @@ from pipeline.ingest.workers import WorkerAssignment
 from pipeline.jobs.lifetime import die_with_parent
 from pipeline.models.loader import ModelLoader
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.summary import RunSummary
+from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings
 
 if TYPE_CHECKING:

@@ -50,7 +50,7 @@ from pipeline.ingest.transport import (
     StartConsuming,
     WorkerDone,
 )
-from pipeline.runtime.summary import RunSummary
+from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings
 
 __all__ = [
@@ -217,7 +217,7 @@ class IngestWorkers:
         spec: the served model's feature spec.
         model_version: the served model's version.
         target: the worker's entry (a module-level function taking a
-            :class:`WorkerAssignment`: :func:`pipeline.runtime.serve.serve_ingest_worker`).
+            :class:`WorkerAssignment`: :func:`pipeline.serve.serve_ingest_worker`).
         setup: run first in each worker (picklable).
         exit_when_idle_s: ``--exit-when-idle`` of every worker.
         max_events: ``--max-events``, shared out (:func:`share_of`).

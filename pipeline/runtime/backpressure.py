@@ -16,9 +16,8 @@ import time
 from contextlib import ExitStack
 
 from pipeline.connectors.kafka.clients import DeliveryCallback, Headers, RecordProducer
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.stages.source import KafkaSource
-from pipeline.types import DeliveryFailed
+from pipeline.types import DeliveryFailed, Shutdown
 
 PAUSE_AFTER_S = 1.0
 """A full queue pauses the input only after this long: a paused partition drops its prefetched

@@ -40,15 +40,14 @@ from model.serving import Scorer
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import ClientFactory, connect
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.batch_policy import BatchPolicy
 from pipeline.runtime.model_swap import ModelSwap, SwapAction
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.rebalance import RebalanceHandler
 from pipeline.runtime.retrieve import CandidateRetriever
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.runtime.stepping import NO_SWAP, LocalStepper, StepDecision, Stepper
-from pipeline.runtime.summary import RunSummary
 from pipeline.settings.delivery import Guarantee
 from pipeline.settings.loading import Settings
 from pipeline.stages.batch import MicroBatcher
@@ -59,7 +58,7 @@ from pipeline.stages.enrich.enricher import BatchEnricher, FeatureEnricher
 from pipeline.stages.publish import RecommendationSink
 from pipeline.stages.score import ForwardExecutor
 from pipeline.stages.source import KafkaSource
-from pipeline.types import Batch
+from pipeline.types import Batch, Shutdown
 
 if TYPE_CHECKING:
     from model.retrieval.index import RetrievalIndex
@@ -175,7 +174,7 @@ class ScoringPipeline:
         messages consumed (never more: the rest stay uncommitted for the next run).
 
         Returns:
-            The run's :class:`~pipeline.runtime.summary.RunSummary`.
+            The run's :class:`~pipeline.observability.summary.RunSummary`.
         """
         run = self._run = self._start()
         started = time.monotonic()

@@ -35,9 +35,9 @@ import numpy as np
 
 from model.serving import Scorer
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.isolation import bisect, is_isolatable
 from pipeline.runtime.stepping import IsolationRounds
-from pipeline.runtime.summary import RunSummary
 from pipeline.stages.dead_letter import DeadLetterSink
 from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.stages.features import build_feature_columns

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import field_validator
+
+from pipeline.settings.section import Section
 
 
 class Guarantee(enum.StrEnum):
@@ -25,7 +27,7 @@ class Guarantee(enum.StrEnum):
     EXACTLY_ONCE = "exactly_once"
 
 
-class DeliverySettings(BaseModel):
+class DeliverySettings(Section):
     """``[delivery]``.
 
     Example::
@@ -34,8 +36,6 @@ class DeliverySettings(BaseModel):
         guarantee = "exactly_once"
         commit_interval_ms = 100
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
     commit_interval_ms: float = 100.0
@@ -56,10 +56,8 @@ class DeliverySettings(BaseModel):
         return value
 
 
-class ShutdownSettings(BaseModel):
+class ShutdownSettings(Section):
     """``[shutdown]``: how SIGTERM/SIGINT end a run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = 10.0
     """From the signal to the exit: the open batch is scored, every record acknowledged and the

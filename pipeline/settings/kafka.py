@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from pipeline.settings.secrets import is_secret_name
+from pipeline.settings.section import Section
 
 __all__ = ["KafkaSettings"]
 
 
-class KafkaSettings(BaseModel):
+class KafkaSettings(Section):
     """Connection and client settings shared by the consumer and the producer.
 
     Snake-case fields map onto librdkafka's dotted keys (``security_protocol`` ->
     ``security.protocol``); ``consumer_extra``/``producer_extra`` pass any other librdkafka
     property straight through (they win over the fields here).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     bootstrap_servers: str = "127.0.0.1:9092"
     group_id: str = "streamrank"

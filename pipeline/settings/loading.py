@@ -24,14 +24,13 @@ Environment example: ``STREAMRANK_TOPICS__INPUT=events-v2``.
 
 from __future__ import annotations
 
-import enum
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -41,10 +40,15 @@ from pydantic_settings import (
 )
 
 from model.store.versions import is_versions_dir
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.settings.delivery import DeliverySettings, ShutdownSettings
 from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.metrics import MetricsSettings
 from pipeline.settings.model import ModelSettings
+from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import ModelSwapSettings, RetrievalSettings
+from pipeline.settings.topics import TopicsSettings
 
 ENV_PREFIX = "STREAMRANK_"
 ENV_NESTED_DELIMITER = "__"
@@ -58,165 +62,6 @@ class ConfigError(Exception):
 
 class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
     """The config file named by ``--config`` or ``$STREAMRANK_CONFIG`` does not exist."""
-
-
-class _Section(BaseModel):
-    """A settings section: unknown keys are errors, not silently ignored; frozen once loaded."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Framing(enum.StrEnum):
-    """How Avro records are framed in Kafka message values."""
-
-    RAW = "raw"
-    """Schemaless Avro; both sides use the schema files in ``schemas/``."""
-    CONFLUENT = "confluent"
-    """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro body."""
-
-
-class TopicsSettings(_Section):
-    """Topic names, and how to create them when missing."""
-
-    input: str = "user-events"
-    output: str = "recommendations"
-    dlq: str = "user-events-dlq"
-    create_missing: bool = True
-    partitions: int = 4
-    replication_factor: int = 1
-
-
-class CodecSettings(_Section):
-    """Wire format of events and recommendations, and the limits that reject bad input."""
-
-    framing: Framing = Framing.RAW
-    schema_registry_url: str | None = None
-    schema_registry_extra: dict[str, str] = Field(default_factory=dict)
-    max_message_bytes: int = 64 * 1024
-    max_candidates: int = 1000
-    max_id: int = 2**63 - 1
-    """Ids (user, item) must lie in ``[0, max_id]``."""
-    max_num_results: int = 1000
-    max_recent_items: int = 1000
-    """More ``recent_item_ids`` than this is rejected (up to it they are truncated to the
-    model's cap)."""
-    max_string_length: int = 256
-    """``event_id``, ``context.device`` and ``context.country``: 1 to this many characters."""
-    max_event_time_ahead_s: float = 3600.0
-    """``event_time`` later than now plus this is rejected; one before 1973-03-03 too (seconds sent
-    as milliseconds)."""
-
-    @model_validator(mode="after")
-    def _registry_for_confluent(self) -> CodecSettings:
-        if self.framing is Framing.CONFLUENT and not self.schema_registry_url:
-            raise ValueError(
-                'codec.framing = "confluent" needs codec.schema_registry_url (the schema '
-                'registry\'s base URL, e.g. "http://registry:8081"), or framing = "raw"'
-            )
-        return self
-
-
-class RedisSettings(_Section):
-    """Feature store location, timeouts and the in-process cache in front of it."""
-
-    url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "sr"
-    socket_timeout_ms: int = 200
-    connect_timeout_ms: int = 200
-    cache_ttl_s: float = 30.0
-    cache_max_entries: int = 200_000
-    retry_after_s: float = 1.0
-    """After an outage, how long to serve defaults before trying Redis again."""
-    ssl_ca_certs: str | None = None
-    """CA certificate file (PEM) that signed the server's certificate, for a TLS
-    (``rediss://``) URL; unset: the system's CAs. ``scripts/stack_up.sh --secure`` sets it."""
-
-    @model_validator(mode="after")
-    def _tls_settings_need_tls(self) -> RedisSettings:
-        if self.ssl_ca_certs and not self.url.startswith("rediss://"):
-            raise ValueError("redis.ssl_ca_certs needs a TLS URL (rediss://...)")
-        return self
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """What a Redis client needs besides the URL: the TLS settings (none for ``redis://``).
-
-        Timeouts and retries are the caller's (the feature store's are short, a bulk loader's
-        are not).
-
-        Returns:
-            Keyword arguments for ``redis.Redis.from_url(self.url, ...)``.
-
-        Example::
-
-            client = redis.Redis.from_url(settings.url, **settings.client_kwargs())
-        """
-        return {"ssl_ca_certs": self.ssl_ca_certs} if self.ssl_ca_certs else {}
-
-
-class BatchingSettings(_Section):
-    """Dynamic micro-batching (:mod:`pipeline.runtime.batch_policy`): a batch is scored as soon
-    as the scorer is free, and at the latest at ``max_batch_rows``, ``max_delay_ms`` or when the
-    latency budget would be exceeded."""
-
-    max_batch_rows: int = 4096
-    """Rows are (event x candidate) pairs; an event is never split across batches."""
-    max_delay_ms: float = 20.0
-    """Longest an event waits for its batch to be scored, measured from when it was consumed
-    (a free scorer does not wait this long: it waits at most one batch's fixed cost)."""
-    latency_budget_ms: float = 100.0
-    """A batch's oldest event's wait plus the batch's estimated processing time (enrich to
-    publish, learnt online) stays within this: the batch is scored, or cut, before it would not.
-    A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
-    consume_batch_size: int = 500
-    """Messages asked from Kafka per poll."""
-    max_in_flight_batches: int = 4
-    """Batches produced but not yet acknowledged by the broker before the loop waits for acks
-    (without pausing the input)."""
-    overlap_forward: bool | None = None
-    """Run each batch's forward on a scoring thread while the loop consumes the next batch.
-    ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
-    where the loop's work and the forward's threads compete for the same cores (measured slower
-    on 2 cores: BENCHMARKS.md)."""
-    ingest_workers: int = 0
-    """Processes per rank that consume, decode, enrich and build the model input, each a member
-    of the consumer group with its own commits, while the rank's process only scores their
-    batches (:mod:`pipeline.ingest`). 0: one process does everything."""
-
-    @field_validator("overlap_forward", mode="before")
-    @classmethod
-    def _auto(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return None
-        return value
-
-    @field_validator("ingest_workers")
-    @classmethod
-    def _not_negative(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be >= 0")
-        return value
-
-    @field_validator("latency_budget_ms")
-    @classmethod
-    def _budget(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be > 0")
-        return value
-
-    @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
-    @classmethod
-    def _positive(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("must be >= 1")
-        return value
-
-
-class MetricsSettings(_Section):
-    """Prometheus endpoint."""
-
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = 9464
 
 
 class Settings(BaseSettings):

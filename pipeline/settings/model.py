@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from model.distributed.config import (
     Balance,
@@ -20,15 +20,13 @@ from model.distributed.config import (
     TableShardingConfig,
 )
 from model.features.spec import SPEC_SETTING_KEYS, FeatureSpec
-from model.options import CompileMode, Precision
-from model.quant_dtype import QuantDtype
+from model.options import CompileMode, Precision, QuantDtype
 from model.serving.options import ServingOptions
+from pipeline.settings.section import Section
 
 
-class TableShardingSettings(BaseModel):
+class TableShardingSettings(Section):
     """``[model.sharding.tables.<feature or table name>]``: the sharding of one table."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     sharding_type: ShardingKind = ShardingKind.TABLE_WISE
     compute_kernel: ComputeKernel | None = None
@@ -42,7 +40,7 @@ class TableShardingSettings(BaseModel):
         return TableShardingConfig(self.sharding_type, self.compute_kernel, ranks)
 
 
-class ShardingSettings(BaseModel):
+class ShardingSettings(Section):
     """``[model.sharding]``: multi-rank table placement (see ``model.distributed``).
 
     Example::
@@ -54,8 +52,6 @@ class ShardingSettings(BaseModel):
         sharding_type = "column_wise"
         ranks = [0, 1]
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     default: ShardingKind = ShardingKind.TABLE_WISE
     """Sharding of tables without an entry in ``tables`` (automatic kernel)."""
@@ -83,7 +79,7 @@ class ShardingSettings(BaseModel):
 _SPEC_DEFAULTS = FeatureSpec()
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(Section):
     """The model: its feature spec (used by ``init-model``), checkpoint and placement.
 
     The served model's spec is the one stored in its checkpoint; the spec fields here
@@ -91,8 +87,6 @@ class ModelSettings(BaseModel):
     models
     (``init-model``, ``bench model`` without a checkpoint).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     checkpoint: Path = Path("artifacts/model")
     device: str = "auto"

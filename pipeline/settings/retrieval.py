@@ -16,10 +16,11 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from model.features.spec import SparseFeature
 from model.retrieval.config import IndexKind, RetrievalConfig
+from pipeline.settings.section import Section
 
 __all__ = ["CatalogueSource", "ModelSwapSettings", "RetrievalSettings"]
 
@@ -35,7 +36,7 @@ class CatalogueSource(enum.StrEnum):
     """``retrieval.catalogue_path``: a ``.npy`` int64 array, or text with one id per line."""
 
 
-class RetrievalSettings(BaseModel):
+class RetrievalSettings(Section):
     """``[retrieval]`` (keys of :class:`model.retrieval.index.RetrievalConfig`, plus the catalogue).
 
     Example::
@@ -46,8 +47,6 @@ class RetrievalSettings(BaseModel):
         nprobe = 64
         catalogue = "redis"
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
     """Answer events without candidates from the index; off: they go to the DLQ
@@ -102,7 +101,7 @@ class RetrievalSettings(BaseModel):
         )
 
 
-class ModelSwapSettings(BaseModel):
+class ModelSwapSettings(Section):
     """``[model_swap]``: following a versions directory while serving.
 
     Example::
@@ -110,8 +109,6 @@ class ModelSwapSettings(BaseModel):
         [model_swap]
         poll_interval_s = 2.0
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
     """Watch ``model.checkpoint`` when it is a versions directory (a plain checkpoint is

@@ -32,7 +32,7 @@ from pipeline.connectors.avro.rules import (
     STATUS_OVERSIZED,
     STATUS_SLOW_PATH,
 )
-from pipeline.settings.loading import CodecSettings, Framing
+from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
 
 __all__ = ["MessageDecoder"]

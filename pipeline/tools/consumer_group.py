@@ -12,7 +12,7 @@ from collections.abc import Callable
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from pipeline.settings.loading import KafkaSettings
+from pipeline.settings.kafka import KafkaSettings
 
 
 class GroupNotReadyError(TimeoutError):

@@ -81,9 +81,9 @@ def scoring_stage(
         from model.synthetic import to_event_dicts
         from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
         from pipeline.observability.metrics import Metrics
+        from pipeline.observability.summary import RunSummary
         from pipeline.runtime.processor import BatchProcessor
-        from pipeline.runtime.summary import RunSummary
-        from pipeline.settings.loading import CodecSettings
+        from pipeline.settings.codec import CodecSettings
         from pipeline.stages.dead_letter import DeadLetterSink
         from pipeline.stages.decode import MessageDecoder
         from pipeline.stages.publish import RecommendationSink

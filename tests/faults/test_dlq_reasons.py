@@ -27,7 +27,8 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.avro.schema_registry import SchemaLookup
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import CodecSettings, Framing, Settings
+from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from pipeline.stages.enrich.enricher import FeatureEnricher
 from pipeline.types import RejectReason

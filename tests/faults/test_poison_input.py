@@ -20,7 +20,8 @@ from pipeline.connectors.avro.reference import (
     RecordCodec,
 )
 from pipeline.connectors.redis.feature_store import encode_items, encode_user, item_key, user_key
-from pipeline.settings.loading import CodecSettings, Settings
+from pipeline.settings.codec import CodecSettings
+from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import REASON_HEADER
 from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters, seeded_settings

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from model.synthetic import SyntheticWorld
-from pipeline.settings.loading import RedisSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.redis import RedisSettings
 from tests.conftest import RedisServer
 from tests.faults.helpers import report, seeded_settings
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, seed_features

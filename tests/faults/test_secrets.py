@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.settings.loading import KafkaSettings, Settings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
 from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.slow

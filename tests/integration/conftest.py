@@ -30,9 +30,10 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.runtime.summary import RunSummary
-from pipeline.settings.loading import ModelSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.model import ModelSettings
 from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import SyntheticSettings
@@ -168,7 +169,7 @@ class BackgroundPipeline:
         settings: the run's settings.
         scorer: the model (default: the settings' checkpoint).
         enricher: the feature source (default: Redis as configured).
-        pipeline: a pipeline built already (e.g. by :func:`pipeline.runtime.serve.build_pipeline`,
+        pipeline: a pipeline built already (e.g. by :func:`pipeline.serve.build_pipeline`,
             which also loads the retrieval index and follows a versions directory).
     """
 

@@ -17,7 +17,9 @@ from pipeline.connectors.avro.reference import (
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.settings.loading import CodecSettings, RedisSettings, Settings
+from pipeline.settings.codec import CodecSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from pipeline.types import RejectReason

@@ -32,7 +32,8 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.models.loader import ModelLoader
-from pipeline.settings.loading import CodecSettings, Settings
+from pipeline.settings.codec import CodecSettings
+from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import REASON_HEADER
 from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters

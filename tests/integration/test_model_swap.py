@@ -24,8 +24,9 @@ from model.synthetic import SyntheticWorld, to_event_dicts
 from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.serve import build_pipeline
-from pipeline.settings.loading import BatchingSettings, Settings
+from pipeline.serve import build_pipeline
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import ModelSwapSettings
 from tests.integration.conftest import (
     WORLD,

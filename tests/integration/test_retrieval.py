@@ -26,8 +26,9 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.serve import build_pipeline
-from pipeline.settings.loading import CodecSettings, Framing, Settings
+from pipeline.serve import build_pipeline
+from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.settings.loading import Settings
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,

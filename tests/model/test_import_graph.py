@@ -108,7 +108,7 @@ SINGLE_PROCESS = [
     "model.distributed.config",
     "pipeline.settings.loading",
     "pipeline.runtime.loop",
-    "pipeline.runtime.serve",
+    "pipeline.serve",
 ]
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from pipeline.settings.loading import CodecSettings, Framing, RedisSettings
+from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.settings.redis import RedisSettings
 from tests.pipeline.connectors.redis.redis_spy import CountingRedis
 
 UTC = dt.UTC

@@ -20,7 +20,7 @@ from pipeline.connectors.avro.reference import (
     RecordCodec,
     records_to_columns,
 )
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.stages.features import build_feature_columns
 from pipeline.types import Batch, Checkpoint, Enrichment, EventColumns, PreparedBatch
 from tests.pipeline.fakes import FakeMessage

@@ -32,7 +32,7 @@ from model.features.spec import string_to_id
 from pipeline.connectors.avro import framing as wire
 from pipeline.connectors.avro.rules import EARLIEST_EVENT_MS, Limits, epoch_millis
 from pipeline.connectors.avro.schema_registry import SchemaLookup, UnknownSchemaId, load_schema
-from pipeline.settings.loading import CodecSettings, Framing
+from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.types import EventColumns, RejectedMessage, RejectReason
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import datetime
 import time
 from dataclasses import dataclass
 
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.types import RejectReason
 
 STATUS_OK = 0

@@ -15,7 +15,8 @@ from typing import Any, Literal, Protocol, overload
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.settings.loading import KafkaSettings, TopicsSettings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.topics import TopicsSettings
 
 log = logging.getLogger(__name__)
 

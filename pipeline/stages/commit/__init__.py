@@ -16,10 +16,10 @@ module             job
 from __future__ import annotations
 
 from pipeline.connectors.kafka.clients import KafkaClients
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.stages.commit.protocol import Checkpointer
 from pipeline.stages.commit.transactions import TransactionalCheckpointer, transactional_kafka
+from pipeline.types import Shutdown
 
 __all__ = ["Checkpointer", "TransactionalCheckpointer", "make_checkpointer", "transactional_kafka"]
 

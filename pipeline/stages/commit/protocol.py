@@ -45,8 +45,7 @@ import numpy.typing as npt
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from pipeline.connectors.kafka.clients import CommitResults, CommittingConsumer, PollingProducer
-from pipeline.runtime.shutdown import Shutdown
-from pipeline.types import Checkpoint, DeliveryFailed
+from pipeline.types import Checkpoint, DeliveryFailed, Shutdown
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ the same way); it changes *how* sealed checkpoints are committed:
    ``socket.timeout.ms``, 60 s by default), so every transactional call runs on a helper thread
    while the loop's thread waits in short slices. SIGTERM/SIGINT during such a wait are
    honoured: the stop sets the shutdown deadline at once
-   (:class:`~pipeline.runtime.shutdown.Shutdown`),
+   (:class:`~pipeline.types.Shutdown`),
    and the call is given up when it passes.
 """
 
@@ -49,10 +49,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from model.rank import RankContext
-from pipeline.runtime.shutdown import Shutdown
-from pipeline.settings.loading import KafkaSettings, Settings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
 from pipeline.stages.commit.protocol import Checkpointer
-from pipeline.types import Checkpoint, DeliveryFailed
+from pipeline.types import Checkpoint, DeliveryFailed, Shutdown
 
 log = logging.getLogger(__name__)
 

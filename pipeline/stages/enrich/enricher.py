@@ -28,7 +28,7 @@ from redis.retry import Retry
 
 from pipeline.connectors.redis.feature_store import item_record_dtype, mget_request
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import RedisSettings
+from pipeline.settings.redis import RedisSettings
 from pipeline.stages.enrich.cache import CacheLookup, FeatureCache
 from pipeline.types import Enrichment
 

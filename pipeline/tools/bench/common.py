@@ -31,7 +31,8 @@ from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.connectors.kafka.clients import make_consumer
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
-from pipeline.settings.loading import Settings, TopicsSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.topics import TopicsSettings
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,8 @@ from pipeline.connectors.avro.reference import (
 from pipeline.connectors.avro.rules import epoch_millis
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.settings.loading import MetricsSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import (
     create_topics,
     delete_run_topics,

@@ -27,7 +27,8 @@ from model.serving import Scorer
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.settings.loading import MetricsSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import BenchTopics, seeded_world
 from pipeline.tools.synthetic_io import produce_events
 

@@ -14,9 +14,10 @@ import numpy as np
 
 from model.serving import Scorer
 from model.synthetic import SyntheticWorld
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.runtime.summary import RunSummary
-from pipeline.settings.loading import MetricsSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import (
     BenchTopics,
     delete_run_topics,

@@ -79,7 +79,7 @@ def bench_ranks(
     Returns:
         Rows/s per world size and round, ratios over the first, bytes (and lookup work) per
         rank, and per round the ranks' step stats
-        (:func:`pipeline.jobs.rank_files.step_stats`).
+        (:func:`pipeline.jobs.summaries.step_stats`).
 
     Example::
 

@@ -48,7 +48,8 @@ from pipeline.connectors.avro.reference import (
     RecordCodec,
 )
 from pipeline.connectors.kafka.clients import ensure_topics
-from pipeline.settings.loading import Settings, TopicsSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.topics import TopicsSettings
 from pipeline.tools.bench.common import (
     child_env,
     fresh_topics,

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.connectors.kafka.clients import make_consumer
-from pipeline.settings.loading import KafkaSettings
+from pipeline.settings.kafka import KafkaSettings
 
 LATENCY_METRIC = "streamrank_end_to_end_latency_seconds"
 OUTPUT_METRIC = "streamrank_produced_recommendations_total"

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.options import Precision
-from model.quant_dtype import QuantDtype
+from model.options import Precision, QuantDtype
 from model.rank import RankContext
 from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOption

@@ -31,7 +31,9 @@ from model.synthetic import SyntheticWorld
 from model.synthetic.train import train_ranker
 from pipeline.cli import app
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
-from pipeline.settings.loading import KafkaSettings, Settings, TopicsSettings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.topics import TopicsSettings
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import synthetic_settings
 from tests.conftest import LocalStack

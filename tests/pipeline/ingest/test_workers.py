@@ -11,8 +11,9 @@ import pytest
 from model.rank import RankContext
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.ingest.workers import share_of, worker_settings
-from pipeline.settings.delivery import Guarantee
-from pipeline.settings.loading import DeliverySettings, KafkaSettings, Settings, load_settings
+from pipeline.settings.delivery import DeliverySettings, Guarantee
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings, load_settings
 from pipeline.stages.commit import transactional_kafka
 
 

@@ -20,7 +20,8 @@ from pipeline.ingest.transport import (
     WorkerLink,
 )
 from pipeline.ingest.workers import Channel, IngestWorkers
-from pipeline.settings.loading import BatchingSettings, Settings
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
 from tests.pipeline.factories import TINY_SPEC
 
 WorkerBody = Callable[[int, RemoteScorer], None]

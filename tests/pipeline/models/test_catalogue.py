@@ -21,7 +21,7 @@ from pipeline.models.catalogue import (
     load_catalogue,
     load_retrieval_index,
 )
-from pipeline.settings.loading import RedisSettings
+from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import CatalogueSource, RetrievalSettings
 from tests.model.conftest import small_spec
 

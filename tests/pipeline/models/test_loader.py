@@ -14,7 +14,9 @@ from model.rank import RankContext
 from model.ranker import build_ranker
 from model.store.checkpoint import save_checkpoint
 from pipeline.models.loader import IncompatibleModel, ModelLoader
-from pipeline.settings.loading import CodecSettings, ModelSettings, Settings
+from pipeline.settings.codec import CodecSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.model import ModelSettings
 from pipeline.settings.retrieval import CatalogueSource, RetrievalSettings
 from tests.pipeline.factories import TINY_SPEC
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from pipeline.runtime.backpressure import BackpressuredProducer
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.stages.commit import Checkpointer
 from pipeline.stages.source import KafkaSource
-from pipeline.types import DeliveryFailed
+from pipeline.types import DeliveryFailed, Shutdown
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
 
 

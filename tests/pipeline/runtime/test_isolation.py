@@ -16,7 +16,10 @@ from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.isolation import bisect, is_isolatable
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.runtime.stepping import NO_SWAP, StepDecision, Stepper, SwapOffer
-from pipeline.settings.loading import BatchingSettings, MetricsSettings, Settings, TopicsSettings
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
+from pipeline.settings.topics import TopicsSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from pipeline.types import DeliveryFailed
 from tests.pipeline.factories import (

@@ -26,15 +26,13 @@ from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.models.loader import ModelLoader
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.runtime.serve import build_pipeline
-from pipeline.settings.loading import (
-    BatchingSettings,
-    MetricsSettings,
-    ModelSettings,
-    Settings,
-    TopicsSettings,
-)
+from pipeline.serve import build_pipeline
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
+from pipeline.settings.model import ModelSettings
 from pipeline.settings.retrieval import CatalogueSource, ModelSwapSettings, RetrievalSettings
+from pipeline.settings.topics import TopicsSettings
 from tests.pipeline.factories import TINY_SPEC, DefaultsEnricher, encode_events, user_event
 from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
 

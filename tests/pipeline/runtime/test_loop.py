@@ -13,7 +13,10 @@ from typing import Any
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.settings.loading import BatchingSettings, MetricsSettings, Settings, TopicsSettings
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.metrics import MetricsSettings
+from pipeline.settings.topics import TopicsSettings
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,

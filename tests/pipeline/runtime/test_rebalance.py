@@ -8,9 +8,9 @@ import numpy as np
 from confluent_kafka import TopicPartition
 
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.rebalance import RebalanceHandler
-from pipeline.runtime.summary import RunSummary
 from pipeline.stages.batch import MicroBatcher
 from pipeline.stages.commit import Checkpointer
 from pipeline.stages.dead_letter import DeadLetterSink

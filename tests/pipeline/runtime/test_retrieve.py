@@ -13,7 +13,7 @@ from model.retrieval.index import RetrievalConfig, RetrievalIndex, build_index
 from model.store.tables import EmbeddingTables
 from pipeline.observability.metrics import Metrics
 from pipeline.runtime.retrieve import CandidateRetriever
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.types import RejectReason
 from tests.pipeline.factories import TINY_SPEC, encode_events, event_messages, user_event

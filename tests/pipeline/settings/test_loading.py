@@ -9,19 +9,19 @@ import pydantic
 import pytest
 from pydantic import SecretStr
 
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.codec import Framing
+from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import (
     CONFIG_ENV_VAR,
-    BatchingSettings,
     ConfigError,
     ConfigFileNotFoundError,
-    Framing,
-    KafkaSettings,
-    RedisSettings,
     Settings,
-    TopicsSettings,
     load_settings,
     unknown_env_settings,
 )
+from pipeline.settings.redis import RedisSettings
+from pipeline.settings.topics import TopicsSettings
 
 SECRET = "hunter2-very-secret"
 
@@ -314,7 +314,7 @@ def test_model_sharding_table_from_toml(tmp_path: Path) -> None:
         ShardingKind,
         TableShardingConfig,
     )
-    from model.quant_dtype import QuantDtype
+    from model.options import QuantDtype
 
     model = load_settings(_toml(tmp_path, MODEL_TOML)).model
     assert model.quantize is QuantDtype.INT8

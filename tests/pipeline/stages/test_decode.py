@@ -27,7 +27,7 @@ from pipeline.connectors.avro.rules import (
     STATUS_SLOW_PATH,
 )
 from pipeline.connectors.avro.schema_registry import load_schema
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.types import EventColumns, RejectedMessage, RejectReason
 from tests.pipeline.factories import event_messages

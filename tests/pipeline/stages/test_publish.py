@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.stages.publish import RecommendationSink, fallback_flags
 from pipeline.types import Checkpoint, ScoredBatch
 from tests.pipeline.factories import prepared_batch, user_event

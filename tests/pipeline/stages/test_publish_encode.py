@@ -15,7 +15,7 @@ from pipeline.connectors.avro.reference import (
     records_to_columns,
 )
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.stages.publish import FallbackFlags, RecommendationSink
 from pipeline.types import ScoredBatch
 from tests.pipeline.fakes import FakeProducer

@@ -10,7 +10,9 @@ from confluent_kafka.admin import AdminClient
 
 from model.synthetic import SyntheticWorld, WorldConfig
 from pipeline.connectors.kafka.clients import ensure_topics
-from pipeline.settings.loading import KafkaSettings, ModelSettings, Settings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
+from pipeline.settings.model import ModelSettings
 from pipeline.tools.bench import overhead
 from pipeline.tools.bench.common import (
     BenchTopics,

@@ -8,7 +8,8 @@ from pathlib import Path
 from model.ranker import build_ranker
 from model.retrieval.index import RetrievalConfig
 from model.store.versions import ModelVersions
-from pipeline.settings.loading import ModelSettings, Settings
+from pipeline.settings.loading import Settings
+from pipeline.settings.model import ModelSettings
 from pipeline.tools.bench.common import load_or_build_scorer
 from pipeline.tools.bench.retrieval import bench_retrieval
 

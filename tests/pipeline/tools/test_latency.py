@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import BatchingSettings, Settings
+from pipeline.settings.batching import BatchingSettings
+from pipeline.settings.loading import Settings
 from pipeline.tools.bench.latency import bench_latency
 from pipeline.tools.bench.latency_plot import plot_latency
 from pipeline.tools.bench.latency_trace import BusyTime, StageTrace, decompose, quantiles_ms

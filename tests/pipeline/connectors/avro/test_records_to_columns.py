@@ -103,7 +103,7 @@ class TestRecordsToColumns:
             RecordCodec,
             ReferenceDecoder,
         )
-        from pipeline.settings.loading import CodecSettings
+        from pipeline.settings.codec import CodecSettings
 
         codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "t")
         decoder = ReferenceDecoder(CodecSettings(), recent_cap=20)

@@ -21,7 +21,7 @@ from pipeline.connectors.avro.reference import (
     ReferenceDecoder,
 )
 from pipeline.connectors.avro.schema_registry import SchemaLookup
-from pipeline.settings.loading import CodecSettings, Framing
+from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.types import RejectedMessage, RejectReason
 
 RECENT_CAP = 5

@@ -10,7 +10,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec, ReferenceDecoder
 from pipeline.connectors.avro.schema_registry import RegistryUnavailable, SchemaLookup
-from pipeline.settings.loading import CodecSettings
+from pipeline.settings.codec import CodecSettings
 from pipeline.types import RejectedMessage, RejectReason
 from tests.pipeline.conftest import EventFactory
 

@@ -9,9 +9,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from pipeline.connectors.kafka.clients import CommitResults
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.stages.commit import Checkpointer
-from pipeline.types import DeliveryFailed
+from pipeline.types import DeliveryFailed, Shutdown
 from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
 
 T = "events"

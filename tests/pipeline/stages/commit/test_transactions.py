@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from model.rank import RankContext
-from pipeline.runtime.shutdown import Shutdown
 from pipeline.settings.delivery import DeliverySettings, Guarantee
-from pipeline.settings.loading import KafkaSettings, Settings
+from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
 from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
-from pipeline.types import DeliveryFailed
+from pipeline.types import DeliveryFailed, Shutdown
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
 
 T = "events"

@@ -13,7 +13,7 @@ import redis
 
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter, item_key, user_key
 from pipeline.observability.metrics import Metrics
-from pipeline.settings.loading import RedisSettings
+from pipeline.settings.redis import RedisSettings
 from pipeline.stages import enrich as enrich_mod
 from pipeline.stages.enrich.enricher import FeatureEnricher
 from pipeline.types import Enrichment

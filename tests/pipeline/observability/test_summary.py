@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from model.rank import RankContext
-from pipeline.runtime.summary import (
-    LatencySamples,
-    RunSummary,
-    json_line,
-    merge_rank_summaries,
-    write_rank_summary,
-)
+from pipeline.jobs.summaries import merge_rank_summaries, write_rank_summary
+from pipeline.observability.summary import LatencySamples, RunSummary, json_line
 
 
 def _no_constant(name: str) -> None:

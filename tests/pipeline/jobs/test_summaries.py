@@ -1,4 +1,4 @@
-"""Tests for pipeline.jobs.rank_files.step_stats: a rank's step and collective times."""
+"""Tests for pipeline.jobs.summaries.step_stats: a rank's step and collective times."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from model.rank import RankContext
-from pipeline.jobs.rank_files import step_stats, summary_path
+from pipeline.jobs.summaries import step_stats, summary_path
 from pipeline.observability.metrics import STEP_AGREE, Metrics
 
 

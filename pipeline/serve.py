@@ -34,14 +34,14 @@ from model.store.versions import is_versions_dir, resolve_checkpoint
 from pipeline.connectors.kafka.clients import ClientFactory, connect
 from pipeline.ingest import WorkerAssignment, serve_with_workers, worker_process
 from pipeline.jobs.lifetime import bind_rank_to_launcher
-from pipeline.jobs.rank_files import step_stats
+from pipeline.jobs.summaries import step_stats
 from pipeline.models.loader import ModelLoader
 from pipeline.models.watch import MetricsSwapObserver, ModelWatcher
 from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.runtime.model_swap import ModelSwap
 from pipeline.runtime.stepping import CollectiveStepper, LocalStepper, Stepper
-from pipeline.runtime.summary import RunSummary
 from pipeline.settings.loading import Settings, check_ingest_workers
 from pipeline.stages.enrich.enricher import BatchEnricher
 
@@ -74,7 +74,7 @@ def serve(
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
-        (:func:`pipeline.jobs.rank_files.step_stats`; empty alone).
+        (:func:`pipeline.jobs.summaries.step_stats`; empty alone).
 
     Raises:
         UnsupportedOption: a ``[model]`` option this job cannot serve.

@@ -1,0 +1,67 @@
+"""The ``[batching]`` section: dynamic micro-batching and ingest workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import field_validator
+
+from pipeline.settings.section import Section
+
+
+class BatchingSettings(Section):
+    """Dynamic micro-batching (:mod:`pipeline.runtime.batch_policy`): a batch is scored as soon
+    as the scorer is free, and at the latest at ``max_batch_rows``, ``max_delay_ms`` or when the
+    latency budget would be exceeded."""
+
+    max_batch_rows: int = 4096
+    """Rows are (event x candidate) pairs; an event is never split across batches."""
+    max_delay_ms: float = 20.0
+    """Longest an event waits for its batch to be scored, measured from when it was consumed
+    (a free scorer does not wait this long: it waits at most one batch's fixed cost)."""
+    latency_budget_ms: float = 100.0
+    """A batch's oldest event's wait plus the batch's estimated processing time (enrich to
+    publish, learnt online) stays within this: the batch is scored, or cut, before it would not.
+    A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
+    consume_batch_size: int = 500
+    """Messages asked from Kafka per poll."""
+    max_in_flight_batches: int = 4
+    """Batches produced but not yet acknowledged by the broker before the loop waits for acks
+    (without pausing the input)."""
+    overlap_forward: bool | None = None
+    """Run each batch's forward on a scoring thread while the loop consumes the next batch.
+    ``"auto"`` (read as ``None``, the default): on when the model runs on a GPU; off on CPU,
+    where the loop's work and the forward's threads compete for the same cores (measured slower
+    on 2 cores: BENCHMARKS.md)."""
+    ingest_workers: int = 0
+    """Processes per rank that consume, decode, enrich and build the model input, each a member
+    of the consumer group with its own commits, while the rank's process only scores their
+    batches (:mod:`pipeline.ingest`). 0: one process does everything."""
+
+    @field_validator("overlap_forward", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return None
+        return value
+
+    @field_validator("ingest_workers")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("latency_budget_ms")
+    @classmethod
+    def _budget(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be > 0")
+        return value
+
+    @field_validator("max_batch_rows", "consume_batch_size", "max_in_flight_batches")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
