@@ -1,24 +1,39 @@
-"""The DLRM ranker: TorchRec's ``DLRM`` over one embedding table per sparse feature.
+"""The built-in ranker: TorchRec's ``DLRM`` over one embedding table per sparse feature.
 
-The embedding tables live in a TorchRec ``EmbeddingBagCollection`` (``sparse_arch``), so the
-module can be handed to ``DistributedModelParallel`` as is; build it with
+It is one module behind the model contract (:mod:`model.module`): its factory is
+:func:`ranker_from_collection`, :func:`builtin_module_config` describes it, and
+:func:`build_ranker` builds it through :func:`model.module.factory.build_module` like any
+configured module. The tables live in a TorchRec ``EmbeddingBagCollection`` (``sparse_arch``),
+so the module can be handed to ``DistributedModelParallel`` as is; build it with
 ``embedding_device="meta"`` to let the sharder allocate the tables.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from model.features.model_input import ModelInput
-from model.features.spec import FeatureSpec
+from model.features.spec import FeatureSpec, spec_from_dict, spec_to_dict
+from model.module.factory import build_module
+from model.module.factory import embedding_bag_configs as table_bag_configs
+from model.module.types import Activation, ModuleConfig, OutputConfig
 from model.serving.inference import score_probabilities
 
-__all__ = ["Ranker", "build_ranker", "embedding_bag_configs"]
+__all__ = [
+    "Ranker",
+    "build_ranker",
+    "builtin_module_config",
+    "embedding_bag_configs",
+    "ranker_from_collection",
+]
 
 
 def embedding_bag_configs(spec: FeatureSpec) -> list[EmbeddingBagConfig]:
@@ -35,16 +50,7 @@ def embedding_bag_configs(spec: FeatureSpec) -> list[EmbeddingBagConfig]:
 
         ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device="meta")
     """
-    return [
-        EmbeddingBagConfig(
-            name=t.name,
-            embedding_dim=spec.embedding_dim,
-            num_embeddings=t.num_embeddings,
-            feature_names=[t.feature.value],
-            pooling=PoolingType.SUM,
-        )
-        for t in spec.tables
-    ]
+    return table_bag_configs(spec.table_configs())
 
 
 class Ranker(nn.Module):
@@ -52,33 +58,30 @@ class Ranker(nn.Module):
 
     Args:
         spec: input layout and architecture.
+        embedding_bag_collection: its tables (:func:`embedding_bag_configs`), on any device
+            (``meta``: unallocated, for ``DistributedModelParallel``).
         device: where the dense MLPs live.
-        embedding_device: where the embedding tables are allocated; ``"meta"`` leaves them
-            unallocated (for ``DistributedModelParallel``). Defaults to ``device``.
 
     Example::
 
-        ranker = Ranker(FeatureSpec())
+        ranker = build_ranker(FeatureSpec())
         probs = ranker.score(build_model_input(cols, spec))
     """
 
     def __init__(
         self,
         spec: FeatureSpec,
+        embedding_bag_collection: EmbeddingBagCollection,
         device: torch.device | str = "cpu",
-        embedding_device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
-        dense_device = torch.device(device)
-        ebc_device = dense_device if embedding_device is None else torch.device(embedding_device)
-        ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=ebc_device)
         self.model = DLRM(
-            embedding_bag_collection=ebc,
+            embedding_bag_collection=embedding_bag_collection,
             dense_in_features=spec.dense_dim,
             dense_arch_layer_sizes=list(spec.dense_arch),
             over_arch_layer_sizes=list(spec.over_arch),
-            dense_device=dense_device,
+            dense_device=torch.device(device),
         )
 
     @property
@@ -114,13 +117,47 @@ class Ranker(nn.Module):
         return score_probabilities(self, inp)
 
 
+def ranker_from_collection(
+    embedding_bag_collection: EmbeddingBagCollection,
+    spec: Mapping[str, Any],
+    dense_device: torch.device | str = "cpu",
+) -> Ranker:
+    """The built-in ranker's factory (the model contract's ``factory``).
+
+    Args:
+        embedding_bag_collection: the tables streamrank built from the spec's.
+        spec: the :class:`FeatureSpec` as :func:`~model.features.spec.spec_to_dict` writes it.
+        dense_device: where the dense MLPs live.
+
+    Returns:
+        The ranker.
+    """
+    return Ranker(spec_from_dict(spec), embedding_bag_collection, dense_device)
+
+
+def builtin_module_config(spec: FeatureSpec) -> ModuleConfig:
+    """The built-in ranker of ``spec``, described as any configured module is.
+
+    Example::
+
+        module = build_module(builtin_module_config(spec), seed=0)
+    """
+    return ModuleConfig(
+        factory="model.ranker:ranker_from_collection",
+        kwargs={"spec": spec_to_dict(spec)},
+        tables=spec.table_configs(),
+        output=OutputConfig(Activation.LOGITS),
+        device_argument="dense_device",
+    )
+
+
 def build_ranker(
     spec: FeatureSpec,
     device: torch.device | str = "cpu",
     seed: int | None = None,
     embedding_device: torch.device | str | None = None,
 ) -> Ranker:
-    """Construct a freshly initialised :class:`Ranker`.
+    """Construct a freshly initialised :class:`Ranker` (through the model contract's factory).
 
     Args:
         spec: input layout and architecture.
@@ -137,9 +174,6 @@ def build_ranker(
         ranker = build_ranker(spec, seed=0)
         sharded_ready = build_ranker(spec, embedding_device="meta")
     """
-    if seed is None:
-        return Ranker(spec, device=device, embedding_device=embedding_device)
-    devices = [d for d in (torch.device(device),) if d.type == "cuda"]
-    with torch.random.fork_rng(devices=[d.index or 0 for d in devices]):
-        torch.manual_seed(seed)
-        return Ranker(spec, device=device, embedding_device=embedding_device)
+    ranker = build_module(builtin_module_config(spec), device, embedding_device, seed)
+    assert isinstance(ranker, Ranker)
+    return ranker

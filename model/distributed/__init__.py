@@ -60,7 +60,12 @@ if TYPE_CHECKING:
         local_world_size,
     )
     from model.distributed.report import PlanReport, RankBytes, TablePlacement, describe_plan
-    from model.distributed.runtime import load_unsharded_state_dict, make_sharder, shard_ranker
+    from model.distributed.runtime import (
+        load_unsharded_state_dict,
+        make_sharder,
+        shard_module,
+        shard_ranker,
+    )
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
@@ -82,7 +87,9 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("EBC_MODULE_PATH", "plan_sharding"), "planner"),
     **dict.fromkeys(("default_backend", "join_process_group", "local_world_size"), "process_group"),
     **dict.fromkeys(("PlanReport", "RankBytes", "TablePlacement", "describe_plan"), "report"),
-    **dict.fromkeys(("load_unsharded_state_dict", "make_sharder", "shard_ranker"), "runtime"),
+    **dict.fromkeys(
+        ("load_unsharded_state_dict", "make_sharder", "shard_module", "shard_ranker"), "runtime"
+    ),
 }
 
 __all__ = [
@@ -109,6 +116,7 @@ __all__ = [
     "make_sharder",
     "plan_sharding",
     "save_sharded",
+    "shard_module",
     "shard_ranker",
 ]
 

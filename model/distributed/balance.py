@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from model.distributed.config import ShardingKind
 from model.distributed.cost import table_load
-from model.features.spec import FeatureSpec, TableSpec
+from model.module.types import TableConfig
 
 __all__ = ["COLUMN_UNIT", "Placement", "split_kind", "split_placement"]
 
@@ -69,8 +69,7 @@ def split_kind(embedding_dim: int, world_size: int) -> ShardingKind:
 
 
 def split_placement(
-    spec: FeatureSpec,
-    tables: Sequence[TableSpec],
+    tables: Sequence[TableConfig],
     world_size: int,
     base_bytes: Sequence[float] | None = None,
     base_work: Sequence[float] | None = None,
@@ -79,8 +78,7 @@ def split_placement(
     """Place ``tables`` on ``world_size`` ranks, balancing bytes and lookup work.
 
     Args:
-        spec: the feature spec (embedding dim, pooling factors).
-        tables: the tables to place.
+        tables: the tables to place (dims, ids per row).
         world_size: number of ranks.
         base_bytes: bytes per rank already placed (other tables); default zeros.
         base_work: work per rank already placed; default zeros.
@@ -91,12 +89,12 @@ def split_placement(
 
     Example::
 
-        placed = split_placement(spec, spec.tables, 4)
+        placed = split_placement(spec.table_configs(), 4)
         placed.split  # frozenset({"t_user_id", "t_recent_items"})
     """
     base_b = list(base_bytes) if base_bytes is not None else [0.0] * world_size
     base_w = list(base_work) if base_work is not None else [0.0] * world_size
-    loads = {t.name: table_load(spec, t) for t in tables}
+    loads = {t.name: table_load(t) for t in tables}
     ideal_b = max((sum(base_b) + sum(b for b, _ in loads.values())) / world_size, 1.0)
     ideal_w = max((sum(base_w) + sum(w for _, w in loads.values())) / world_size, 1.0)
 

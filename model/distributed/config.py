@@ -9,10 +9,11 @@ loading (``pipeline.settings.loading``) can build and validate them without impo
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from model.features.spec import FeatureSpec, TableSpec
+from model.features.spec import FeatureSpec
 
 __all__ = [
     "Balance",
@@ -156,6 +157,16 @@ class TableShardingConfig:
         return out
 
 
+class NamedTable(Protocol):
+    """A table as the sharding config names it: by table name or by a feature's name."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def feature_names(self) -> tuple[str, ...]: ...
+
+
 def _as_kernel(value: ComputeKernel | str | None) -> ComputeKernel | None:
     if value is None:
         return None
@@ -205,16 +216,21 @@ class ShardingConfig:
             self, "per_table", {str(k): _as_table_config(v) for k, v in self.per_table.items()}
         )
 
-    def for_table(self, table: TableSpec) -> TableShardingConfig:
+    def for_table(self, table: NamedTable) -> TableShardingConfig:
         """The config of ``table`` (its override by feature or table name, else the default)."""
-        for key in (table.feature.value, table.name):
+        for key in (*table.feature_names, table.name):
             if key in self.per_table:
                 return self.per_table[key]
         return self.default
 
-    def check(self, spec: FeatureSpec) -> None:
-        """Raise ``ValueError`` if ``per_table`` names a table ``spec`` does not have."""
-        known = {t.feature.value for t in spec.tables} | {t.name for t in spec.tables}
+    def check(self, tables: FeatureSpec | Sequence[NamedTable]) -> None:
+        """Raise ``ValueError`` if ``per_table`` names a table the model does not have.
+
+        Args:
+            tables: the built-in spec, or any model's tables.
+        """
+        listed: Sequence[NamedTable] = tables.tables if isinstance(tables, FeatureSpec) else tables
+        known = {f for t in listed for f in t.feature_names} | {t.name for t in listed}
         unknown = sorted(set(self.per_table) - known)
         if unknown:
             raise ValueError(

@@ -1,8 +1,9 @@
 """What one shard of a table costs its rank: bytes held and lookup work per scored row.
 
 Work measure: **bytes read per scored row**. A table looked up ``p`` times per row
-(:func:`lookups_per_row`: 1 for user, item, category, device and country; up to
-``recent_items_cap`` for ``recent_items``, counted at the cap) reads ``p x dim x 4`` bytes per
+(:attr:`~model.module.types.TableConfig.ids_per_row`: 1 for a single-valued feature, e.g. the
+built-in model's user, item, category, device and country; up to ``recent_items_cap`` for
+``recent_items``, counted at the cap) reads ``p x dim x 4`` bytes per
 row from its embeddings. A shard of ``rows x cols`` of a table of ``n`` rows does its share of
 those lookups on its columns: ``p x cols x 4 x rows / n`` (uniformly hashed ids spread lookups
 evenly over rows). So every column shard of a table does all of that table's lookups on its
@@ -13,13 +14,18 @@ rows costs a rank ``B x`` its per-row work.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchrec.distributed.types import ParameterSharding
 
-from model.features.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.spec import FeatureSpec
+from model.module.types import TableConfig
 
-__all__ = ["FP32_BYTES", "ShardLoad", "lookups_per_row", "shard_loads", "table_load"]
+__all__ = ["FP32_BYTES", "ShardLoad", "Tables", "as_tables", "shard_loads", "table_load"]
+
+Tables = FeatureSpec | Sequence[TableConfig]
+"""A model's tables: the built-in spec's, or any module's (:mod:`model.module.checks`)."""
 
 #: Bytes per element of an fp32 table.
 FP32_BYTES = 4
@@ -40,47 +46,29 @@ class ShardLoad:
     work: float
 
 
-def lookups_per_row(spec: FeatureSpec, table: TableSpec) -> int:
-    """Embedding lookups one scored row makes in ``table`` (the pooling factor, at its cap).
-
-    Args:
-        spec: the feature spec (``recent_items_cap``).
-        table: one of its tables.
-
-    Returns:
-        ``spec.recent_items_cap`` for ``recent_items``, else 1.
-
-    Example::
-
-        lookups_per_row(FeatureSpec(), FeatureSpec().tables[-1])  # 20
-    """
-    return spec.recent_items_cap if table.feature is SparseFeature.RECENT_ITEMS else 1
+def as_tables(tables: Tables) -> tuple[TableConfig, ...]:
+    """The tables of a spec (:meth:`FeatureSpec.table_configs`), or ``tables`` as a tuple."""
+    return tables.table_configs() if isinstance(tables, FeatureSpec) else tuple(tables)
 
 
-def table_load(spec: FeatureSpec, table: TableSpec) -> tuple[int, float]:
+def table_load(table: TableConfig) -> tuple[int, float]:
     """(fp32 bytes, work per scored row) of the whole of ``table`` held on one rank.
 
     Args:
-        spec: the feature spec.
-        table: one of its tables.
+        table: one table.
 
     Returns:
-        ``(num_embeddings x dim x 4, lookups x dim x 4)``.
+        ``(num_embeddings x dim x 4, ids_per_row x dim x 4)``.
     """
-    dim = spec.embedding_dim
-    return table.num_embeddings * dim * FP32_BYTES, float(
-        lookups_per_row(spec, table) * dim * FP32_BYTES
-    )
+    dim = table.embedding_dim
+    return table.num_embeddings * dim * FP32_BYTES, float(table.ids_per_row * dim * FP32_BYTES)
 
 
-def shard_loads(
-    ps: ParameterSharding, spec: FeatureSpec, table: TableSpec, world_size: int
-) -> list[ShardLoad]:
+def shard_loads(ps: ParameterSharding, table: TableConfig, world_size: int) -> list[ShardLoad]:
     """The :class:`ShardLoad` of every shard of one table's plan entry.
 
     Args:
         ps: the table's ``ParameterSharding``.
-        spec: the feature spec.
         table: the table.
         world_size: number of ranks (a data-parallel table has a copy on each).
 
@@ -90,13 +78,13 @@ def shard_loads(
 
     Example::
 
-        loads = shard_loads(plan.plan[EBC_MODULE_PATH]["t_user_id"], spec, spec.tables[0], 2)
+        loads = shard_loads(plan.plan[EBC_MODULE_PATH]["t_user_id"], tables[0], 2)
     """
-    full_bytes, full_work = table_load(spec, table)
+    full_bytes, full_work = table_load(table)
     if ps.sharding_spec is None:  # data parallel: each rank looks up its own rows
         return [ShardLoad(r, full_bytes, full_work / world_size) for r in range(world_size)]
     out = []
-    per_cell = lookups_per_row(spec, table) * FP32_BYTES / table.num_embeddings
+    per_cell = table.ids_per_row * FP32_BYTES / table.num_embeddings
     for shard in ps.sharding_spec.shards:
         placement = shard.placement
         rank = placement.rank() if placement is not None else 0

@@ -53,16 +53,18 @@ from model.distributed.config import (
     ShardingKind,
     TableShardingConfig,
 )
-from model.distributed.cost import FP32_BYTES, shard_loads
+from model.distributed.cost import FP32_BYTES, Tables, as_tables, shard_loads
 from model.distributed.runtime import make_sharder, sharders
-from model.features.spec import FeatureSpec, TableSpec
-from model.ranker import embedding_bag_configs
+from model.features.spec import BUILTIN_COLLECTION_PATH
+from model.module.factory import embedding_bag_configs
+from model.module.types import TableConfig
 
 __all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding"]
 
 #: Path of the ranker's ``EmbeddingBagCollection`` inside :class:`~model.ranker.Ranker`; the key
-#: of its entry in a ``ShardingPlan``.
-EBC_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
+#: of its entry in a ``ShardingPlan`` (another module's collections sit at their own paths:
+#: :attr:`~model.module.types.TableConfig.module_path`).
+EBC_MODULE_PATH = BUILTIN_COLLECTION_PATH
 
 # (sharding kind, compute kernel) pairs left to the planner per compute device; anything else
 # is planned by hand. Column-wise is always planned by hand: the planner kept the default
@@ -110,14 +112,14 @@ def _quiet_planner() -> Iterator[None]:
 
 
 def plan_sharding(
-    spec: FeatureSpec,
+    model_tables: Tables,
     world_size: int,
     device_type: str = "cpu",
     config: ShardingConfig | None = None,
     batch_rows: int = 4096,
     local_world_size: int | None = None,
 ) -> ShardingPlan:
-    """A ``ShardingPlan`` for the ranker's tables, without a process group.
+    """A ``ShardingPlan`` for a model's tables, without a process group.
 
     Who places what:
 
@@ -139,7 +141,8 @@ def plan_sharding(
       of the ideal where splitting can get there.
 
     Args:
-        spec: the feature spec (table sizes, embedding dim).
+        model_tables: the built-in spec, or any module's tables
+            (:func:`model.module.checks.module_tables`: sizes, dims, ids per row, paths).
         world_size: number of ranks.
         device_type: ``"cpu"`` or ``"cuda"``.
         config: per-table sharding; default: every table table-wise, automatic kernel.
@@ -148,7 +151,8 @@ def plan_sharding(
             device index of each rank (``rank % local_world_size``) and table-row-wise groups.
 
     Returns:
-        A plan with one entry, :data:`EBC_MODULE_PATH`, for a :class:`~model.ranker.Ranker`.
+        A plan with one entry per collection path (the built-in ranker's:
+        :data:`EBC_MODULE_PATH`).
 
     Raises:
         ValueError: on a bad world size or device type, unknown tables in ``config``, ranks
@@ -159,6 +163,7 @@ def plan_sharding(
 
         plan = plan_sharding(FeatureSpec(), 2)
         print(describe_plan(plan, FeatureSpec(), 2).render())
+        plan = plan_sharding(module_tables(module), 2)     # any module's own tables
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -170,9 +175,10 @@ def plan_sharding(
             f"local_world_size must divide world_size {world_size}, got {local_world_size}"
         )
     cfg = config if config is not None else ShardingConfig()
-    cfg.check(spec)
-    by_name = {t.name: t for t in spec.tables}
-    table_cfg = {t.name: cfg.for_table(t) for t in spec.tables}
+    tables = as_tables(model_tables)
+    cfg.check(tables)
+    by_name = {t.name: t for t in tables}
+    table_cfg = {t.name: cfg.for_table(t) for t in tables}
     for name, tc in table_cfg.items():
         if tc.ranks is not None and max(tc.ranks) >= world_size:
             raise ValueError(f"table {name}: ranks {tc.ranks} outside world_size {world_size}")
@@ -196,20 +202,22 @@ def plan_sharding(
 
     result = EmbeddingModuleShardingPlan()
     if planned:
+        chosen = [by_name[n] for n in planned]
         result.update(
-            _run_planner(spec, planned, table_cfg, world_size, local_size, device_type, batch_rows)
+            _run_planner(chosen, table_cfg, world_size, local_size, device_type, batch_rows)
         )
     load = [0] * world_size
     work = [0.0] * world_size
     meta_ebc = EmbeddingBagCollection(
-        tables=[c for c in embedding_bag_configs(spec) if c.name not in planned], device="meta"
+        tables=embedding_bag_configs([t for t in tables if t.name not in planned]),
+        device="meta",
     )
     sharder = make_sharder()
     params = sharder.shardable_parameters(meta_ebc)
 
     def account(name: str, ps: ParameterSharding) -> None:
         result[name] = ps
-        for shard in shard_loads(ps, spec, by_name[name], world_size):
+        for shard in shard_loads(ps, by_name[name], world_size):
             load[shard.rank] += shard.bytes
             work[shard.rank] += shard.work
 
@@ -222,36 +230,34 @@ def plan_sharding(
     # Biggest tables first, so the greedy balancer places them while ranks are still empty.
     for name in sorted(by_hand, key=lambda n: -by_name[n].num_embeddings):
         tc, table = table_cfg[name], by_name[name]
-        place(name, _hand_generator(tc, table, spec.embedding_dim, world_size, load))
+        place(name, _hand_generator(tc, table, table.embedding_dim, world_size, load))
     if auto:  # last: the loads of the others are the base the split placement balances around
-        placed = split_placement(spec, [by_name[n] for n in auto], world_size, load, work)
-        kind = split_kind(spec.embedding_dim, world_size)
+        placed = split_placement([by_name[n] for n in auto], world_size, load, work)
         for name in auto:
             kernel = table_cfg[name].kernel.value
+            kind = split_kind(by_name[name].embedding_dim, world_size)
             if name in placed.whole:
                 place(name, table_wise(rank=placed.whole[name], compute_kernel=kernel))
             elif kind is ShardingKind.COLUMN_WISE:
                 place(name, column_wise(ranks=list(range(world_size)), compute_kernel=kernel))
             else:
                 place(name, row_wise(compute_kernel=kernel))
-    ordered = EmbeddingModuleShardingPlan()
-    for t in spec.tables:
-        ordered[t.name] = result[t.name]
-    return ShardingPlan({EBC_MODULE_PATH: ordered})
+    paths: dict[str, EmbeddingModuleShardingPlan] = {}
+    for t in tables:
+        paths.setdefault(t.module_path, EmbeddingModuleShardingPlan())[t.name] = result[t.name]
+    return ShardingPlan(dict(paths))
 
 
 def _run_planner(
-    spec: FeatureSpec,
-    names: list[str],
+    chosen: list[TableConfig],
     table_cfg: Mapping[str, TableShardingConfig],
     world_size: int,
     local_size: int,
     device_type: str,
     batch_rows: int,
 ) -> EmbeddingModuleShardingPlan:
-    ebc = EmbeddingBagCollection(
-        tables=[c for c in embedding_bag_configs(spec) if c.name in names], device="meta"
-    )
+    names = [t.name for t in chosen]
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(chosen), device="meta")
     constraints = {
         n: ParameterConstraints(
             sharding_types=[ShardingType(table_cfg[n].sharding_type.value).value],
@@ -278,7 +284,7 @@ def _run_planner(
 
 def _hand_generator(
     tc: TableShardingConfig,
-    table: TableSpec,
+    table: TableConfig,
     dim: int,
     world_size: int,
     load: list[int],

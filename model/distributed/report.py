@@ -15,9 +15,7 @@ from typing import Any
 
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 
-from model.distributed.cost import FP32_BYTES, shard_loads
-from model.distributed.planner import EBC_MODULE_PATH
-from model.features.spec import FeatureSpec
+from model.distributed.cost import FP32_BYTES, Tables, as_tables, shard_loads
 
 __all__ = ["PlanReport", "RankBytes", "TablePlacement", "describe_plan"]
 
@@ -189,7 +187,7 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"  # unreachable
 
 
-def describe_plan(plan: ShardingPlan, spec: FeatureSpec, world_size: int) -> PlanReport:
+def describe_plan(plan: ShardingPlan, model_tables: Tables, world_size: int) -> PlanReport:
     """Per-table placement and per-rank fp32 embedding bytes of ``plan``.
 
     Bytes come from the shard metadata (``ParameterSharding.sharding_spec`` shard sizes, 4 bytes
@@ -197,33 +195,31 @@ def describe_plan(plan: ShardingPlan, spec: FeatureSpec, world_size: int) -> Pla
 
     Args:
         plan: e.g. from :func:`plan_sharding`.
-        spec: the spec the plan was made for.
+        model_tables: the tables the plan was made for (a spec, or any module's).
         world_size: number of ranks.
 
     Returns:
         The :class:`PlanReport`.
 
     Raises:
-        ValueError: if ``plan`` lacks the ranker's tables.
+        ValueError: if ``plan`` lacks one of the tables.
 
     Example::
 
         report = describe_plan(plan_sharding(spec, 2), spec, 2)
         assert report.max_rank_bytes <= report.unsharded_bytes
     """
-    module_plan = plan.plan.get(EBC_MODULE_PATH)
-    if not isinstance(module_plan, EmbeddingModuleShardingPlan):
-        raise ValueError(f"plan has no entry for {EBC_MODULE_PATH}")
     rank_totals = [0] * world_size
     rank_work = [0.0] * world_size
     tables = []
-    for t in spec.tables:
-        if t.name not in module_plan:
-            raise ValueError(f"plan has no entry for table {t.name}")
+    for t in as_tables(model_tables):
+        module_plan = plan.plan.get(t.module_path)
+        if not isinstance(module_plan, EmbeddingModuleShardingPlan) or t.name not in module_plan:
+            raise ValueError(f"plan has no entry for table {t.name} (at {t.module_path!r})")
         ps = module_plan[t.name]
         per_rank: dict[int, int] = {}
         work: dict[int, float] = {}
-        for shard in shard_loads(ps, spec, t, world_size):
+        for shard in shard_loads(ps, t, world_size):
             if not 0 <= shard.rank < world_size:
                 raise ValueError(f"table {t.name} has a shard on rank {shard.rank} >= {world_size}")
             per_rank[shard.rank] = per_rank.get(shard.rank, 0) + shard.bytes
@@ -234,12 +230,12 @@ def describe_plan(plan: ShardingPlan, spec: FeatureSpec, world_size: int) -> Pla
         tables.append(
             TablePlacement(
                 name=t.name,
-                feature=t.feature.value,
+                feature=",".join(t.feature_names),
                 sharding_type=str(ps.sharding_type),
                 compute_kernel=str(ps.compute_kernel),
                 ranks=ranks,
                 num_embeddings=t.num_embeddings,
-                embedding_dim=spec.embedding_dim,
+                embedding_dim=t.embedding_dim,
                 bytes_per_rank=per_rank,
                 work_per_rank=work,
             )

@@ -35,7 +35,13 @@ from model.features.spec import FeatureSpec
 from model.ranker import Ranker, build_ranker
 from model.serving.memory import embedding_bytes
 
-__all__ = ["load_unsharded_state_dict", "make_sharder", "shard_ranker", "sharders"]
+__all__ = [
+    "load_unsharded_state_dict",
+    "make_sharder",
+    "shard_module",
+    "shard_ranker",
+    "sharders",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -131,21 +137,60 @@ def shard_ranker(
                 )
     else:
         ranker = build_ranker(ranker_or_spec, device=dev, seed=seed, embedding_device="meta")
+    dmp = shard_module(
+        ranker, plan, dev, pg, init_data_parallel=init_data_parallel, fused_params=fused_params
+    )
+    if state is not None:
+        load_unsharded_state_dict(dmp, state)
+    return dmp
+
+
+def shard_module(
+    module: nn.Module,
+    plan: ShardingPlan,
+    device: torch.device | str,
+    pg: dist.ProcessGroup | None = None,
+    *,
+    init_data_parallel: bool = True,
+    fused_params: dict[str, Any] | None = None,
+) -> DistributedModelParallel:
+    """Wrap any module whose tables are on the ``meta`` device in ``DistributedModelParallel``
+    (collective: every rank calls it with the same plan).
+
+    Args:
+        module: e.g. :func:`model.module.factory.build_module` with ``embedding_device="meta"``
+            (its dense layers already on ``device``).
+        plan: a plan for its tables (:func:`model.distributed.planner.plan_sharding` of
+            :func:`model.module.checks.module_tables`).
+        device: this rank's device.
+        pg: the process group; default the global one.
+        init_data_parallel: wrap the dense part in DDP (syncs it from rank 0).
+        fused_params: see :func:`make_sharder`.
+
+    Returns:
+        The sharded model in eval mode; load weights into it afterwards (its load hooks copy
+        the slices each rank owns).
+
+    Example::
+
+        dmp = shard_module(build_module(config, device, embedding_device="meta"), plan, device)
+    """
+    if pg is None and not dist.is_initialized():
+        raise RuntimeError("shard_module needs an initialised process group")
+    dev = torch.device(device)
     env = ShardingEnv.from_process_group(pg) if pg is not None else None
     dmp = DistributedModelParallel(
-        module=ranker,
+        module=module,
         env=env,
         device=dev,
         plan=plan,
         sharders=sharders(fused_params),
         init_data_parallel=init_data_parallel,
     )
-    if state is not None:
-        load_unsharded_state_dict(dmp, state)
     dmp.eval()
     nbytes = embedding_bytes(dmp)
     _log.info(
-        "sharded ranker: rank %d holds %d embedding bytes (%.1f MiB)",
+        "sharded module: rank %d holds %d embedding bytes (%.1f MiB)",
         dist.get_rank(pg),
         nbytes,
         nbytes / 2**20,

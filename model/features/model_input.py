@@ -18,9 +18,17 @@ from dataclasses import dataclass
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from model.features.layout import InputLayout
 from model.features.spec import FeatureSpec
 
-__all__ = ["ModelInput", "pad_model_input", "padding_input", "sparse_features", "warm_up_input"]
+__all__ = [
+    "ModelInput",
+    "as_layout",
+    "pad_model_input",
+    "padding_input",
+    "sparse_features",
+    "warm_up_input",
+]
 
 
 def sparse_features(
@@ -167,19 +175,27 @@ def pad_model_input(inp: ModelInput, num_rows: int) -> ModelInput:
     return ModelInput(dense=dense, sparse=sparse)
 
 
-def padding_input(spec: FeatureSpec, rows: int, device: torch.device | str) -> ModelInput:
+def as_layout(model: FeatureSpec | InputLayout) -> InputLayout:
+    """The input layout of the built-in spec, or ``model`` itself."""
+    return model.input_layout() if isinstance(model, FeatureSpec) else model
+
+
+def padding_input(
+    model: FeatureSpec | InputLayout, rows: int, device: torch.device | str
+) -> ModelInput:
     """``rows`` padding rows (zero dense, empty bags): what a rank with no events of its own
     feeds to a collective forward.
 
     Args:
-        spec: the model's feature spec.
+        model: the model's input layout (or the built-in model's feature spec).
         rows: how many rows.
         device: where to build it.
 
     Returns:
         The input.
     """
-    keys = spec.feature_names
+    layout = as_layout(model)
+    keys = layout.keys
     sparse = sparse_features(
         keys,
         torch.empty(0, dtype=torch.int64, device=device),
@@ -187,23 +203,25 @@ def padding_input(spec: FeatureSpec, rows: int, device: torch.device | str) -> M
         rows,
         [0] * len(keys),
     )
-    return ModelInput(dense=torch.zeros((rows, spec.dense_dim), device=device), sparse=sparse)
+    return ModelInput(dense=torch.zeros((rows, layout.dense_dim), device=device), sparse=sparse)
 
 
-def warm_up_input(spec: FeatureSpec, rows: int) -> ModelInput:
-    """``rows`` rows shaped like real traffic (one id per single-valued key, ``cap`` recent items
-    each; all ids 0): compiles and autotunes the kernels a real batch of that size will use.
+def warm_up_input(model: FeatureSpec | InputLayout, rows: int) -> ModelInput:
+    """``rows`` rows shaped like real traffic (each key's most ids per row; all ids 0):
+    compiles and autotunes the kernels a real batch of that size will use.
 
     Args:
-        spec: the model's feature spec.
+        model: the model's input layout (or the built-in model's feature spec).
         rows: how many rows.
 
     Returns:
         The input, on the CPU.
     """
-    keys = spec.feature_names
-    per_row = [1] * (len(keys) - 1) + [spec.recent_items_cap]
+    layout = as_layout(model)
+    per_row = list(layout.ids_per_key)
     lengths = torch.tensor(per_row, dtype=torch.int64).repeat_interleave(rows)
     total = [rows * n for n in per_row]
-    sparse = sparse_features(keys, torch.zeros(sum(total), dtype=torch.int64), lengths, rows, total)
-    return ModelInput(dense=torch.zeros((rows, spec.dense_dim)), sparse=sparse)
+    sparse = sparse_features(
+        layout.keys, torch.zeros(sum(total), dtype=torch.int64), lengths, rows, total
+    )
+    return ModelInput(dense=torch.zeros((rows, layout.dense_dim)), sparse=sparse)

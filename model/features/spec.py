@@ -32,6 +32,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from model.features.layout import InputLayout
+from model.module.types import TableConfig
+
+#: Where the built-in ranker keeps its ``EmbeddingBagCollection`` (the sharding plan's key).
+BUILTIN_COLLECTION_PATH = "model.sparse_arch.embedding_bag_collection"
+
 
 class SparseFeature(enum.StrEnum):
     """Names of the sparse features (the KJT keys), in the order the KJT holds them."""
@@ -62,6 +68,11 @@ class TableSpec:
     @property
     def name(self) -> str:
         return f"t_{self.feature.value}"
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The KJT key that looks this table up."""
+        return (self.feature.value,)
 
 
 def _default_tables() -> tuple[TableSpec, ...]:
@@ -169,6 +180,33 @@ class FeatureSpec:
     @property
     def feature_names(self) -> list[str]:
         return [f.value for f in SPARSE_FEATURE_ORDER]
+
+    def ids_per_row(self, feature: SparseFeature) -> int:
+        """Ids one row looks up in ``feature``'s table at most (``recent_items_cap`` for
+        ``recent_items``, else 1)."""
+        return self.recent_items_cap if feature is SparseFeature.RECENT_ITEMS else 1
+
+    def input_layout(self) -> InputLayout:
+        """The model input's keys, dense width and ids per row and key."""
+        return InputLayout(
+            tuple(self.feature_names),
+            self.dense_dim,
+            tuple(self.ids_per_row(f) for f in SPARSE_FEATURE_ORDER),
+        )
+
+    def table_configs(self) -> tuple[TableConfig, ...]:
+        """The built-in ranker's tables as the model contract describes any module's."""
+        return tuple(
+            TableConfig(
+                t.name,
+                t.num_embeddings,
+                self.embedding_dim,
+                t.feature_names,
+                ids_per_row=self.ids_per_row(t.feature),
+                module_path=BUILTIN_COLLECTION_PATH,
+            )
+            for t in self.tables
+        )
 
     def table(self, feature: SparseFeature) -> TableSpec:
         return self.tables[SPARSE_FEATURE_ORDER.index(feature)]

@@ -19,6 +19,7 @@ from model.serving.device import serving_device
 from model.serving.graph_shapes import GraphShape, graph_shapes, records_cuda_graphs
 from model.serving.options import ServingOptions
 from model.serving.scorer import Scorer
+from model.serving.served import describe_served
 from model.serving.single import load_single
 
 __all__ = ["ScorerFactory"]
@@ -59,14 +60,23 @@ class ScorerFactory:
         options, rank = self.options, self.rank
         options.check(rank.world_size)
         device = serving_device(options.device, rank.local_rank)
+        served = describe_served(options)
         if rank.distributed:
             # Imported here: the single-process path never imports torchrec.distributed.
             from model.serving.sharded import load_sharded_model
 
-            module, meta = load_sharded_model(options, device, rank)
+            module = load_sharded_model(options, served, device, rank)
         else:
-            module, meta = load_single(options, device)
+            module = load_single(options, served, device)
         shapes: tuple[GraphShape, ...] = ()
         if records_cuda_graphs(options.compile, options.compile_mode, device):
-            shapes = graph_shapes(meta.spec, max(options.batch_rows, options.max_event_rows))
-        return Scorer(module, meta.spec, meta.model_version, device, options.precision, shapes)
+            shapes = graph_shapes(served.layout, max(options.batch_rows, options.max_event_rows))
+        return Scorer(
+            module,
+            served.spec or served.layout,
+            served.model_version,
+            device,
+            options.precision,
+            shapes,
+            output=served.config.output,
+        )

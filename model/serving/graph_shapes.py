@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.features.model_input import ModelInput, sparse_features
-from model.features.spec import FeatureSpec, SparseFeature
+from model.features.layout import InputLayout
+from model.features.model_input import ModelInput, as_layout, sparse_features
+from model.features.spec import FeatureSpec
 from model.options import CompileMode
 
 __all__ = [
@@ -96,19 +97,17 @@ def row_buckets(max_batch_rows: int, count: int = 8) -> tuple[int, ...]:
     return tuple(sorted(set(buckets)))
 
 
-def max_ids_per_row(spec: FeatureSpec) -> tuple[int, ...]:
-    """The most ids one row carries per KJT key, in ``spec.feature_names`` order: one for the
-    single-valued keys, ``spec.recent_items_cap`` for recent items
-    (:func:`model.features.build.build_model_input`'s layout).
+def max_ids_per_row(model: FeatureSpec | InputLayout) -> tuple[int, ...]:
+    """The most ids one row carries per KJT key, in key order: one for the single-valued keys,
+    the cap for multi-valued ones (the built-in ``recent_items``: ``spec.recent_items_cap``).
 
     Args:
-        spec: the model's feature spec.
+        model: the model's input layout (or the built-in model's feature spec).
 
     Returns:
         One count per key.
     """
-    cap = spec.recent_items_cap
-    return tuple(cap if f == SparseFeature.RECENT_ITEMS else 1 for f in SparseFeature)
+    return as_layout(model).ids_per_key
 
 
 @dataclass(frozen=True)
@@ -129,11 +128,13 @@ class GraphShape:
         return self.rows + 1
 
 
-def graph_shapes(spec: FeatureSpec, max_batch_rows: int, count: int = 8) -> tuple[GraphShape, ...]:
+def graph_shapes(
+    model: FeatureSpec | InputLayout, max_batch_rows: int, count: int = 8
+) -> tuple[GraphShape, ...]:
     """One :class:`GraphShape` per bucket of :func:`row_buckets`.
 
     Args:
-        spec: the model's feature spec.
+        model: the model's input layout (or the built-in model's feature spec).
         max_batch_rows: the largest batch.
         count: how many buckets at most.
 
@@ -144,7 +145,7 @@ def graph_shapes(spec: FeatureSpec, max_batch_rows: int, count: int = 8) -> tupl
 
         shapes = graph_shapes(spec, settings.batching.max_batch_rows)
     """
-    per_row = max_ids_per_row(spec)
+    per_row = max_ids_per_row(model)
     return tuple(
         GraphShape(rows, tuple(rows * n for n in per_row))
         for rows in row_buckets(max_batch_rows, count)

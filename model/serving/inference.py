@@ -1,4 +1,4 @@
-"""The one scoring forward: click probabilities of a batch, shared by tests and serving."""
+"""The one scoring forward: one score per row of a batch, shared by tests and serving."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from model.features.model_input import ModelInput, pad_model_input
+from model.module.output import DEFAULT_OUTPUT, output_scores
+from model.module.types import OutputConfig
 from model.serving.precision import Precision, precision_scope
 
 __all__ = ["score_probabilities"]
@@ -16,8 +18,10 @@ def score_probabilities(
     inp: ModelInput,
     pad_to: int | None = None,
     precision: Precision | str = Precision.FP32,
+    output: OutputConfig = DEFAULT_OUTPUT,
 ) -> torch.Tensor:
-    """Click probabilities of ``inp``'s rows: one forward, ``sigmoid`` of the logits.
+    """Scores of ``inp``'s rows: one forward, then the output config (default: ``sigmoid`` of
+    the logits, the built-in ranker's click probabilities).
 
     Runs under ``torch.no_grad()``, not ``torch.inference_mode()``: the fused FBGEMM kernel of
     sharded tables has no CPU inference-mode implementation ("Could not run
@@ -26,17 +30,19 @@ def score_probabilities(
     with its own batch (zero rows included).
 
     Args:
-        module: anything with ``forward(dense, sparse) -> logits``: a
-            :class:`~model.ranker.Ranker`, a quantized or compiled one, or a
-            ``DistributedModelParallel``-wrapped one.
+        module: anything with ``forward(dense, sparse) -> Tensor[R] | [R, T]``: a
+            :class:`~model.ranker.Ranker`, any configured module (:mod:`model.module`), a
+            quantized or compiled one, or a ``DistributedModelParallel``-wrapped one.
         inp: the batch, on the module's device.
         pad_to: pad the batch with empty rows to this many rows before the forward (ranks of a
             sharded model agree on one row count); the padding's scores are dropped. ``None``
             or a value ``<= inp.num_rows`` runs the batch as is.
-        precision: see :mod:`model.serving.precision`; the probabilities are float32 either way.
+        precision: see :mod:`model.serving.precision`; the scores are float32 either way.
+        output: logits or probabilities, and which column ranks
+            (:func:`model.module.output.output_scores`).
 
     Returns:
-        float32[inp.num_rows] probabilities in ``[0, 1]``.
+        float32[inp.num_rows] scores in ``[0, 1]``.
 
     Example::
 
@@ -47,5 +53,5 @@ def score_probabilities(
     if pad_to is not None and pad_to > rows:
         inp = pad_model_input(inp, pad_to)
     with torch.no_grad(), precision_scope(precision, inp.dense.device):
-        logits: torch.Tensor = module(inp.dense, inp.sparse)
-    return torch.sigmoid(logits.reshape(-1)[:rows].float())
+        out: torch.Tensor = module(inp.dense, inp.sparse)
+    return output_scores(out[:rows], output)

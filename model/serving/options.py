@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.distributed.config import ShardingConfig
+from model.features.layout import InputLayout
+from model.module.types import ModuleConfig
 from model.options import CompileMode, Precision, QuantDtype
 
 __all__ = ["ServingOptions", "UnsupportedOption"]
@@ -35,6 +37,9 @@ class ServingOptions:
         batch_rows: the usual largest batch; warm-up runs at it and at half of it.
         max_event_rows: the most rows one event can bring (``codec.max_candidates``): an event
             larger than ``batch_rows`` is a batch alone, so graph shapes must hold it too.
+        module: a configured module (``[model.module]``) and its versions' weights;
+            ``None``: the built-in ranker of the checkpoint's own spec.
+        layout: the input the feature map builds for ``module`` (required with it).
 
     Example::
 
@@ -51,6 +56,12 @@ class ServingOptions:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     batch_rows: int = 4096
     max_event_rows: int = 1000
+    module: ModuleConfig | None = None
+    layout: InputLayout | None = None
+
+    def __post_init__(self) -> None:
+        if self.module is not None and self.layout is None:
+            raise ValueError("a configured module needs the input layout of its feature map")
 
     @property
     def warm_up_rows(self) -> tuple[int, ...]:

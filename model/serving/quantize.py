@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from torch import nn
 from torchrec.inference.modules import DEFAULT_QUANT_MAPPING, quantize_inference_model
 
 from model.features.model_input import ModelInput
@@ -45,8 +47,12 @@ _TORCH_DTYPES: dict[QuantDtype, torch.dtype] = {
 }
 
 
-def quantize_ranker(ranker: Ranker, dtype: QuantDtype | str) -> Ranker:
-    """A copy of ``ranker`` whose embedding tables are stored as ``dtype``.
+M = TypeVar("M", bound=nn.Module)
+
+
+def quantize_ranker(ranker: M, dtype: QuantDtype | str) -> M:
+    """A copy of ``ranker`` (the built-in one, or any module whose tables are
+    ``EmbeddingBagCollection`` s) whose embedding tables are stored as ``dtype``.
 
     Args:
         ranker: the fp32 ranker (tables materialised, on the CPU or one CUDA device); it is not

@@ -18,8 +18,11 @@ import torch
 from torch import nn
 
 from model.features.build import FeatureColumns, build_model_input
+from model.features.layout import InputLayout
 from model.features.model_input import ModelInput, padding_input, warm_up_input
 from model.features.spec import FeatureSpec
+from model.module.output import DEFAULT_OUTPUT
+from model.module.types import OutputConfig
 from model.options import Precision
 from model.serving.graph_shapes import GraphShape, pad_to_shape, shape_for
 from model.serving.inference import score_probabilities
@@ -36,16 +39,17 @@ class Scorer:
     """Runs the ranker on batches.
 
     Args:
-        module: the model: a :class:`~model.ranker.Ranker` (maybe quantized or compiled), or a
-            ``DistributedModelParallel``-wrapped one; ``forward(dense, sparse) -> logits``.
-        spec: its feature spec.
+        module: the model: a :class:`~model.ranker.Ranker` or any configured module
+            (:mod:`model.module`), maybe quantized or compiled, or a
+            ``DistributedModelParallel``-wrapped one; ``forward(dense, sparse) -> Tensor``.
+        inputs: the built-in ranker's feature spec, or a configured module's input layout.
         model_version: written into every Recommendation.
         device: where the forward runs (the module is already there).
         precision: forward precision (:mod:`model.serving.precision`).
         graph_shapes: for a model that replays CUDA graphs (:mod:`model.serving.graph_shapes`):
-        every
-            batch is padded to the smallest of these shapes before its forward; empty: batches
-            keep their shapes.
+            every batch is padded to the smallest of these shapes before its forward; empty:
+            batches keep their shapes.
+        output: how the module's output ranks (logits or probabilities, which column).
 
     Example::
 
@@ -57,19 +61,41 @@ class Scorer:
     def __init__(
         self,
         module: nn.Module,
-        spec: FeatureSpec,
+        inputs: FeatureSpec | InputLayout,
         model_version: str,
         device: torch.device,
         precision: Precision | str = Precision.FP32,
         graph_shapes: Sequence[GraphShape] = (),
+        output: OutputConfig = DEFAULT_OUTPUT,
     ) -> None:
         self.module = module.eval()
-        self.spec = spec
+        self._spec = inputs if isinstance(inputs, FeatureSpec) else None
+        self.layout = inputs.input_layout() if isinstance(inputs, FeatureSpec) else inputs
+        self.output = output
         self.model_version = model_version
         self.device = device
         self.precision = Precision(precision)
         self.graph_shapes = tuple(graph_shapes)
         self._transfer = DeviceTransfer(device) if device.type == "cuda" else None
+
+    @property
+    def builtin(self) -> bool:
+        """Whether this is the built-in ranker (its features are :class:`FeatureColumns`)."""
+        return self._spec is not None
+
+    @property
+    def spec(self) -> FeatureSpec:
+        """The built-in ranker's feature spec.
+
+        Raises:
+            ValueError: the served model is a configured module (it has a :attr:`layout`).
+        """
+        if self._spec is None:
+            raise ValueError(
+                "the served model is a configured module ([model.module]): it has an input "
+                "layout, not the built-in FeatureSpec"
+            )
+        return self._spec
 
     def stage(self, features: FeatureColumns) -> StagedInput:
         """Feature columns -> model input on its way to the model's device (on a GPU the copy
@@ -109,12 +135,12 @@ class Scorer:
         """
         if self.graph_shapes:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are read
-        probs = score_probabilities(self.module, inp, pad_to, self.precision)
+        probs = score_probabilities(self.module, inp, pad_to, self.precision, self.output)
         return probs if rows is None else probs[:rows]
 
     def forward_padding(self, rows: int) -> None:
         """Join a collective forward with padding only (this rank has no events)."""
-        self.forward(padding_input(self.spec, rows, self.device))
+        self.forward(padding_input(self.layout, rows, self.device))
 
     def top_k(
         self,
@@ -143,10 +169,11 @@ class Scorer:
             Seconds it took.
         """
         start = time.perf_counter()
-        build_model_input(_one_event(self.spec), self.spec)  # loads (or compiles) its kernel
+        if self._spec is not None:  # loads (or compiles) the built-in layout's kernel
+            build_model_input(_one_event(self._spec), self._spec)
         sizes = [s.rows for s in self.graph_shapes for _ in range(3)] or list(batch_rows)
         for rows in sizes:
-            inp = warm_up_input(self.spec, rows)
+            inp = warm_up_input(self.layout, rows)
             if self.graph_shapes:
                 inp = pad_to_shape(inp, shape_for(rows, self.graph_shapes))
             probs = self.forward(inp.to(self.device), rows=rows)

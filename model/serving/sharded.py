@@ -1,8 +1,10 @@
-"""Serving sharded across ranks: join the process group, plan the tables, wrap the ranker in
-``DistributedModelParallel`` and load the checkpoint's shards (strategy of
-:class:`~model.serving.factory.ScorerFactory`).
+"""Serving sharded across ranks: join the process group, build the module with its tables on
+the ``meta`` device, plan its own tables, wrap it in ``DistributedModelParallel`` and load the
+weights' shards (strategy of :class:`~model.serving.factory.ScorerFactory`).
 
-Every rank runs this together (the sharding and loading are collective).
+Every rank runs this together (the sharding and loading are collective). The planner reads the
+module's own collections (:func:`model.module.checks.module_tables`), so any module the
+contract serves shards the same way as the built-in ranker.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from model.distributed import (
     join_process_group,
     load_sharded,
     plan_sharding,
-    shard_ranker,
+    shard_module,
 )
+from model.module.checks import module_tables
+from model.module.factory import build_module
 from model.rank import RankContext
 from model.serving.memory import embedding_bytes
 from model.serving.options import ServingOptions
-from model.store.checkpoint import CheckpointMeta, load_meta
+from model.serving.served import ServedModule, load_weights
 
 __all__ = ["load_sharded_model"]
 
@@ -30,21 +34,22 @@ log = logging.getLogger(__name__)
 
 
 def load_sharded_model(
-    options: ServingOptions, device: torch.device, rank: RankContext
-) -> tuple[nn.Module, CheckpointMeta]:
-    """This rank's part of the model, sharded across the job's ranks.
+    options: ServingOptions, served: ServedModule, device: torch.device, rank: RankContext
+) -> nn.Module:
+    """This rank's part of the module, sharded across the job's ranks.
 
     Args:
         options: checkpoint, sharding and batch size (the planner's input).
+        served: what the checkpoint holds (:func:`model.serving.served.describe_served`).
         device: this rank's device (``cuda:{local_rank}`` + NCCL, or ``cpu`` + gloo).
         rank: this rank's place in the job.
 
     Returns:
-        The ``DistributedModelParallel`` module and the checkpoint's metadata.
+        The ``DistributedModelParallel`` module.
 
     Example::
 
-        dmp, meta = load_sharded_model(options, torch.device("cpu"), RankContext.from_env())
+        dmp = load_sharded_model(options, describe_served(options), device, rank)
     """
     join_process_group(
         rank.rank,
@@ -52,9 +57,13 @@ def load_sharded_model(
         rank.local_rank,
         backend="nccl" if device.type == "cuda" else "gloo",
     )
-    spec = load_meta(options.checkpoint).spec
+    layout = served.layout
+    tables = module_tables(  # the module's own tables, read off a copy wholly on meta
+        build_module(served.config, "meta", embedding_device="meta"),
+        dict(zip(layout.keys, layout.ids_per_key, strict=True)),
+    )
     plan = plan_sharding(  # shards land on cuda:{rank % local_world_size} = this rank's GPU
-        spec,
+        tables,
         rank.world_size,
         device.type,
         options.sharding,
@@ -62,15 +71,19 @@ def load_sharded_model(
         local_world_size=rank.local_world_size,
     )
     if rank.rank == 0:
-        log.info("sharding plan:\n%s", describe_plan(plan, spec, rank.world_size).render())
-    dmp = shard_ranker(spec, plan, device)
-    meta = load_sharded(dmp, options.checkpoint)
+        log.info("sharding plan:\n%s", describe_plan(plan, tables, rank.world_size).render())
+    module = build_module(served.config, device, embedding_device="meta", seed=0)
+    dmp = shard_module(module, plan, device)
+    if served.spec is not None:
+        load_sharded(dmp, options.checkpoint)  # either format (DCP or model.pt)
+    else:
+        load_weights(dmp, served, options.checkpoint)
     log.info(
         "rank %d/%d on %s holds %.1f MiB of embeddings; model %s",
         rank.rank,
         rank.world_size,
         device,
         embedding_bytes(dmp) / 2**20,
-        meta.model_version,
+        served.model_version,
     )
-    return dmp, meta
+    return dmp

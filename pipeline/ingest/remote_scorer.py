@@ -61,7 +61,8 @@ class RemoteScorer(Scorer):
     ) -> None:
         # Not Scorer.__init__: there is no module here; every method that would use one is
         # overridden below.
-        self.spec = spec
+        self._spec = spec
+        self.layout = spec.input_layout()
         self.model_version = model_version
         self.device = torch.device("cpu")
         self.precision = Precision.FP32

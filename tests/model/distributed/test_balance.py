@@ -8,7 +8,7 @@ import pytest
 from model.distributed import ShardingConfig, describe_plan, plan_sharding
 from model.distributed.balance import split_kind, split_placement
 from model.distributed.config import ShardingKind
-from model.distributed.cost import lookups_per_row, table_load
+from model.distributed.cost import table_load
 from model.features.spec import FeatureSpec
 
 BIG_USER = FeatureSpec.from_settings({"num_embeddings": {"user_id": 10_000_000}})
@@ -37,10 +37,10 @@ def test_whole_tables_cannot_balance_what_split_does() -> None:
 
 def test_work_measure_counts_pooling_and_column_shards() -> None:
     spec = FeatureSpec()
-    user, recent = spec.tables[0], spec.tables[-1]
-    assert lookups_per_row(spec, user) == 1
-    assert lookups_per_row(spec, recent) == spec.recent_items_cap == 20
-    assert table_load(spec, recent) == (100_000 * 64 * 4, 20 * 64 * 4)
+    user, recent = spec.table_configs()[0], spec.table_configs()[-1]
+    assert user.ids_per_row == 1
+    assert recent.ids_per_row == spec.recent_items_cap == 20
+    assert table_load(recent) == (100_000 * 64 * 4, 20 * 64 * 4)
     report = describe_plan(plan_sharding(spec, 4), spec, 4)
     recent_plan = next(t for t in report.tables if t.feature == "recent_items")
     assert recent_plan.sharding_type == "column_wise"
@@ -50,13 +50,13 @@ def test_work_measure_counts_pooling_and_column_shards() -> None:
 
 def test_small_tables_stay_whole_and_split_kind_follows_the_dim() -> None:
     spec = FeatureSpec()
-    placed = split_placement(spec, spec.tables, 2)
+    placed = split_placement(spec.table_configs(), 2)
     assert placed.max_ratio <= 1.1
     assert "t_device" in placed.whole and "t_user_id" in placed.split
     assert split_kind(64, 2) is ShardingKind.COLUMN_WISE
     assert split_kind(64, 8) is ShardingKind.COLUMN_WISE
     assert split_kind(64, 3) is ShardingKind.ROW_WISE
-    assert split_placement(spec, spec.tables, 1).split == frozenset()
+    assert split_placement(spec.table_configs(), 1).split == frozenset()
 
 
 def test_split_balances_around_explicit_overrides() -> None:

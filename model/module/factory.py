@@ -1,0 +1,230 @@
+"""Building the served module: import its factory, build its collection, call the factory.
+
+The factory is ``"package.module:function"`` (a class works too), imported from the installed
+packages or from :attr:`~model.module.types.ModuleConfig.code_dir` (put first on the import
+path): never from a model version directory, which holds weights and JSON only. streamrank
+builds the ``EmbeddingBagCollection`` from the configured tables (on the ``meta`` device when the
+job is sharded: ``DistributedModelParallel`` allocates each rank's shards) and passes it under
+:attr:`~model.module.types.ModuleConfig.collection_argument`; the other keyword arguments are
+the TOML's. TorchRec's models then need no user code: ``torchrec.models.dlrm.DLRM``,
+``DLRM_DCN`` and ``torchrec.models.deepfm.SimpleDeepFMNN``. Their constraints (one embedding
+dim for every table; DLRM's last dense layer equal to it) are checked here, in one line, before
+TorchRec's own assertions would fire.
+
+Example::
+
+    module = build_module(config, device="cpu")                          # one process
+    module = build_module(config, device="cuda:0", embedding_device="meta")  # sharded
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from model.module.types import ModelConfigError, ModuleConfig, TableConfig
+
+__all__ = ["build_collection", "build_module", "embedding_bag_configs", "load_factory"]
+
+_POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
+#: Factories with TorchRec's constraints on the collection (checked before they assert).
+_ONE_DIM_FACTORIES = (
+    "torchrec.models.dlrm:DLRM",
+    "torchrec.models.dlrm:DLRM_DCN",
+    "torchrec.models.dlrm:DLRM_Projection",
+    "torchrec.models.deepfm:SimpleDeepFMNN",
+)
+_DLRM_FACTORIES = _ONE_DIM_FACTORIES[:3]
+
+
+def embedding_bag_configs(tables: Sequence[TableConfig]) -> list[EmbeddingBagConfig]:
+    """TorchRec configs of ``tables``, in order.
+
+    Args:
+        tables: the configured tables.
+
+    Returns:
+        One pooled ``EmbeddingBagConfig`` per table.
+
+    Example::
+
+        ebc = EmbeddingBagCollection(tables=embedding_bag_configs(config.tables), device="meta")
+    """
+    return [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.feature_names),
+            pooling=_POOLING[t.pooling],
+        )
+        for t in tables
+    ]
+
+
+def build_collection(
+    tables: Sequence[TableConfig], device: torch.device | str
+) -> EmbeddingBagCollection:
+    """The ``EmbeddingBagCollection`` of ``tables`` on ``device`` (``meta``: unallocated)."""
+    return EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device(device))
+
+
+@contextmanager
+def _import_root(code_dir: str) -> Any:
+    """``code_dir`` first on ``sys.path`` while importing (nothing when empty)."""
+    if not code_dir:
+        yield
+        return
+    root = str(Path(code_dir).resolve())
+    if not Path(root).is_dir():
+        raise ModelConfigError(f"model.module.code_dir {code_dir!r} is not a directory")
+    added = root not in sys.path
+    if added:
+        sys.path.insert(0, root)
+    try:
+        yield
+    finally:
+        if added and root in sys.path:
+            sys.path.remove(root)
+
+
+def load_factory(config: ModuleConfig) -> Callable[..., nn.Module]:
+    """The factory ``config.factory`` names.
+
+    Args:
+        config: the module config.
+
+    Returns:
+        The callable.
+
+    Raises:
+        ModelConfigError: it cannot be imported, or names no callable (one line).
+
+    Example::
+
+        factory = load_factory(config)  # torchrec.models.deepfm.SimpleDeepFMNN
+    """
+    module_name, _, attribute = config.factory.partition(":")
+    try:
+        with _import_root(config.code_dir):
+            module = importlib.import_module(module_name)
+    except ModelConfigError:
+        raise
+    except Exception as exc:  # ImportError, and whatever the user's module raises on import
+        where = f" (code_dir {config.code_dir})" if config.code_dir else ""
+        raise ModelConfigError(
+            f"model.module.factory {config.factory!r}: cannot import {module_name}{where}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ModelConfigError(
+                f"model.module.factory {config.factory!r}: {module_name} has no {attribute}"
+            )
+    if not callable(target):
+        raise ModelConfigError(f"model.module.factory {config.factory!r} is not callable")
+    return cast(Callable[..., nn.Module], target)
+
+
+def check_constraints(config: ModuleConfig) -> None:
+    """TorchRec's constraints on the collection of its own models, checked in one line.
+
+    Raises:
+        ModelConfigError: tables of several widths for a model that needs one, or a DLRM whose
+            last dense layer differs from the embedding dim.
+    """
+    if config.factory not in _ONE_DIM_FACTORIES:
+        return
+    dims = sorted({t.embedding_dim for t in config.tables})
+    if len(dims) > 1:
+        raise ModelConfigError(
+            f"model.module.tables: {config.factory} needs one embedding_dim for every table, "
+            f"got {dims}"
+        )
+    if config.factory in _DLRM_FACTORIES:
+        layers = list(config.kwargs.get("dense_arch_layer_sizes", []))
+        if not layers or layers[-1] != dims[0]:
+            raise ModelConfigError(
+                f"model.module.kwargs.dense_arch_layer_sizes {layers}: {config.factory} needs "
+                f"the last dense layer equal to embedding_dim {dims[0]}"
+            )
+
+
+def build_module(
+    config: ModuleConfig,
+    device: torch.device | str = "cpu",
+    embedding_device: torch.device | str | None = None,
+    seed: int | None = None,
+) -> nn.Module:
+    """A freshly initialised module of ``config``.
+
+    Args:
+        config: the module config.
+        device: where the dense layers live.
+        embedding_device: where the tables are allocated (``"meta"``: not at all, for
+            ``DistributedModelParallel``); default ``device``.
+        seed: deterministic initialisation when given (the global RNG is left as it was).
+
+    Returns:
+        The module (in the mode its factory left it: training, for TorchRec's models).
+
+    Raises:
+        ModelConfigError: the factory cannot be imported, breaks a constraint, or fails.
+
+    Example::
+
+        module = build_module(config, seed=0)
+    """
+    factory = load_factory(config)
+    check_constraints(config)
+    dense_device = torch.device(device)
+    ebc_device = dense_device if embedding_device is None else torch.device(embedding_device)
+    cuda = [dense_device.index or 0] if dense_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        kwargs: dict[str, Any] = {
+            **config.kwargs,
+            config.collection_argument: build_collection(config.tables, ebc_device),
+        }
+        if config.device_argument:
+            kwargs[config.device_argument] = dense_device
+        try:
+            module = factory(**kwargs)
+        except Exception as exc:  # TypeError for a bad keyword, AssertionError, ValueError...
+            raise ModelConfigError(
+                f"model.module.factory {config.factory!r} failed with the configured kwargs: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    if not isinstance(module, nn.Module):
+        raise ModelConfigError(
+            f"model.module.factory {config.factory!r} returned {type(module).__name__}, "
+            "not a torch.nn.Module"
+        )
+    if not config.device_argument:
+        _move_dense(module, dense_device)
+    return module
+
+
+def _move_dense(module: nn.Module, device: torch.device) -> None:
+    """Move every non-meta parameter and buffer to ``device`` (meta tables stay unallocated)."""
+    if device.type == "cpu" and all(p.device.type in ("cpu", "meta") for p in module.parameters()):
+        return
+    for sub in module.modules():
+        for name, param in list(sub.named_parameters(recurse=False)):
+            if not param.is_meta and param.device != device:
+                setattr(sub, name, nn.Parameter(param.data.to(device), param.requires_grad))
+        for name, buf in list(sub.named_buffers(recurse=False)):
+            if buf is not None and not buf.is_meta and buf.device != device:
+                sub.register_buffer(name, buf.to(device))

@@ -1,0 +1,120 @@
+"""Configured modules served by the one ScorerFactory: one process (fp32, quantized tables,
+compiled) and two gloo ranks, each scoring as the module's own forward does."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from model.features.layout import InputLayout
+from model.features.model_input import ModelInput, sparse_features
+from model.module.factory import build_module
+from model.module.output import output_scores
+from model.module.store import import_state_dict
+from model.module.types import ModelConfigError, ModuleConfig
+from model.options import QuantDtype
+from model.rank import RankContext
+from model.serving import ScorerFactory, ServingOptions
+from model.store.versions import ModelVersions
+from tests.model.distributed.ranks import spawn_ranks
+from tests.model.module.configs import DCN, DCN_LAYOUT, DEEPFM, DEEPFM_LAYOUT
+
+ROWS = 24
+
+
+def batch(config: ModuleConfig, layout: InputLayout, rows: int, seed: int) -> ModelInput:
+    """Random ids within each table and 0..ids_per_key ids per row."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = {f: t.num_embeddings for t in config.tables for f in t.feature_names}
+    lengths, values = [], []
+    for key, most in zip(layout.keys, layout.ids_per_key, strict=True):
+        n = torch.randint(0 if most > 1 else 1, most + 1, (rows,), generator=gen)
+        lengths.append(n)
+        values.append(torch.randint(0, sizes[key], (int(n.sum()),), generator=gen))
+    sparse = sparse_features(
+        layout.keys, torch.cat(values), torch.cat(lengths), rows, [len(v) for v in values]
+    )
+    return ModelInput(torch.randn(rows, layout.dense_dim, generator=gen), sparse)
+
+
+def imported(tmp_path: Path, config: ModuleConfig, seed: int) -> tuple[Path, torch.nn.Module]:
+    module = build_module(config, seed=seed).eval()
+    source = tmp_path / f"{seed}.pt"
+    torch.save(module.state_dict(), source)
+    versions = ModelVersions.create(tmp_path / f"versions-{seed}")
+    import_state_dict(config, source, versions, promote=True)
+    return versions.current_path(), module
+
+
+def options(path: Path, config: ModuleConfig, layout: InputLayout, **kw: object) -> ServingOptions:
+    return ServingOptions(path, device="cpu", batch_rows=32, module=config, layout=layout, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("config", "layout"), [(DEEPFM, DEEPFM_LAYOUT), (DCN, DCN_LAYOUT)])
+def test_one_process_scores_as_the_modules_own_forward(
+    tmp_path: Path, config: ModuleConfig, layout: InputLayout
+) -> None:
+    path, module = imported(tmp_path, config, seed=5)
+    scorer = ScorerFactory(options(path, config, layout)).create_scorer()
+    assert scorer.model_version == path.name and not scorer.builtin
+    scorer.warm_up([8, 4])
+    inp = batch(config, layout, ROWS, seed=1)
+    with torch.no_grad():
+        want = output_scores(module(inp.dense, inp.sparse), config.output)
+    got = scorer.forward(scorer.stage_input(inp).ready_input())
+    assert torch.allclose(got, want, atol=1e-6)
+    scorer.forward_padding(8)  # a collective's padding rows go through the layout
+    with pytest.raises(ValueError, match="configured module"):
+        _ = scorer.spec
+
+
+@pytest.mark.parametrize("dtype", [QuantDtype.FP16, QuantDtype.INT8])
+def test_quantized_tables_serve_a_configured_module(tmp_path: Path, dtype: QuantDtype) -> None:
+    path, module = imported(tmp_path, DCN, seed=6)
+    scorer = ScorerFactory(options(path, DCN, DCN_LAYOUT, quantize=dtype)).create_scorer()
+    inp = batch(DCN, DCN_LAYOUT, ROWS, seed=2)
+    with torch.no_grad():
+        want = output_scores(module(inp.dense, inp.sparse))
+    assert float((scorer.forward(inp) - want).abs().max()) < 2e-2
+    assert scorer.embedding_bytes() < sum(
+        t.num_embeddings * t.embedding_dim * 4 for t in DCN.tables
+    )
+
+
+def test_a_version_of_another_module_is_refused_by_the_factory(tmp_path: Path) -> None:
+    path, _ = imported(tmp_path, DCN, seed=7)
+    other = dataclasses.replace(DCN, kwargs={**DCN.kwargs, "dcn_num_layers": 3})
+    with pytest.raises(ModelConfigError, match="imported for another module"):
+        ScorerFactory(options(path, other, DCN_LAYOUT)).create_scorer()
+
+
+def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    context = RankContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
+    scorer = ScorerFactory(options(Path(path), DEEPFM, DEEPFM_LAYOUT), context).create_scorer()
+    inp = batch(DEEPFM, DEEPFM_LAYOUT, ROWS, seed=10 + rank)
+    np.save(f"{out}/rank-{rank}.npy", scorer.forward(inp, pad_to=ROWS + 8).numpy())
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_two_ranks_shard_a_configured_module_and_score_as_one_process(tmp_path: Path) -> None:
+    path, module = imported(tmp_path, DEEPFM, seed=8)
+    spawn_ranks(_rank, 2, str(path), str(tmp_path))
+    for rank in range(2):
+        inp = batch(DEEPFM, DEEPFM_LAYOUT, ROWS, seed=10 + rank)
+        with torch.no_grad():
+            want = output_scores(module(inp.dense, inp.sparse), DEEPFM.output).numpy()
+        np.testing.assert_allclose(np.load(tmp_path / f"rank-{rank}.npy"), want, atol=1e-5)
