@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from model.features.segments import offsets, take_segments
+from model.features.segments import offsets, starts, take_segments
 
-__all__ = ["EVENT_COLUMNS", "ROW_COLUMNS", "EventColumns"]
+__all__ = ["EVENT_COLUMNS", "ROW_COLUMNS", "EventColumns", "FieldColumns"]
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -35,6 +35,78 @@ EVENT_COLUMNS = (
 
 ROW_COLUMNS = {"candidate_ids": "candidate_counts", "recent_ids": "recent_counts"}
 """Jagged columns, event-major, and the per-event column holding each event's length."""
+
+
+@dataclass
+class FieldColumns:
+    """Configured fields of ``n`` entities (events, users or candidate items), as columns.
+
+    What the feature map (:mod:`pipeline.mapping`) reads besides the built-in columns: an
+    event's fields of a user's schema, or the fields of a user's or item's Redis record.
+
+    Attributes:
+        ints: int64[n, I] single ids (a string field holds its 64-bit hash).
+        floats: float32[n, F] numbers (a vector field spans several columns).
+        list_counts: int64[n, L] ids in each of the ``L`` id lists of each entity.
+        list_ids: int64[list_counts.sum()], entity-major, an entity's lists one after another.
+
+    Example::
+
+        fields = FieldColumns.empty(3, ints=1, floats=2, lists=1)
+        fields.list_starts(0)  # where each entity's first list starts in list_ids
+    """
+
+    ints: Int64Array
+    floats: npt.NDArray[np.float32]
+    list_counts: Int64Array
+    list_ids: Int64Array
+
+    @classmethod
+    def empty(cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0) -> FieldColumns:
+        """``n`` entities of zeros and empty lists."""
+        return cls(
+            np.zeros((n, ints), dtype=np.int64),
+            np.zeros((n, floats), dtype=np.float32),
+            np.zeros((n, lists), dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ints)
+
+    def list_starts(self, which: int) -> Int64Array:
+        """int64[n]: where list ``which`` of each entity starts in :attr:`list_ids`."""
+        return starts(self.list_counts.sum(axis=1)) + self.list_counts[:, :which].sum(axis=1)
+
+    def slice(self, start: int, stop: int) -> FieldColumns:
+        """Entities ``start:stop`` (views)."""
+        per_entity = self.list_counts.sum(axis=1)
+        first = int(per_entity[:start].sum())
+        last = first + int(per_entity[start:stop].sum())
+        return FieldColumns(
+            self.ints[start:stop],
+            self.floats[start:stop],
+            self.list_counts[start:stop],
+            self.list_ids[first:last],
+        )
+
+    def take(self, order: Int64Array) -> FieldColumns:
+        """Entities ``order``, in that order."""
+        per_entity = self.list_counts.sum(axis=1)
+        return FieldColumns(
+            self.ints[order],
+            self.floats[order],
+            self.list_counts[order],
+            self.list_ids[take_segments(per_entity, order)],
+        )
+
+    @classmethod
+    def concat(cls, parts: list[FieldColumns]) -> FieldColumns:
+        """The entities of ``parts`` one after the other."""
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
+
+
+_FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids")
 
 
 @dataclass
@@ -56,6 +128,8 @@ class EventColumns:
         recent_ids: int64[recent_counts.sum()], event-major, newest first within an event.
         retrieved: bool[E], whether the event's candidates came from the retrieval index
             (``Recommendation.retrieved``); False as decoded.
+        fields: the configured event fields a user's feature map reads (:class:`FieldColumns`);
+            ``None`` for the built-in schema (its columns above are all there is).
 
     Example::
 
@@ -75,6 +149,7 @@ class EventColumns:
     recent_counts: Int64Array
     recent_ids: Int64Array
     retrieved: npt.NDArray[np.bool_]
+    fields: FieldColumns | None = None
 
     @property
     def num_events(self) -> int:
@@ -106,6 +181,7 @@ class EventColumns:
             event_id_bytes=self.event_id_bytes[int(ids[start]) : int(ids[stop])],
             event_id_offsets=ids[start : stop + 1] - ids[start],
             **columns,  # type: ignore[arg-type]
+            fields=self.fields.slice(start, stop) if self.fields is not None else None,
         )
 
     def take(self, order: Int64Array) -> EventColumns:
@@ -120,6 +196,7 @@ class EventColumns:
             event_id_bytes=self.event_id_bytes[take_segments(id_lengths, order)],
             event_id_offsets=offsets(id_lengths[order]),
             **columns,  # type: ignore[arg-type]
+            fields=self.fields.take(order) if self.fields is not None else None,
         )
 
     @classmethod
@@ -129,8 +206,12 @@ class EventColumns:
             return parts[0]
         id_lengths = np.concatenate([np.diff(p.event_id_offsets) for p in parts])
         names = (*EVENT_COLUMNS, *ROW_COLUMNS)
+        fields = [p.fields for p in parts if p.fields is not None]
+        if fields and len(fields) != len(parts):
+            raise ValueError("cannot join events with configured fields and events without")
         return cls(
             event_id_bytes=np.concatenate([p.event_id_bytes for p in parts]),
             event_id_offsets=offsets(id_lengths),
             **{name: np.concatenate([getattr(p, name) for p in parts]) for name in names},
+            fields=FieldColumns.concat(fields) if fields else None,
         )

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message
 
-from pipeline.columns import EventColumns
+from pipeline.columns import EventColumns, FieldColumns
 
 if TYPE_CHECKING:  # torch is imported by the commands that score, not by every command
     from model.serving.transfer import StagedInput
@@ -49,6 +49,7 @@ __all__ = [
     "Enrichment",
     "EventColumns",
     "FallbackFeature",
+    "FieldColumns",
     "PreparedBatch",
     "RejectReason",
     "RejectedMessage",
@@ -297,6 +298,9 @@ class Enrichment:
         item_category: int64[R] raw category ids.
         item_dense: float32[R, item_dense_dim].
         item_missing: bool[R], True where item features fell back to defaults.
+        user_fields / item_fields: a configured Redis layout's fields (``E`` users, ``R``
+            items; :class:`~pipeline.columns.FieldColumns`); ``None`` with the built-in layout
+            (whose columns are the ones above; a configured layout leaves those empty).
     """
 
     user_dense: npt.NDArray[np.float32]
@@ -306,6 +310,8 @@ class Enrichment:
     item_category: Int64Array
     item_dense: npt.NDArray[np.float32]
     item_missing: npt.NDArray[np.bool_]
+    user_fields: FieldColumns | None = None
+    item_fields: FieldColumns | None = None
 
 
 @dataclass

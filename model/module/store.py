@@ -55,6 +55,7 @@ __all__ = [
     "is_module_version",
     "load_module_meta",
     "load_module_weights",
+    "verify_module_weights",
 ]
 
 _FORMAT_VERSION = 1
@@ -131,6 +132,24 @@ def check_architecture(config: ModuleConfig, meta: ModuleMeta, path: Path) -> No
         )
 
 
+def verify_module_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights of the version at ``path`` (mapped), checked against their digest.
+
+    Raises:
+        ModelConfigError: unreadable weights, or weights that fail the digest.
+    """
+    meta = load_module_meta(path)
+    try:
+        state = load_state_dict(path, map_location="cpu", verify=False, mmap=True)
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from exc
+    if meta.weights_sha256 and weights_digest(state) != meta.weights_sha256:
+        raise ModelConfigError(
+            f"checkpoint weights {path / WEIGHTS_FILE} do not match meta.json's digest"
+        )
+    return state
+
+
 def load_module_weights(module: nn.Module, path: Path) -> ModuleMeta:
     """Load the version at ``path`` into ``module`` (strict; the digest is verified).
 
@@ -146,14 +165,7 @@ def load_module_weights(module: nn.Module, path: Path) -> ModuleMeta:
         ModelConfigError: keys or shapes do not fit, or the weights fail their digest.
     """
     meta = load_module_meta(path)
-    try:
-        state = load_state_dict(path, map_location="cpu", verify=False, mmap=True)
-    except ValueError as exc:
-        raise ModelConfigError(str(exc)) from exc
-    if meta.weights_sha256 and weights_digest(state) != meta.weights_sha256:
-        raise ModelConfigError(
-            f"checkpoint weights {path / WEIGHTS_FILE} do not match meta.json's digest"
-        )
+    state = verify_module_weights(path)
     check_state_dict(getattr(module, "module", module), state, str(path / WEIGHTS_FILE))
     module.load_state_dict(state, strict=True)
     return meta

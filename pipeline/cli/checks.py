@@ -20,6 +20,7 @@ from pipeline.cli.errors import UserError
 from pipeline.cli.kafka_settings_check import check_kafka_client_settings
 from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.secrets import mask_url
 
@@ -114,8 +115,9 @@ def require_checkpoint(path: Path) -> Path:
         if (path / "current.json").is_file():  # a versions directory lost its current version
             raise UserError(f"{error} (model.checkpoint {path})") from error
         raise UserError(
-            f"no model at {path} (model.checkpoint): run `streamrank init-model` first, "
-            "or point model.checkpoint at a checkpoint or a versions directory"
+            f"no model at {path} (model.checkpoint): run `streamrank init-model` first (with "
+            "[model.module]: `streamrank model import STATE_DICT_FILE --promote`), or point "
+            "model.checkpoint at a checkpoint or a versions directory"
         ) from error
     except ValueError as error:  # a corrupt current.json
         raise UserError(f"{error} (model.checkpoint)") from error
@@ -205,3 +207,33 @@ def require_schema_registry(
             f"schema registry unreachable at {shown} (codec.schema_registry_url): {reason} "
             f"(probe timeout {timeout_s:g}s)"
         ) from error
+
+
+def require_configured_model(settings: Settings, checkpoint: Path | None = None) -> None:
+    """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]`` or
+    ``[features]`` (:mod:`pipeline.models.preflight`); nothing without ``[model.module]``.
+
+    ``[events]`` or ``[features]`` without ``[model.module]`` is a mistake too: the built-in
+    model reads the built-in schema and features.
+
+    Args:
+        settings: the command's settings.
+        checkpoint: the version to serve, if any.
+
+    Example::
+
+        require_configured_model(settings, served)
+    """
+    if settings.model.module is None:
+        if settings.events.configured or settings.features.configured:
+            raise UserError(
+                "[events] and [features] map the input of a configured model: set "
+                "[model.module] (the built-in model reads UserEvent and its own features)"
+            )
+        return
+    from pipeline.models.preflight import check_configured_model  # torch: only then
+
+    try:
+        check_configured_model(settings, checkpoint)
+    except ValueError as error:  # ModelConfigError, FeatureMapError: one line naming the key
+        raise UserError(str(error)) from error

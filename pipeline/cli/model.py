@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipeline.cli.checks import require_free_checkpoint_path
+from pipeline.cli.checks import require_configured_model, require_free_checkpoint_path
 from pipeline.cli.common import (
     ConfigOption,
     JsonOption,
@@ -23,7 +23,9 @@ from pipeline.cli.common import (
 from pipeline.cli.errors import UserError
 
 if TYPE_CHECKING:
+    from model.distributed.cost import Tables
     from model.store.versions import ModelVersions
+    from pipeline.settings.loading import Settings
 
 model_app = typer.Typer(
     help="Model versions: list them, promote one (the pipeline serves the current version).",
@@ -206,22 +208,39 @@ def plan(
     """
     settings = command_settings(ctx, config)
     from model.distributed import describe_plan, plan_sharding
-    from model.store.checkpoint import load_spec
-    from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 
-    try:
-        spec = load_spec(resolve_checkpoint(settings.model.checkpoint))
-    except (FileNotFoundError, NoCurrentVersionError):  # no model (or no current version) yet
-        spec = configured_spec(settings)
+    tables = _planned_tables(settings)
     sharding_plan = plan_sharding(
-        spec,
+        tables,
         nproc,
         device.value,
         settings.model.sharding.to_config(),
         batch_rows=settings.batching.max_batch_rows,
     )
-    report = describe_plan(sharding_plan, spec, nproc)
+    report = describe_plan(sharding_plan, tables, nproc)
     sys.stdout.write((json.dumps(report.as_dict()) if as_json else report.render()) + "\n")
+
+
+def _planned_tables(settings: Settings) -> Tables:
+    """The tables ``plan`` places: [model.module]'s own (read off the module), else the
+    checkpoint's spec, else the spec the [model] section describes."""
+    from model.store.checkpoint import load_spec
+    from model.store.versions import NoCurrentVersionError, resolve_checkpoint
+
+    if settings.model.module is not None:
+        require_configured_model(settings)
+        from model.module.checks import module_tables
+        from model.module.factory import build_module
+        from pipeline.models.preflight import configured_module
+
+        config, fmap = configured_module(settings)
+        layout = fmap.layout
+        module = build_module(config, "meta", embedding_device="meta")
+        return module_tables(module, dict(zip(layout.keys, layout.ids_per_key, strict=True)))
+    try:
+        return load_spec(resolve_checkpoint(settings.model.checkpoint))
+    except (FileNotFoundError, NoCurrentVersionError):  # no model (or no current version) yet
+        return configured_spec(settings)
 
 
 @model_app.command("list")
@@ -281,7 +300,13 @@ def promote_version(
 @model_app.command("import")
 def import_version(
     ctx: typer.Context,
-    source: Annotated[Path, typer.Argument(help="A checkpoint directory (plain or sharded).")],
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A checkpoint directory (plain or sharded), or with [model.module] a "
+            "state_dict file (torch.save(model.state_dict(), FILE))."
+        ),
+    ],
     directory: DirOption = None,
     version: Annotated[
         str | None, typer.Option(help="Name of the version (default its model_version).")
@@ -292,11 +317,67 @@ def import_version(
     ] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Copy a checkpoint trained elsewhere into the versions directory as a new version."""
-    path = _versions_dir(ctx, config, directory)
+    """Copy a checkpoint trained elsewhere into the versions directory as a new version.
+
+    With [model.module], SOURCE is the module's state_dict file: its keys (after
+    model.module.state_dict_prefix is stripped) and shapes are checked against the configured
+    module, and the version records the architecture it was imported for.
+    """
+    settings = command_settings(ctx, config)
+    path = directory or settings.model.checkpoint
+    if settings.model.module is not None:
+        _import_state_dict(settings, source, path, version, promote, overwrite)
+        return
     versions = _open_or_create(path) if not path.exists() else _open_versions(path)
     try:
         name = versions.add(source, version, overwrite=overwrite, promote=promote)
     except (FileNotFoundError, FileExistsError, ValueError) as error:
         raise UserError(str(error)) from error
     say(f"imported {source} as version {name} into {path} (current: {versions.current()})")
+
+
+def _import_state_dict(
+    settings: Settings,
+    source: Path,
+    path: Path,
+    version: str | None,
+    promote: bool,
+    overwrite: bool,
+) -> None:
+    """``model import`` of a configured module's state_dict file (checked, then versioned)."""
+    from model.store.versions import validate_version_name
+
+    if version is not None:
+        try:
+            validate_version_name(version)
+        except ValueError as error:
+            raise UserError(f"--version: {error}") from error
+    if source.is_dir():
+        raise UserError(
+            f"{source} is a directory: with [model.module], import the module's state_dict "
+            "file (torch.save(model.state_dict(), FILE))"
+        )
+    require_configured_model(settings)  # factory, schema, features, dense width: one line
+    from model.module.store import import_state_dict
+    from pipeline.models.preflight import configured_module
+
+    module_settings = settings.model.module
+    assert module_settings is not None
+    config, _ = configured_module(settings)
+    versions = _open_or_create(path) if not path.exists() else _open_versions(path)
+    try:
+        meta = import_state_dict(
+            config,
+            source,
+            versions,
+            version,
+            strip_prefix=module_settings.state_dict_prefix,
+            overwrite=overwrite,
+            promote=promote or versions.current() is None,
+        )
+    except (FileExistsError, ValueError) as error:  # ModelConfigError: keys, shapes, file
+        raise UserError(str(error)) from error
+    say(
+        f"imported {source} as version {meta.model_version} into {path} "
+        f"(current: {versions.current()})"
+    )

@@ -16,6 +16,7 @@ import typer
 from model.rank import RankContext
 from pipeline.cli.checks import (
     require_checkpoint,
+    require_configured_model,
     require_device,
     require_kafka,
     require_redis,
@@ -105,6 +106,8 @@ def run(
     require_device(settings.model.device)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
+    if launch is not None:  # once, before any rank starts (the ranks run the checks' result)
+        require_configured_model(settings, served)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)
@@ -114,9 +117,11 @@ def run(
     apply_threads(settings)
     # The serving path (torch, TorchRec) is imported once every check has passed: a user
     # error is one line at once, and the launcher of --nproc N never imports it.
+    from model.module.types import ModelConfigError
     from model.serving import UnsupportedOption
     from pipeline.jobs.launch import DEGRADATIONS_ENV
     from pipeline.jobs.summaries import summary_path
+    from pipeline.models.mapping import FeatureMapError
     from pipeline.serve import serve
 
     if served != settings.model.checkpoint:
@@ -131,7 +136,7 @@ def run(
             checkpoint=served,
             worker_setup=_worker_logging(ctx),
         )
-    except UnsupportedOption as exc:
+    except (UnsupportedOption, ModelConfigError, FeatureMapError) as exc:
         raise UserError(str(exc)) from exc
     if rank.distributed:
         _finish_rank(summary, rank, rank_steps, summary_path(summary_json, rank))

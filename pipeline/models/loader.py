@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,9 @@ from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import CatalogueSource
 
 if TYPE_CHECKING:
+    from model.features.layout import InputLayout
     from model.features.spec import FeatureSpec
+    from model.module.types import ModuleConfig
     from model.retrieval.index import RetrievalIndex
     from model.serving import Scorer, ServingOptions
 
@@ -119,6 +122,8 @@ class ModelLoader:
         self.rank = rank or RankContext()
         self._redis = redis_client
         self._spec: FeatureSpec | None = None
+        self._module: tuple[ModuleConfig, InputLayout] | None = None
+        """``[model.module]``'s config and its feature map's layout (made when first asked)."""
 
     def options(self, checkpoint: Path) -> ServingOptions:
         """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
@@ -127,9 +132,24 @@ class ModelLoader:
         max_event_rows = settings.codec.max_candidates
         if settings.retrieval.enabled:
             max_event_rows = max(max_event_rows, settings.retrieval.num_candidates)
-        return settings.model.serving_options(
+        options = settings.model.serving_options(
             settings.batching.max_batch_rows, max_event_rows, checkpoint
         )
+        configured = self._configured()
+        if configured is None:
+            return options
+        return dataclasses.replace(options, module=configured[0], layout=configured[1])
+
+    def _configured(self) -> tuple[ModuleConfig, InputLayout] | None:
+        """The configured module and its input layout; ``None`` for the built-in model."""
+        if self.settings.model.module is None:
+            return None
+        if self._module is None:
+            from pipeline.models.preflight import configured_module
+
+            config, fmap = configured_module(self.settings)
+            self._module = config, fmap.layout
+        return self._module
 
     def load(self, checkpoint: Path) -> ServedModel:
         """Both parts at once (start-up; collective with several ranks).
@@ -157,20 +177,25 @@ class ModelLoader:
             Exception: whatever reading the checkpoint, the catalogue or building the index
                 raised.
         """
-        from model.store.checkpoint import load_meta
+        configured = self._configured()
+        if configured is None:
+            from model.store.checkpoint import load_meta
 
-        meta = load_meta(checkpoint)
-        self._check_compatible(meta.spec)
+            meta = load_meta(checkpoint)
+            self._check_compatible(meta.spec)
+            version = meta.model_version
+        else:
+            version = _check_module_version(configured[0], checkpoint)
         scorer = None
         if self.rank.distributed:
             if check_weights:
-                _verify_weights(checkpoint)
+                _verify_weights(checkpoint, configured is not None)
         else:
             from model.serving import ScorerFactory
 
             scorer = ScorerFactory(self.options(checkpoint), self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, meta.model_version, index, scorer)
+        return PendingModel(checkpoint, version, index, scorer)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -184,7 +209,7 @@ class ModelLoader:
             from model.serving import ScorerFactory
 
             scorer = ScorerFactory(self.options(pending.path), self.rank).create_scorer()
-        if self._spec is None:
+        if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
         return ServedModel(scorer, pending.index)
 
@@ -239,12 +264,34 @@ class ModelLoader:
         return self._redis
 
 
-def _verify_weights(checkpoint: Path) -> None:
+def _verify_weights(checkpoint: Path, module_version: bool = False) -> None:
     """Read a single-process checkpoint's weights against their digest (a sharded one's index
     must exist; DCP raises a read error on every rank at once)."""
     from model.store.checkpoint import load_state_dict
     from model.store.tables import DCP_INDEX_FILE
 
+    if module_version:
+        from model.module.store import verify_module_weights
+
+        verify_module_weights(checkpoint)
+        return
     if (checkpoint / DCP_INDEX_FILE).is_file():
         return
     load_state_dict(checkpoint, verify=True, mmap=True)
+
+
+def _check_module_version(config: ModuleConfig, checkpoint: Path) -> str:
+    """The version's name, once its metadata says it was imported for ``config``'s module.
+
+    Raises:
+        IncompatibleModel: another architecture (the running pipeline needs a restart).
+    """
+    from model.module.store import check_architecture, load_module_meta
+    from model.module.types import ModelConfigError
+
+    meta = load_module_meta(checkpoint)
+    try:
+        check_architecture(config, meta, checkpoint)
+    except ModelConfigError as exc:
+        raise IncompatibleModel(f"{exc} (a new architecture needs a restart)") from exc
+    return meta.model_version

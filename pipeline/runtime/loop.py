@@ -39,6 +39,7 @@ from model.rank import RankContext
 from model.serving import Scorer
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import ClientFactory, connect
+from pipeline.models.inputs import serving_inputs
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
@@ -53,8 +54,7 @@ from pipeline.settings.loading import Settings
 from pipeline.stages.batch import MicroBatcher
 from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
 from pipeline.stages.dead_letter import DeadLetterSink
-from pipeline.stages.decode import MessageDecoder
-from pipeline.stages.enrich.enricher import BatchEnricher, FeatureEnricher
+from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.stages.publish import RecommendationSink
 from pipeline.stages.score import ForwardExecutor
 from pipeline.stages.source import KafkaSource
@@ -117,19 +117,16 @@ class ScoringPipeline:
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
-        spec, batching, retrieval = scorer.spec, settings.batching, settings.retrieval
-        self.decoder = MessageDecoder(
-            settings.codec, recent_cap=spec.recent_items_cap, retrieve=retrieval.enabled
+        batching, retrieval = settings.batching, settings.retrieval
+        # decode, enrich, features: the built-in model's, or those of [model.module]'s map
+        inputs = serving_inputs(
+            settings, self.metrics, scorer.spec if scorer.builtin else None, enricher
         )
+        self.decoder = inputs.decoder
         self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
         self.models = models
-        self.enricher: BatchEnricher = enricher or FeatureEnricher(
-            settings.redis,
-            spec.user_dense_dim,
-            spec.item_dense_dim,
-            spec.recent_items_cap,
-            self.metrics,
-        )
+        self.enricher: BatchEnricher = inputs.enricher
+        self.features = inputs.features
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
         self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
         self.stepper: Stepper = stepper or LocalStepper(self.metrics)
@@ -217,6 +214,7 @@ class ScoringPipeline:
             self.summary,
             overlap=self.overlap,
             collective=self.collective,
+            features=self.features,
         )
         checkpointer = make_checkpointer(
             settings.delivery,

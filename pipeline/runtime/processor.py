@@ -40,7 +40,7 @@ from pipeline.runtime.isolation import bisect, is_isolatable
 from pipeline.runtime.stepping import IsolationRounds
 from pipeline.stages.dead_letter import DeadLetterSink
 from pipeline.stages.enrich.enricher import BatchEnricher
-from pipeline.stages.features import build_feature_columns
+from pipeline.stages.features import BuiltinFeatures, FeatureStager
 from pipeline.stages.publish import EncodedBatch, RecommendationSink
 from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
 from pipeline.types import Batch, PreparedBatch, RejectedMessage, RejectReason, ScoredBatch
@@ -63,6 +63,7 @@ class BatchProcessor:
         overlap: keep one forward in flight while the loop goes on.
         collective: ranks of a sharded model (every forward is collective: pad to the agreed
             rows, never retry one alone).
+        features: lays out a batch's model input (default: the built-in model's features).
 
     Example::
 
@@ -82,8 +83,10 @@ class BatchProcessor:
         *,
         overlap: bool = False,
         collective: bool = False,
+        features: FeatureStager | None = None,
     ) -> None:
         self._enricher = enricher
+        self._features = features or BuiltinFeatures()
         self._executor = executor
         self._sink = sink
         self._dead_letters = dead_letters
@@ -215,9 +218,7 @@ class BatchProcessor:
         with metrics.stage("enrich"):
             enrichment = self._enricher.enrich(events.user_ids, events.candidate_ids)
         with metrics.stage("features"):
-            scorer = self._executor.scorer
-            columns = build_feature_columns(events, enrichment, scorer.spec)
-            staged = scorer.stage(columns)
+            staged = self._features.stage(events, enrichment, self._executor.scorer)
         return PreparedBatch(batch, enrichment, staged, time.perf_counter() - start)
 
     def _publish(self, prepared: PreparedBatch, encoded: EncodedBatch) -> None:

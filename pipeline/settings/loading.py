@@ -43,6 +43,8 @@ from model.store.versions import is_versions_dir
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.delivery import DeliverySettings, ShutdownSettings
+from pipeline.settings.events import EventSettings
+from pipeline.settings.features import FeatureSettings
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.metrics import MetricsSettings
 from pipeline.settings.model import ModelSettings
@@ -87,6 +89,8 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     model_swap: ModelSwapSettings = Field(default_factory=ModelSwapSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
+    features: FeatureSettings = Field(default_factory=FeatureSettings)
     synthetic: dict[str, Any] = Field(default_factory=dict)
     """``[synthetic]``, the tools' section (``seed-features``, ``produce``, ``init-model``):
     kept as written and validated only by the tools that read it

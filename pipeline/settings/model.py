@@ -22,6 +22,7 @@ from model.distributed.config import (
 from model.features.spec import SPEC_SETTING_KEYS, FeatureSpec
 from model.options import CompileMode, Precision, QuantDtype
 from model.serving.options import ServingOptions
+from pipeline.settings.module import ModuleSettings
 from pipeline.settings.section import Section
 
 
@@ -105,6 +106,9 @@ class ModelSettings(Section):
     """Forward precision: ``fp32``, ``tf32`` (TF32 matmuls on GPUs) or ``bf16`` (autocast)."""
     sharding: ShardingSettings = Field(default_factory=ShardingSettings)
     """Multi-rank table placement (``[model.sharding]``)."""
+    module: ModuleSettings | None = None
+    """Your own ranker (``[model.module]``, with ``[features]``); unset: the built-in DLRM
+    of the checkpoint's spec."""
     embedding_dim: int = _SPEC_DEFAULTS.embedding_dim
     num_embeddings: dict[str, int] = Field(
         default_factory=lambda: {t.feature.value: t.num_embeddings for t in _SPEC_DEFAULTS.tables}

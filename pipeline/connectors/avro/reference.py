@@ -131,7 +131,9 @@ class AvroFraming:
         return buf.getvalue()
 
 
-def _make_framing(settings: CodecSettings, schema_path: Path) -> AvroFraming:
+def make_framing(settings: CodecSettings, schema_path: Path) -> AvroFraming:
+    """The framing of ``settings`` for records of the schema file at ``schema_path`` (the
+    registry's lookup made when the framing is Confluent's)."""
     lookup = None
     if settings.framing is Framing.CONFLUENT:
         if not settings.schema_registry_url:
@@ -160,7 +162,7 @@ class ReferenceDecoder:
 
     def __init__(self, settings: CodecSettings, recent_cap: int, retrieve: bool = False) -> None:
         self.limits = Limits.from_settings(settings, recent_cap, retrieve)
-        self._framing = _make_framing(settings, USER_EVENT_SCHEMA_FILE)
+        self._framing = make_framing(settings, USER_EVENT_SCHEMA_FILE)
         self.writer_is_reader = self._framing.writer_is_reader
 
     def decode(self, value: bytes | None) -> Record:
@@ -308,7 +310,7 @@ class RecordCodec:
         topic: str,
         previous: Sequence[Path] = (),
     ) -> None:
-        self._framing = _make_framing(settings, schema_path)
+        self._framing = make_framing(settings, schema_path)
         self._framing.bind_writer(f"{topic}-value", schema_path)
         self.encode: Callable[[Record], bytes] = self._framing.write
         self.header: bytes = self._framing.header

@@ -1,4 +1,5 @@
-"""Features: a batch's event columns plus its enrichment -> the ranker's input columns.
+"""The built-in model's features: a batch's event columns plus its enrichment -> the ranker's
+input columns (laid out by the compiled kernel of :mod:`model.features.build`).
 
 The rule for ``recent_items`` (shared with training: ``model.features.recent_items``): the event's
 ``recent_item_ids`` in order, then the user's stored recent items in order, truncated to
@@ -12,12 +13,32 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from model.features.build import FeatureColumns
 from model.features.recent_items import merge_recent_items
 from model.features.spec import FeatureSpec
 from pipeline.types import Enrichment, EventColumns
 
-__all__ = ["build_feature_columns"]
+if TYPE_CHECKING:
+    from model.serving import Scorer
+    from model.serving.transfer import StagedInput
+
+__all__ = ["BuiltinFeatures", "build_feature_columns"]
+
+
+class BuiltinFeatures:
+    """The built-in model's input: its feature columns, laid out and staged by the scorer.
+
+    Example::
+
+        staged = BuiltinFeatures().stage(batch.events, enrichment, scorer)
+    """
+
+    def stage(self, events: EventColumns, enrichment: Enrichment, scorer: Scorer) -> StagedInput:
+        """The batch's model input on its way to ``scorer``'s device (``scorer.spec``'s
+        layout: the served version's table sizes)."""
+        return scorer.stage(build_feature_columns(events, enrichment, scorer.spec))
 
 
 def build_feature_columns(

@@ -1,0 +1,177 @@
+"""Fields of a user's event schema, found by dotted path and classified for the feature map.
+
+A path names a field of the top-level record, or a field inside a nested record
+(``viewer.id``); a record or the leaf may be nullable (``["null", T]``): a null anywhere on the
+path makes the value null. Leaves are classified by what the pipeline can do with them:
+
+============  ====================================================================
+kind          Avro types
+============  ====================================================================
+``int``       ``long``, ``int``, ``boolean`` (any logical type: ``timestamp-millis``...)
+``string``    ``string``, ``enum`` (its symbol)
+``float``     ``float``, ``double``
+``int_list``  ``array`` of ``long`` / ``int``
+``str_list``  ``array`` of ``string`` / ``enum``
+============  ====================================================================
+
+Example::
+
+    schema = load_schema(Path("page_view.avsc"))
+    field = schema_field(schema, "viewer.id")     # SchemaField(("viewer", "id"), INT, False)
+    value = field.read(record)                     # record["viewer"]["id"], None if null
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FieldKind", "SchemaField", "SchemaFieldError", "schema_field"]
+
+
+class SchemaFieldError(ValueError):
+    """A path the schema lacks, or a field of a type its role cannot use (one line)."""
+
+
+class FieldKind(enum.StrEnum):
+    """What a schema field holds, as the feature map sees it (module docstring)."""
+
+    INT = "int"
+    STRING = "string"
+    FLOAT = "float"
+    INT_LIST = "int_list"
+    STRING_LIST = "str_list"
+
+
+_PRIMITIVE_KINDS = {
+    "long": FieldKind.INT,
+    "int": FieldKind.INT,
+    "boolean": FieldKind.INT,
+    "string": FieldKind.STRING,
+    "float": FieldKind.FLOAT,
+    "double": FieldKind.FLOAT,
+}
+_LIST_KINDS = {FieldKind.INT: FieldKind.INT_LIST, FieldKind.STRING: FieldKind.STRING_LIST}
+
+
+@dataclass(frozen=True)
+class SchemaField:
+    """One leaf field of the schema.
+
+    Attributes:
+        path: record field names from the top-level record to the leaf.
+        kind: what it holds (module docstring).
+        nullable: a null may stand in its place (or in a record's on its path).
+        avro_type: its Avro type, for messages (``long``, ``array<string>``...).
+    """
+
+    path: tuple[str, ...]
+    kind: FieldKind
+    nullable: bool
+    avro_type: str
+
+    @property
+    def name(self) -> str:
+        """The dotted path."""
+        return ".".join(self.path)
+
+    def read(self, record: Mapping[str, Any]) -> Any:
+        """The field's value in a decoded record (``None`` where null)."""
+        value: Any = record
+        for part in self.path:
+            if value is None:
+                return None
+            value = value[part]
+        return value
+
+
+def _named(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    return schema.get("__named_schemas", {})  # fastavro.parse_schema's named types
+
+
+def _resolve(node: Any, named: Mapping[str, Any]) -> Any:
+    """A named type's definition for a reference by name; other nodes as they are."""
+    if isinstance(node, str) and node in named:
+        return named[node]
+    return node
+
+
+def _unwrap(node: Any, named: Mapping[str, Any], where: str) -> tuple[Any, bool]:
+    """``(type, nullable)`` of ``node``, a ``["null", T]`` union unwrapped."""
+    node = _resolve(node, named)
+    if isinstance(node, list):
+        branches = [b for b in node if b != "null"]
+        if len(branches) != 1:
+            raise SchemaFieldError(
+                f'{where} is a union of {len(branches)} types; only ["null", T] is read'
+            )
+        return _resolve(branches[0], named), len(branches) != len(node)
+    return node, False
+
+
+def _type_name(node: Any) -> str:
+    if isinstance(node, str):
+        return node.rpartition(".")[2]
+    kind = node.get("type")
+    if kind == "array":
+        return f"array<{_type_name(node['items'])}>"
+    if kind in ("record", "enum", "fixed"):
+        return f"{kind} {str(node.get('name', '')).rpartition('.')[2]}"
+    logical = node.get("logicalType")
+    return f"{kind} ({logical})" if logical else str(kind)
+
+
+def _leaf_kind(node: Any, named: Mapping[str, Any]) -> FieldKind | None:
+    if isinstance(node, str):
+        return _PRIMITIVE_KINDS.get(node)
+    kind = node.get("type")
+    if kind == "enum":
+        return FieldKind.STRING
+    if kind == "array":
+        item, item_nullable = _unwrap(node["items"], named, "an array's items")
+        inner = _leaf_kind(item, named)
+        return None if item_nullable or inner is None else _LIST_KINDS.get(inner)
+    if isinstance(kind, str) and kind in _PRIMITIVE_KINDS:
+        return _PRIMITIVE_KINDS[kind]  # {"type": "long", "logicalType": ...}
+    return None
+
+
+def schema_field(schema: Mapping[str, Any], dotted: str) -> SchemaField:
+    """Find and classify the field at ``dotted`` in a parsed record schema.
+
+    Args:
+        schema: ``fastavro.parse_schema`` of a record schema.
+        dotted: e.g. ``"user_id"`` or ``"viewer.id"``.
+
+    Returns:
+        The field.
+
+    Raises:
+        SchemaFieldError: no such field (the message lists the record's fields), a path
+            through something that is not a record, a union of several types, or a type the
+            pipeline does not read (bytes, fixed, map, record, arrays of those).
+    """
+    named = _named(schema)
+    node: Any = schema
+    nullable = False
+    path = tuple(dotted.split("."))
+    for depth, part in enumerate(path):
+        here = ".".join(path[:depth]) or "the event"
+        if not isinstance(node, Mapping) or node.get("type") != "record":
+            raise SchemaFieldError(f"{here} is {_type_name(node)}, not a record: no field {part!r}")
+        fields = {f["name"]: f["type"] for f in node["fields"]}
+        if part not in fields:
+            raise SchemaFieldError(
+                f"{here} has no field {part!r} (its fields: {', '.join(fields)})"
+            )
+        node, null_here = _unwrap(fields[part], named, ".".join(path[: depth + 1]))
+        nullable = nullable or null_here
+    kind = _leaf_kind(node, named)
+    if kind is None:
+        raise SchemaFieldError(
+            f"{dotted} is {_type_name(node)}: only long, int, boolean, string, enum, float, "
+            "double and arrays of long/int/string are read"
+        )
+    return SchemaField(path, kind, nullable, _type_name(node))

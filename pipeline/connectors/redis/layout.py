@@ -1,0 +1,297 @@
+"""A configured Redis layout (``[features.user]`` / ``[features.item]``): the requests that read a
+batch's records in one round trip, and their values parsed into columns.
+
+Keys come from a template (``viewer:{id}``: the id in decimal). Values are either
+
+- ``packed``: the built-in binary layout (:mod:`pipeline.connectors.redis.feature_store`),
+  read with one ``MGET`` for all keys;
+- ``hash``: a Redis hash per id with one field per name, read with one ``HMGET`` per id, all
+  written into one buffer and sent at once (one round trip, replies read back in order):
+  ``vector:N`` fields are ``float32[N]`` little-endian bytes, ``id`` fields decimal integers,
+  ``id_list:N`` fields ``int64`` little-endian bytes (the first ``N`` kept).
+
+A record parses into one row of :class:`RecordRows` (the layout the enricher's cache keeps): its
+ids then its lists' lengths as ints, its vectors as floats, its lists' ids side by side (each
+list padded to its cap). A missing key, a missing or malformed field, or a non-finite vector
+value marks the whole record missing (defaults, flagged in ``fallback_features``).
+
+Example::
+
+    request = keyed_commands(layout.key, ids, hmget_tail(layout))
+    rows = parse_hashes(replies, layout)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import redis
+
+from pipeline.connectors.redis.feature_store import _decimal_digits, _put_decimal
+from pipeline.mapping import RecordKind, RecordLayout
+from pipeline.settings.features import RecordFormat
+
+__all__ = [
+    "RecordRows",
+    "hmget_commands",
+    "hmget_tail",
+    "keyed_commands",
+    "mget_head",
+    "parse_hashes",
+    "parse_packed",
+    "write_hashes",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_KEY_DIGITS = 20
+"""Characters of the longest decimal int64 (its sign included)."""
+
+
+def _bulk(text: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(text), text)
+
+
+def mget_head(keys: int) -> bytes:
+    """The start of an ``MGET`` of ``keys`` keys (the keys follow as bulk strings)."""
+    return b"*%d\r\n$4\r\nMGET\r\n" % (keys + 1)
+
+
+def hmget_tail(layout: RecordLayout) -> bytes:
+    """What follows the key of each ``HMGET`` of ``layout``: its field names."""
+    return b"".join(_bulk(f.name.encode()) for f in layout.fields)
+
+
+def keyed_commands(
+    template: str, ids: npt.NDArray[np.int64], per_id_head: bytes = b"", per_id_tail: bytes = b""
+) -> bytes:
+    """Bulk strings of every key of ``template``, each between ``per_id_head`` and
+    ``per_id_tail`` (one compiled pass, no Python string per key).
+
+    With ``per_id_head = b"*K\\r\\n$5\\r\\nHMGET\\r\\n"`` and the fields as the tail this writes
+    one ``HMGET`` per id; with neither, the keys of an ``MGET`` (after :func:`mget_head`).
+
+    Example::
+
+        keyed_commands("u:{id}:f", np.array([7]))  # b"$7\\r\\nu:7:f\\r\\n"
+    """
+    prefix, _, suffix = template.partition("{id}")
+    pre = np.frombuffer(prefix.encode(), dtype=np.uint8)
+    post = np.frombuffer(suffix.encode(), dtype=np.uint8)
+    head = np.frombuffer(per_id_head, dtype=np.uint8)
+    tail = np.frombuffer(per_id_tail, dtype=np.uint8)
+    key_max = len(pre) + len(post) + _MAX_KEY_DIGITS
+    per_id = len(head) + len(tail) + key_max + len(str(key_max)) + 5
+    out = np.empty(len(ids) * per_id, dtype=np.uint8)
+    end = _put_keyed(pre, post, head, tail, np.ascontiguousarray(ids, dtype=np.int64), out)
+    return out[:end].tobytes()
+
+
+def hmget_commands(layout: RecordLayout, ids: npt.NDArray[np.int64]) -> bytes:
+    """One ``HMGET key field...`` per id, back to back (pipelined: one round trip)."""
+    head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(layout.fields) + 2)
+    return keyed_commands(layout.key, ids, head, hmget_tail(layout))
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_keyed(
+    prefix: npt.NDArray[np.uint8],
+    suffix: npt.NDArray[np.uint8],
+    head: npt.NDArray[np.uint8],
+    tail: npt.NDArray[np.uint8],
+    ids: npt.NDArray[np.int64],
+    out: npt.NDArray[np.uint8],
+) -> int:
+    at = 0
+    for v in ids:
+        out[at : at + len(head)] = head
+        at += len(head)
+        negative = v < 0
+        magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
+        digits = _decimal_digits(magnitude)
+        length = np.uint64(len(prefix) + len(suffix) + digits + (1 if negative else 0))
+        out[at] = 36  # '$'
+        at += 1
+        at = _put_decimal(length, _decimal_digits(length), out, at)
+        out[at], out[at + 1] = 13, 10
+        at += 2
+        out[at : at + len(prefix)] = prefix
+        at += len(prefix)
+        if negative:
+            out[at] = 45  # '-'
+            at += 1
+        at = _put_decimal(magnitude, digits, out, at)
+        out[at : at + len(suffix)] = suffix
+        at += len(suffix)
+        out[at], out[at + 1] = 13, 10
+        at += 2
+        out[at : at + len(tail)] = tail
+        at += len(tail)
+    return at
+
+
+@dataclass
+class RecordRows:
+    """Parsed records of one layout, row ``i`` for id ``i``.
+
+    Attributes:
+        ints: int64[n, ids + lists] each id field, then each list's length.
+        floats: float32[n, vector values].
+        side: int64[n, sum of list caps] each list's ids, padded to its cap.
+        missing: bool[n], absent or malformed (the row holds defaults).
+    """
+
+    ints: npt.NDArray[np.int64]
+    floats: npt.NDArray[np.float32]
+    side: npt.NDArray[np.int64]
+    missing: npt.NDArray[np.bool_]
+
+    @classmethod
+    def defaults(cls, n: int, layout: RecordLayout) -> RecordRows:
+        width = layout.count(RecordKind.ID) + layout.count(RecordKind.ID_LIST)
+        return cls(
+            np.zeros((n, width), dtype=np.int64),
+            np.zeros((n, layout.count(RecordKind.VECTOR)), dtype=np.float32),
+            np.zeros((n, sum(layout.list_caps)), dtype=np.int64),
+            np.ones(n, dtype=bool),
+        )
+
+
+def _put_field(
+    rows: RecordRows, layout: RecordLayout, index: int, values: list[bytes | None]
+) -> npt.NDArray[np.bool_]:
+    """Parse field ``index`` of ``len(values)`` records into ``rows``; which are good."""
+    field = layout.fields[index]
+    n = len(values)
+    lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
+    if field.kind is RecordKind.VECTOR:
+        good = lengths == 4 * field.width
+        joined = b"".join(v for v, g in zip(values, good, strict=True) if g and v is not None)
+        vectors = np.frombuffer(joined, dtype="<f4").reshape(-1, field.width)
+        finite = np.isfinite(vectors).all(axis=1)
+        rows.floats[np.flatnonzero(good)[finite], field.column : field.column + field.width] = (
+            vectors[finite]
+        )
+        good[np.flatnonzero(good)[~finite]] = False
+        return good
+    if field.kind is RecordKind.ID:
+        good = lengths > 0
+        for i in np.flatnonzero(good).tolist():
+            try:
+                rows.ints[i, field.column] = int(values[i])  # type: ignore[arg-type]
+            except (ValueError, OverflowError):
+                good[i] = False
+        return good
+    good = (lengths >= 0) & (lengths % 8 == 0)
+    n_ids = layout.count(RecordKind.ID)
+    offset = sum(layout.list_caps[: field.column])
+    for i in np.flatnonzero(good).tolist():
+        ids = np.frombuffer(values[i], dtype="<i8")[: field.width]  # type: ignore[arg-type]
+        rows.ints[i, n_ids + field.column] = len(ids)
+        rows.side[i, offset : offset + len(ids)] = ids
+    return good
+
+
+def _finish(rows: RecordRows, good: npt.NDArray[np.bool_]) -> RecordRows:
+    """Records that are not wholly good fall back to defaults (zeros, empty lists)."""
+    bad = ~good
+    rows.ints[bad] = 0
+    rows.floats[bad] = 0
+    rows.side[bad] = 0
+    rows.missing = bad
+    return rows
+
+
+def parse_hashes(
+    replies: Sequence[Sequence[bytes | None] | None], layout: RecordLayout, side: str
+) -> RecordRows:
+    """The records of ``HMGET`` replies (one list of field values per id; ``None``: no reply,
+    an outage)."""
+    n = len(replies)
+    rows = RecordRows.defaults(n, layout)
+    good = np.array([r is not None for r in replies], dtype=bool)
+    for index in range(len(layout.fields)):
+        values = [None if r is None else r[index] for r in replies]
+        good &= _put_field(rows, layout, index, values)
+    absent = sum(1 for r in replies if r is None or all(v is None for v in r))
+    _warn(side, n - int(good.sum()), absent)
+    return _finish(rows, good)
+
+
+def _split(
+    values: Sequence[bytes | None], good: npt.NDArray[np.bool_], cut: int
+) -> tuple[list[bytes | None], list[bytes | None]]:
+    """Each good value cut at ``cut`` bytes (``None`` for the others)."""
+    kept = [v if g else None for v, g in zip(values, good.tolist(), strict=True)]
+    return [None if v is None else v[:cut] for v in kept], [
+        None if v is None else v[cut:] for v in kept
+    ]
+
+
+def parse_packed(values: Sequence[bytes | None], layout: RecordLayout, side: str) -> RecordRows:
+    """The records of ``MGET`` values in the packed layout (``None``: no key)."""
+    n = len(values)
+    rows = RecordRows.defaults(n, layout)
+    vector = next(f for f in layout.fields if f.kind is RecordKind.VECTOR)
+    width = 4 * vector.width
+    lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
+    if layout.fields[0].kind is RecordKind.ID:  # item: an int64 id, then the vector
+        good = lengths == 8 + width
+        ids, vectors = _split(values, good, 8)
+        joined = b"".join(v for v in ids if v is not None)
+        rows.ints[good, layout.fields[0].column] = np.frombuffer(joined, dtype="<i8")
+        good &= _put_field(rows, layout, 1, vectors)
+    else:  # user: the vector, then int64 ids (none without a list field)
+        good = (lengths >= width) & ((lengths - width) % 8 == 0)
+        vectors, lists = _split(values, good, width)
+        good &= _put_field(rows, layout, 0, vectors)
+        if len(layout.fields) > 1:
+            good &= _put_field(rows, layout, 1, lists)
+    _warn(side, n - int(good.sum()), int((lengths < 0).sum()))
+    return _finish(rows, good)
+
+
+def _warn(side: str, bad: int, absent: int) -> None:
+    if bad > absent:
+        log.warning("%d malformed %s records; using defaults", bad - absent, side)
+
+
+def write_hashes(
+    client: redis.Redis,
+    layout: RecordLayout,
+    ids: Sequence[int],
+    values: Sequence[Mapping[str, Any]],
+) -> int:
+    """Write records in ``layout`` (hash format), pipelined: what a feature pipeline writes.
+
+    Args:
+        client: a Redis client.
+        layout: the layout (its ``format`` must be ``hash``).
+        ids: the users' (items') ids.
+        values: per id, field name -> a float32 vector, an int id, or a list of int ids.
+
+    Returns:
+        Records written.
+    """
+    if layout.format is not RecordFormat.HASH:
+        raise ValueError("write_hashes writes the hash format")
+    pipe = client.pipeline(transaction=False)
+    for record_id, record in zip(ids, values, strict=True):
+        mapping: dict[Any, Any] = {}
+        for field in layout.fields:
+            value = record[field.name]
+            if field.kind is RecordKind.VECTOR:
+                mapping[field.name] = np.asarray(value, dtype="<f4").tobytes()
+            elif field.kind is RecordKind.ID:
+                mapping[field.name] = str(int(value)).encode()
+            else:
+                mapping[field.name] = np.asarray(value, dtype="<i8").tobytes()
+        pipe.hset(layout.key.replace("{id}", str(record_id)), mapping=mapping)
+    pipe.execute()
+    return len(ids)

@@ -1,0 +1,98 @@
+"""Start-up checks of a configured model (``[model.module]``), before anything else starts.
+
+Run by ``streamrank run`` (in the launcher, before any rank) and ``streamrank model import``:
+every mistake of the user's is one line naming the key (the CLI exits with code 2), never a
+traceback from the first batch. In order:
+
+1. the factory imports and builds (on the ``meta`` device: nothing allocated), its module
+   holds only what the contract serves (:mod:`model.module.checks`);
+2. the feature map resolves: the schema parses, every role and feature field exists with a type
+   its use can take, every KJT key is one of the module's features and back, every Redis field
+   is declared (:func:`pipeline.models.mapping.resolve_feature_map`);
+3. a trial forward on one-row tables takes the configured dense width and returns an output the
+   output config can read;
+4. the served version (when there is one) was imported for this architecture;
+5. what the configured path does not serve is refused: ingest workers, retrieval.
+
+Example::
+
+    module, fmap = check_configured_model(settings, served_checkpoint)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from model.module.checks import collections, module_tables, trial_forward
+from model.module.factory import build_module
+from model.module.store import check_architecture, is_module_version, load_module_meta
+from model.module.types import ModelConfigError, ModuleConfig
+from pipeline.mapping import FeatureMap
+from pipeline.models.mapping import resolve_feature_map
+from pipeline.settings.loading import Settings
+
+__all__ = ["check_configured_model", "configured_module"]
+
+
+def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
+    """The module config (with the map's ids per key) and the feature map of ``settings``.
+
+    Raises:
+        ModelConfigError / FeatureMapError: one line naming the key.
+    """
+    if settings.model.module is None:
+        raise ModelConfigError("no [model.module]: the built-in model is served")
+    fmap = resolve_feature_map(settings)
+    layout = fmap.layout
+    config = settings.model.module.to_config(
+        dict(zip(layout.keys, layout.ids_per_key, strict=True))
+    )
+    return config, fmap
+
+
+def check_configured_model(
+    settings: Settings, checkpoint: Path | None = None
+) -> tuple[ModuleConfig, FeatureMap]:
+    """Every start-up check of a configured model (module docstring).
+
+    Args:
+        settings: the configuration (``[model.module]`` set).
+        checkpoint: the version to serve (``None``: no version yet, e.g. before an import).
+
+    Returns:
+        The module config and the feature map.
+
+    Raises:
+        ModelConfigError / FeatureMapError: the first mistake, one line naming the key.
+    """
+    if settings.batching.ingest_workers:
+        raise ModelConfigError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers}: ingest workers serve "
+            "the built-in model only; set batching.ingest_workers = 0 with [model.module]"
+        )
+    if settings.retrieval.enabled:
+        raise ModelConfigError(
+            "retrieval.enabled = true: retrieval reads the built-in model's item table; set "
+            "retrieval.enabled = false with [model.module] (events must bring candidates)"
+        )
+    fmap_config = settings.model.module
+    assert fmap_config is not None
+    probe = build_module(fmap_config.to_config(), "meta", embedding_device="meta")
+    served = {f for t in module_tables(probe) for f in t.feature_names}
+    collections(probe)  # refuses the embedding modules the contract does not serve
+    config, fmap = configured_module(settings)
+    for key in fmap.layout.keys:
+        if key not in served:
+            raise ModelConfigError(
+                f"features.sparse.{key}: no EmbeddingBagCollection of the module looks it up "
+                f"(the module's features: {sorted(served)})"
+            )
+    trial_forward(config, fmap.layout)
+    if checkpoint is not None:
+        if not is_module_version(checkpoint):
+            raise ModelConfigError(
+                f"{checkpoint} is not a version of a configured module: import the weights "
+                "with `streamrank model import STATE_DICT_FILE`"
+            )
+        check_architecture(config, load_module_meta(checkpoint), checkpoint)
+    return config, fmap

@@ -1,0 +1,162 @@
+"""``[features]``: how a configured model's input is made from events and Redis (with
+``[model.module]``; the built-in model's features are fixed).
+
+- ``[features.sparse.<key>]``: one per KJT key (each a feature of the module's tables): where its
+  ids come from and how they become rows of the table.
+- ``[[features.dense]]``: the dense input, the concatenation of these parts in order.
+- ``[features.user]`` / ``[features.item]``: the Redis layout of the user's and the candidate
+  item's record (absent: nothing is read for that side).
+
+Example::
+
+    [features.sparse.viewer]
+    source = "event"
+    field = "viewer.id"
+    transform = "modulo"
+    [[features.dense]]
+    source = "user"
+    field = "taste"
+    [features.user]
+    key = "viewer:{id}"
+    format = "hash"
+    fields = { taste = "vector:4", segment = "id" }
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field, model_validator
+
+from pipeline.settings.section import Section
+
+__all__ = [
+    "DenseSettings",
+    "EntitySettings",
+    "FeatureSettings",
+    "OutOfRange",
+    "RecordFormat",
+    "Source",
+    "SparseSettings",
+    "Transform",
+]
+
+
+class Source(enum.StrEnum):
+    """Where a feature's values come from."""
+
+    EVENT = "event"
+    """A field of the event (``field``: its dotted path in the schema)."""
+    CANDIDATE = "candidate"
+    """The candidate item's id (one per row)."""
+    USER = "user"
+    """A field of the event's user's Redis record (``[features.user]``)."""
+    ITEM = "item"
+    """A field of the candidate item's Redis record (``[features.item]``)."""
+
+
+class Transform(enum.StrEnum):
+    """How an id becomes a row of the key's table (``num_embeddings`` rows)."""
+
+    IDENTITY = "identity"
+    """The id is the row; ids outside ``[0, num_embeddings)`` follow ``out_of_range``."""
+    MODULO = "modulo"
+    """``id mod num_embeddings`` (never negative)."""
+    HASH = "hash"
+    """streamrank's salted 64-bit hash (``model.features.spec.hash_to_rows``), mod the size."""
+
+
+class OutOfRange(enum.StrEnum):
+    """What ``identity`` does with an id outside the table."""
+
+    DEFAULT = "default"
+    """Look up ``default_row`` instead."""
+    DLQ = "dlq"
+    """Dead-letter the event (``id_out_of_range``, naming the key); event and candidate ids."""
+
+
+class RecordFormat(enum.StrEnum):
+    """How a Redis record is stored."""
+
+    PACKED = "packed"
+    """The built-in binary layout, read with one MGET: users ``float32[dim]`` + ``int64[n]``
+    (fields ``dense = "vector:dim"``, ``recent = "id_list:cap"``), items ``int64`` +
+    ``float32[dim]`` (``category = "id"``, ``dense = "vector:dim"``)."""
+    HASH = "hash"
+    """A Redis hash with one field per name, read with pipelined HMGETs in one round trip:
+    ``vector:N`` float32 little-endian bytes, ``id`` a decimal integer, ``id_list:N`` int64
+    little-endian bytes (the first N kept)."""
+
+
+class SparseSettings(Section):
+    """``[features.sparse.<key>]``: one KJT key."""
+
+    source: Source
+    field: str = ""
+    """The event field (dotted) or the Redis field name; empty for ``candidate``."""
+    transform: Transform = Transform.MODULO
+    out_of_range: OutOfRange = OutOfRange.DEFAULT
+    default_row: int = 0
+    """With ``identity`` and ``out_of_range = "default"``: the row an outside id looks up."""
+    max_ids: int = 20
+    """A multi-valued field (an array of ids): the first ``max_ids`` are kept."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> SparseSettings:
+        if self.source is Source.CANDIDATE and self.field:
+            raise ValueError("a candidate feature takes no field")
+        if self.source is not Source.CANDIDATE and not self.field:
+            raise ValueError(f"a {self.source.value} feature needs a field")
+        if self.max_ids < 1 or self.default_row < 0:
+            raise ValueError("max_ids must be >= 1 and default_row >= 0")
+        return self
+
+
+class DenseSettings(Section):
+    """``[[features.dense]]``: one part of the dense input."""
+
+    source: Source
+    field: str
+    """A numeric event field (dotted), or a ``vector:N`` field of the Redis record."""
+    default: float = 0.0
+    """The value when the field is null or the Redis record is missing."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> DenseSettings:
+        if self.source is Source.CANDIDATE:
+            raise ValueError("a dense part comes from the event, the user or the item")
+        return self
+
+
+class EntitySettings(Section):
+    """``[features.user]`` / ``[features.item]``: one side's Redis records."""
+
+    key: str
+    """The key template: ``{id}`` is the user's (item's) id in decimal, e.g. ``viewer:{id}``."""
+    format: RecordFormat = RecordFormat.HASH
+    fields: dict[str, str] = Field(default_factory=dict)
+    """Field name -> ``vector:N``, ``id`` or ``id_list:N``."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> EntitySettings:
+        if self.key.count("{id}") != 1 or self.key.replace("{id}", "").count("{"):
+            raise ValueError(f"key {self.key!r} must hold {{id}} exactly once")
+        if not self.fields:
+            raise ValueError("fields: declare the record's fields")
+        return self
+
+
+class FeatureSettings(Section):
+    """The feature map of a configured model (see the module docstring)."""
+
+    sparse: dict[str, SparseSettings] = Field(default_factory=dict)
+    dense: list[DenseSettings] = Field(default_factory=list)
+    user: EntitySettings | None = None
+    item: EntitySettings | None = None
+    hash_salt: int = 0x5EED
+    """Mixed into ``transform = "hash"``: the salt the model was trained with."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether any feature is mapped."""
+        return bool(self.sparse or self.dense or self.user or self.item)

@@ -1,0 +1,104 @@
+"""``[model.module]``: the user's own ranker, built by an importable factory (absent: the built-in
+DLRM). See :mod:`model.module` for the contract it meets.
+
+Example::
+
+    [model.module]
+    factory = "torchrec.models.deepfm:SimpleDeepFMNN"
+    output = "probabilities"
+    [model.module.kwargs]
+    num_dense_features = 3
+    hidden_layer_size = 32
+    deep_fm_dimension = 8
+    [[model.module.tables]]
+    name = "t_viewer"
+    num_embeddings = 5000
+    embedding_dim = 16
+    features = ["viewer"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from model.module.types import Activation, ModuleConfig, OutputConfig, TableConfig
+from pipeline.settings.section import Section
+
+__all__ = ["ModuleSettings", "TableSettings"]
+
+
+class TableSettings(Section):
+    """``[[model.module.tables]]``: one table of the collection streamrank builds."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    features: list[str]
+    """The KJT keys that look it up (each one a ``[features.sparse.<key>]``)."""
+    pooling: Literal["sum", "mean"] = "sum"
+
+
+class ModuleSettings(Section):
+    """``[model.module]``: the factory, its keyword arguments, its tables and its output."""
+
+    factory: str
+    """``"package.module:function"`` (a class too), e.g.
+    ``"torchrec.models.dlrm:DLRM_DCN"``."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the factory, besides the collection."""
+    tables: list[TableSettings] = Field(default_factory=list)
+    collection_argument: str = "embedding_bag_collection"
+    """The keyword the ``EmbeddingBagCollection`` built from ``tables`` is passed under."""
+    device_argument: str = ""
+    """A keyword the factory takes the dense layers' device under (``dense_device`` for
+    TorchRec's DLRMs); empty: the module is moved after it is built."""
+    output: Activation = Activation.LOGITS
+    """``logits`` (scores are their sigmoid) or ``probabilities`` (used as they are)."""
+    score_column: int = 0
+    """The output column that ranks (a ``[rows, T]`` output)."""
+    score_weights: list[float] = Field(default_factory=list)
+    """Rank by this weighted sum of the ``T`` columns instead (after the sigmoid of logits)."""
+    state_dict_prefix: str = ""
+    """Stripped from the keys of a state_dict file by ``streamrank model import``
+    (``"model."`` for TorchRec's ``DLRMTrain``)."""
+    code_dir: Path | None = None
+    """A directory put first on the import path for the factory (your own code); unset:
+    installed packages only. Never a model version directory."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> ModuleSettings:
+        self.to_config()  # ModelConfigError is a ValueError: one line naming the key
+        return self
+
+    def to_config(self, ids_per_key: Mapping[str, int] | None = None) -> ModuleConfig:
+        """The :class:`~model.module.types.ModuleConfig` these settings describe.
+
+        Args:
+            ids_per_key: the most ids a row carries per KJT key (the planner's pooling
+                factors, from the feature map); keys left out count 1.
+        """
+        per_key = dict(ids_per_key or {})
+        tables = tuple(
+            TableConfig(
+                t.name,
+                t.num_embeddings,
+                t.embedding_dim,
+                tuple(t.features),
+                t.pooling,
+                ids_per_row=max((per_key.get(f, 1) for f in t.features), default=1),
+            )
+            for t in self.tables
+        )
+        return ModuleConfig(
+            factory=self.factory,
+            kwargs=self.kwargs,
+            tables=tables,
+            collection_argument=self.collection_argument,
+            output=OutputConfig(self.output, self.score_column, tuple(self.score_weights)),
+            code_dir=str(self.code_dir) if self.code_dir else "",
+            device_argument=self.device_argument,
+        )

@@ -1,0 +1,208 @@
+"""Enrichment with a configured Redis layout: the user's and the items' records of a batch, one
+round trip, into ``Enrichment.user_fields`` / ``item_fields``.
+
+As the built-in enricher (:mod:`pipeline.stages.enrich.enricher`): every event's user and every
+row's item is looked up in an in-process TTL cache first (:class:`FeatureCache`: one compiled
+pass), and the distinct ids it misses are fetched with ONE send: an ``MGET`` for packed
+records, one ``HMGET`` per id for hashes (:mod:`pipeline.connectors.redis.layout`), all in one
+buffer, the replies read back in order. Missing or malformed records, and Redis outages, never
+lose an event: the record falls back to defaults (zeros, empty lists) and the event's
+Recommendation lists the side in ``fallback_features``. After an outage Redis is left alone for
+``redis.retry_after_s``.
+
+Example::
+
+    enricher = ConfiguredEnricher(settings.redis, fmap, Metrics())
+    enrichment = enricher.enrich(user_ids, candidate_ids)
+    enrichment.user_fields.floats   # each user's vector fields
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from pipeline.connectors.redis.layout import (
+    RecordRows,
+    hmget_commands,
+    keyed_commands,
+    mget_head,
+    parse_hashes,
+    parse_packed,
+)
+from pipeline.mapping import FeatureMap, RecordKind, RecordLayout
+from pipeline.observability.metrics import Metrics
+from pipeline.settings.features import RecordFormat
+from pipeline.settings.redis import RedisSettings
+from pipeline.stages.enrich.cache import CacheLookup, FeatureCache
+from pipeline.stages.enrich.enricher import _distinct
+from pipeline.types import Enrichment, FieldColumns
+
+__all__ = ["ConfiguredEnricher"]
+
+log = logging.getLogger(__name__)
+
+Int64Array = npt.NDArray[np.int64]
+
+
+class _Side:
+    """One side's layout and cache (users or items)."""
+
+    def __init__(self, name: str, layout: RecordLayout, settings: RedisSettings) -> None:
+        self.name = name
+        self.layout = layout
+        self.ids = layout.count(RecordKind.ID)
+        self.lists = layout.count(RecordKind.ID_LIST)
+        self.cache = FeatureCache(
+            settings.cache_max_entries,
+            settings.cache_ttl_s,
+            self.ids + self.lists,
+            layout.count(RecordKind.VECTOR),
+            side_width=sum(layout.list_caps),
+        )
+
+    def request(self, ids: Int64Array) -> tuple[bytes, int]:
+        """The commands that read ``ids``' records, and how many replies they bring."""
+        if not len(ids):
+            return b"", 0
+        if self.layout.format is RecordFormat.PACKED:
+            return mget_head(len(ids)) + keyed_commands(self.layout.key, ids), 1
+        return hmget_commands(self.layout, ids), len(ids)
+
+    def parse(self, replies: list[Any], n: int) -> RecordRows:
+        """Parse the side's replies (``[]``: an outage, every record missing)."""
+        if not replies:
+            return RecordRows.defaults(n, self.layout)
+        if self.layout.format is RecordFormat.PACKED:
+            return parse_packed(cast(list[bytes | None], replies[0]), self.layout, self.name)
+        return parse_hashes(replies, self.layout, self.name)
+
+    def columns(self, found: CacheLookup) -> FieldColumns:
+        """A lookup's rows as :class:`FieldColumns` (each list cut to its length)."""
+        counts = found.ints[:, self.ids :]
+        caps = self.layout.list_caps
+        keep = np.zeros(found.side.shape, dtype=bool)
+        offset = 0
+        for j, cap in enumerate(caps):
+            keep[:, offset : offset + cap] = np.arange(cap)[None, :] < counts[:, j : j + 1]
+            offset += cap
+        return FieldColumns(
+            np.ascontiguousarray(found.ints[:, : self.ids]),
+            found.floats,
+            np.ascontiguousarray(counts),
+            found.side[keep],
+        )
+
+
+class ConfiguredEnricher:
+    """Reads the configured user and item records of batches (see the module docstring).
+
+    Args:
+        settings: Redis URL, timeouts, cache size and TTL.
+        fmap: the feature map (its ``user`` and ``item`` layouts; ``None``: not read).
+        metrics: cache hit/miss counters.
+        client: an existing Redis client (tests); built from ``settings.url`` otherwise.
+    """
+
+    def __init__(
+        self,
+        settings: RedisSettings,
+        fmap: FeatureMap,
+        metrics: Metrics,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._client = client or redis.Redis.from_url(
+            settings.url,
+            socket_timeout=settings.socket_timeout_ms / 1000,
+            socket_connect_timeout=settings.connect_timeout_ms / 1000,
+            retry=Retry(NoBackoff(), 0),
+            **settings.client_kwargs(),
+        )
+        self._connection = self._client.connection_pool.make_connection()
+        self._down_until = 0.0
+        self._users = _Side("user", fmap.user, settings) if fmap.user else None
+        self._items = _Side("item", fmap.item, settings) if fmap.item else None
+
+    def enrich(self, user_ids: Int64Array, item_ids: Int64Array) -> Enrichment:
+        """Records of the users of ``user_ids`` (E events) and items of ``item_ids`` (R rows)."""
+        now = time.monotonic()
+        sides = [(self._users, user_ids), (self._items, item_ids)]
+        found = [s.cache.lookup(ids, now) if s else None for s, ids in sides]
+        todo: list[tuple[Int64Array, Int64Array]] = []
+        for (side, ids), lookup in zip(sides, found, strict=True):
+            todo.append(_distinct(ids, lookup.missing_rows) if lookup else (ids[:0], ids[:0]))
+            if side and lookup:
+                self._metrics.record_cache(side.name, lookup.served, len(todo[-1][0]))
+        if any(len(t[0]) for t in todo):
+            replies = self._fetch([(s, t[0]) for (s, _), t in zip(sides, todo, strict=True)])
+            for (side, _), lookup, (ids, source), got in zip(
+                sides, found, todo, replies, strict=True
+            ):
+                if side is None or lookup is None or not len(ids):
+                    continue
+                rows = side.parse(got, len(ids))
+                fetched = CacheLookup(rows.ints, rows.floats, rows.side, rows.missing, ids[:0])
+                lookup.fill(lookup.missing_rows, source, fetched)
+                ok = ~rows.missing  # defaults are never cached
+                side.cache.store(ids[ok], rows.ints[ok], rows.floats[ok], rows.side[ok], now)
+        users, items = (
+            _fields(side, lookup, len(ids))
+            for (side, ids), lookup in zip(sides, found, strict=True)
+        )
+        return Enrichment(
+            user_dense=np.zeros((len(user_ids), 0), dtype=np.float32),
+            user_recent_counts=np.zeros(len(user_ids), dtype=np.int64),
+            user_recent_ids=np.zeros(0, dtype=np.int64),
+            user_missing=users[1],
+            item_category=np.zeros(len(item_ids), dtype=np.int64),
+            item_dense=np.zeros((len(item_ids), 0), dtype=np.float32),
+            item_missing=items[1],
+            user_fields=users[0],
+            item_fields=items[0],
+        )
+
+    def _fetch(self, wanted: Sequence[tuple[_Side | None, Int64Array]]) -> list[list[Any]]:
+        """Every side's replies, from one send; ``[]`` per side during an outage."""
+        requests = [s.request(ids) if s else (b"", 0) for s, ids in wanted]
+        if time.monotonic() < self._down_until:
+            return [[] for _ in wanted]
+        try:
+            self._connection.send_packed_command([r for r, _ in requests if r])
+            return [[self._reply() for _ in range(count)] for _, count in requests]
+        except redis.RedisError as exc:
+            self._connection.disconnect()  # replies left unread must not answer the next send
+            self._down_until = time.monotonic() + self._settings.retry_after_s
+            log.warning(
+                "redis unavailable (%s); serving default features for %.1fs",
+                exc,
+                self._settings.retry_after_s,
+            )
+            return [[] for _ in wanted]
+
+    def _reply(self) -> Any:
+        """The next reply; an error reply (e.g. ``WRONGTYPE``: a key of another type) is that
+        record's alone: ``None``, read whole, so the replies after it stay in step."""
+        try:
+            return self._connection.read_response()
+        except redis.ResponseError as exc:
+            log.warning("redis refused one record's read (%s); using defaults", exc)
+            return None
+
+
+def _fields(
+    side: _Side | None, lookup: CacheLookup | None, n: int
+) -> tuple[FieldColumns | None, npt.NDArray[np.bool_]]:
+    """A side's fields and missing flags (no layout: no fields, nothing missing)."""
+    if side is None or lookup is None:
+        return None, np.zeros(n, dtype=bool)
+    return side.columns(lookup), lookup.missing
