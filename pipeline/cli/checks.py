@@ -211,7 +211,8 @@ def require_schema_registry(
 
 def require_configured_model(settings: Settings, checkpoint: Path | None = None) -> None:
     """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]`` or
-    ``[features]`` (:mod:`pipeline.models.preflight`); nothing without ``[model.module]``.
+    ``[features]`` (:mod:`pipeline.models.preflight`), and, given the ``checkpoint`` to serve,
+    for a version imported for another module; nothing without ``[model.module]``.
 
     ``[events]`` or ``[features]`` without ``[model.module]`` is a mistake too: the built-in
     model reads the built-in schema and features.
@@ -222,7 +223,7 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
 
     Example::
 
-        require_configured_model(settings, served)
+        require_configured_model(settings)
     """
     if settings.model.module is None:
         if settings.events.configured or settings.features.configured:
@@ -236,4 +237,27 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
     try:
         check_configured_model(settings, checkpoint)
     except ValueError as error:  # ModelConfigError, FeatureMapError: one line naming the key
+        raise UserError(str(error)) from error
+
+
+def require_module_version(settings: Settings, checkpoint: Path) -> None:
+    """Raise :class:`UserError` unless ``checkpoint`` is a version imported for
+    ``[model.module]``'s architecture (a new architecture needs its weights imported again).
+
+    Example::
+
+        require_module_version(settings, served)
+    """
+    from model.module.store import check_architecture, is_module_version, load_module_meta
+    from pipeline.models.preflight import configured_module
+
+    if not is_module_version(checkpoint):
+        raise UserError(
+            f"{checkpoint} (model.checkpoint) is not a version of [model.module]: import the "
+            "module's weights with `streamrank model import STATE_DICT_FILE --promote`"
+        )
+    try:
+        config, _ = configured_module(settings)
+        check_architecture(config, load_module_meta(checkpoint), checkpoint)
+    except ValueError as error:
         raise UserError(str(error)) from error

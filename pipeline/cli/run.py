@@ -18,6 +18,7 @@ from pipeline.cli.checks import (
     require_checkpoint,
     require_configured_model,
     require_device,
+    require_module_version,
     require_kafka,
     require_redis,
     require_schema_registry,
@@ -104,10 +105,12 @@ def run(
         else None
     )
     require_device(settings.model.device)
+    if launch is not None:  # once, before any rank starts (the ranks run the checks' result)
+        require_configured_model(settings)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
-    if launch is not None:  # once, before any rank starts (the ranks run the checks' result)
-        require_configured_model(settings, served)
+    if launch is not None and settings.model.module is not None:
+        require_module_version(settings, served)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)

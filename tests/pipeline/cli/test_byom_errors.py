@@ -1,0 +1,131 @@
+"""A configured model's mistakes at start-up: one line naming the key, exit code 2, through the
+real CLI (``run`` checks the model before it looks for Kafka, Redis or a model version; ``model
+import`` checks the state_dict file)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.pipeline.cli.conftest import CliRunner
+from tests.pipeline.cli.test_user_errors import _assert_one_line_user_error
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "deepfm"
+
+
+def _config(tmp_path: Path, *replacements: tuple[str, str], append: str = "") -> Path:
+    """examples/deepfm/streamrank.toml with ``replacements`` made (each must apply)."""
+    text = (EXAMPLE / "streamrank.toml").read_text()
+    text = text.replace('"examples/deepfm/page_view.avsc"', f'"{EXAMPLE / "page_view.avsc"}"')
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "byom.toml"
+    path.write_text(text + append)
+    return path
+
+
+def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
+    return run_cli("run", "-c", str(config), env={"STREAMRANK_MODEL__CHECKPOINT": "nowhere"})
+
+
+@pytest.mark.parametrize(
+    ("replacement", "append", "fragments"),
+    [
+        (
+            ('"torchrec.models.deepfm:SimpleDeepFMNN"', '"torchrec.models.deepfm:DeepFM2"'),
+            "",
+            ("model.module.factory", "torchrec.models.deepfm has no DeepFM2"),
+        ),
+        (
+            ('"torchrec.models.deepfm:SimpleDeepFMNN"', '"team.models:Ranker"'),
+            "",
+            ("model.module.factory 'team.models:Ranker': cannot import team.models",),
+        ),
+        (
+            ("[features.sparse.viewer]", "[features.sparse.viewer]"),
+            '\n[features.sparse.country]\nsource = "event"\nfield = "viewer.browser"\n',
+            ("features.sparse.country: the module has no embedding feature 'country'",),
+        ),
+        (
+            ('user_id = "viewer.id"', 'user_id = "viewer.uid"'),
+            "",
+            ("events.user_id = 'viewer.uid'", "viewer has no field 'uid'"),
+        ),
+        (
+            ('field = "hour_of_day"', 'field = "viewer.browser"'),
+            "",
+            ("features.dense[0].field = 'viewer.browser' is string", "a dense part needs"),
+        ),
+        (
+            ('field = "recent_offer_ids"', 'field = "recent_offers"'),
+            "",
+            ("features.sparse.recent_offers.field = 'recent_offers'", "has no field"),
+        ),
+        (
+            ("num_dense_features = 7", "num_dense_features = 6"),
+            "",
+            ("features.dense: the dense input is 7 wide", "num_dense_features = 6"),
+        ),
+        (
+            ('fields = { stats = "vector:2" }', 'fields = { price = "vector:2" }'),
+            "",
+            ("features.dense[2].field = 'stats': [features.item] declares no such field",),
+        ),
+    ],
+    ids=[
+        "factory-attribute",
+        "factory-module",
+        "key-the-module-lacks",
+        "role-field-missing",
+        "field-of-wrong-type",
+        "feature-field-missing",
+        "dense-width",
+        "redis-field-undeclared",
+    ],
+)
+def test_a_configured_model_mistake_is_one_line_at_start_up(
+    run_cli: CliRunner,
+    tmp_path: Path,
+    replacement: tuple[str, str],
+    append: str,
+    fragments: tuple[str, ...],
+) -> None:
+    result = _run(run_cli, _config(tmp_path, replacement, append=append))
+    _assert_one_line_user_error(result, *fragments)
+
+
+def test_a_state_dict_of_other_shapes_is_one_line_at_import(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    from tests.integration.byom import load_example
+
+    script = load_example("deepfm")
+    state = script.build_model().state_dict()
+    state["sparse_arch.embedding_bag_collection.embedding_bags.t_viewer.weight"] = torch.zeros(
+        999, 16
+    )
+    wrong = tmp_path / "wrong.pt"
+    torch.save(state, wrong)
+    config = _config(tmp_path)
+    result = run_cli("model", "import", str(wrong), "--dir", str(tmp_path / "v"), "-c", str(config))
+    _assert_one_line_user_error(
+        result, "does not fit model.module", "t_viewer.weight is [999, 16]", "[1000, 16]"
+    )
+    del state["over_arch.model.0.bias"]
+    torch.save(state, wrong)
+    result = run_cli("model", "import", str(wrong), "--dir", str(tmp_path / "v"), "-c", str(config))
+    _assert_one_line_user_error(result, "missing keys over_arch.model.0.bias")
+
+
+def test_events_and_features_without_a_module_are_one_line(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "half.toml"
+    config.write_text('[events]\nschema_file = "x.avsc"\n')
+    _assert_one_line_user_error(_run(run_cli, config), "set [model.module]")
