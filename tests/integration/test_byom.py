@@ -4,7 +4,10 @@ test builds from the raw events and Redis values (tests/integration/byom.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -12,17 +15,23 @@ from typing import Any
 
 import pytest
 import redis
+import torch
 from confluent_kafka import Consumer
 
+from model.module.factory import build_module
 from model.module.store import import_state_dict
+from model.rank import RankContext
 from model.store.versions import ModelVersions
 from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.models.preflight import configured_module
+from pipeline.observability.metrics import Metrics
+from pipeline.serve import build_pipeline
 from pipeline.settings.loading import Settings, load_settings
+from pipeline.settings.retrieval import ModelSwapSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.faults.helpers import dead_letters
 from tests.integration.byom import Example, expected_scores, make_example
-from tests.integration.conftest import collect
+from tests.integration.conftest import BackgroundPipeline, collect, wait_for_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -127,3 +136,100 @@ def test_an_example_model_scores_every_event_once_as_its_own_forward(
         assert {h[REASON_HEADER].decode() for h in headers} == {"id_out_of_range"}
         details = [h[DETAIL_HEADER].decode() for h in headers]
         assert all("features.sparse.listing: id 30" in d for d in details), details
+
+
+class Stream:
+    """Produces ``n`` example events at ``rate`` per second on a thread."""
+
+    def __init__(self, settings: Settings, ex: Example, n: int, rate: float) -> None:
+        self.settings, self.ex, self.n, self.rate = settings, ex, n, rate
+        self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.records
+
+    def _run(self) -> None:
+        try:
+            producer = make_producer(self.settings.kafka)
+            started = time.monotonic()
+            for i, record in enumerate(self.ex.script.events(self.n, seed_=7)):
+                time.sleep(max(0.0, started + i / self.rate - time.monotonic()))
+                produce(producer, self.settings.topics.input, self.ex.script.encode(record))
+                self.records.append(record)
+                producer.poll(0)
+            assert producer.flush(30) == 0
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_a_new_version_of_an_example_model_swaps_in_under_load(
+    example: tuple[Example, Settings],
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    background_pipeline: Callable[..., BackgroundPipeline],
+) -> None:
+    ex, settings = example
+    settings = settings.model_copy(update={"model_swap": ModelSwapSettings(poll_interval_s=0.2)})
+    versions = ModelVersions(settings.model.checkpoint)
+    old = versions.current()
+    config, _ = configured_module(settings)
+    prefix = settings.model.module.state_dict_prefix if settings.model.module else ""
+    retrained = tmp_path / "retrained.pt"
+    ex.script.init(retrained, steps=5, seed_=1)
+    new = import_state_dict(config, retrained, versions, "retrained", strip_prefix=prefix)
+    other = dataclasses.replace(
+        config,
+        kwargs={**config.kwargs, "dcn_num_layers": 3}
+        if ex.name == "dcn"
+        else {**config.kwargs, "deep_fm_dimension": 4},
+    )
+    other_weights = tmp_path / "other.pt"
+    torch.save(build_module(other, seed=2).state_dict(), other_weights)
+    import_state_dict(other, other_weights, versions, "other-architecture")
+
+    pipeline = build_pipeline(
+        settings, RankContext(), Metrics(), checkpoint=versions.current_path()
+    )
+    bp = background_pipeline(settings, pipeline=pipeline)
+    stream = Stream(settings, ex, n=900, rate=120).start()
+    registry = pipeline.metrics.registry
+    assert wait_for_outputs(settings, 150) >= 150
+    versions.promote("other-architecture")  # needs a restart: refused, the old one serves on
+    deadline = time.monotonic() + 60
+    while registry.get_sample_value("streamrank_model_load_failures_total") != 1:
+        assert time.monotonic() < deadline, "the other architecture was not tried"
+        time.sleep(0.1)
+    versions.promote(new.model_version)
+    while registry.get_sample_value("streamrank_model_swaps_total") != 1:
+        assert time.monotonic() < deadline + 60, "the new version was not swapped in"
+        time.sleep(0.1)
+    records = stream.join()
+    recs = collect(settings, expected=len(records))
+    bp.stop()
+
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == {event_id(r) for r in records}, "an event was lost"
+    assert max(counts.values()) == 1, "an event was answered twice"
+    served = Counter(r["model_version"] for r in recs)
+    assert set(served) == {old, new.model_version} and served[new.model_version] > 0
+    by_id = {event_id(r): r for r in records}
+    after = [r for r in recs if r["model_version"] == new.model_version]
+    want = expected_scores(
+        ex, [by_id[r["event_id"]] for r in after], redis_client, ex.reference(retrained)
+    )
+    worst = max(
+        abs(item["score"] - want[rec["event_id"]][item["item_id"]])
+        for rec in after
+        for item in rec["items"]
+    )
+    assert worst <= 1e-5
