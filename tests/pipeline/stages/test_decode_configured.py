@@ -1,0 +1,160 @@
+"""The configured decoder: any schema's roles and feature fields as columns, the built-in rules
+as reject reasons, Confluent framing through the registry (writer schemas resolved)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import numpy as np
+import pytest
+
+from model.features.spec import string_to_id
+from pipeline.connectors.avro import framing as wire
+from pipeline.connectors.avro.schema_registry import SchemaLookup
+from pipeline.mapping import FeatureMap
+from pipeline.models.mapping import resolve_feature_map
+from pipeline.settings.codec import CodecSettings
+from pipeline.settings.loading import load_settings
+from pipeline.stages.decode import ConfiguredDecoder
+from tests.conftest import REPO_ROOT
+from tests.integration.byom import load_example
+
+DEEPFM = load_example("deepfm")
+DCN = load_example("dcn")
+
+
+def _map(name: str) -> FeatureMap:
+    settings = load_settings(REPO_ROOT / "examples" / name / "streamrank.toml")
+    events = settings.events.model_copy(
+        update={"schema_file": REPO_ROOT / str(settings.events.schema_file)}
+    )
+    return resolve_feature_map(settings.model_copy(update={"events": events}))
+
+
+@pytest.fixture(scope="module")
+def deepfm_map() -> FeatureMap:
+    return _map("deepfm")
+
+
+def _view(**changes: Any) -> dict[str, Any]:
+    record = DEEPFM.events(1, seed_=3)[0]
+    record.update(
+        view_id="v-1",
+        viewer={"id": 41, "browser": "firefox"},
+        offer_ids=[5, 6, 7],
+        recent_offer_ids=[1, 2, 3, 4, 5, 6, 7],
+        hour_of_day=13,
+        slots=None,
+    )
+    record.update(changes)
+    return record
+
+
+def test_roles_and_fields_become_columns(deepfm_map: FeatureMap) -> None:
+    decoder = ConfiguredDecoder(CodecSettings(), deepfm_map)
+    values = [DEEPFM.encode(_view()), DEEPFM.encode(_view(view_id="v-2", slots=2, offer_ids=[9]))]
+    events, accepted, rejections = decoder.decode_values(values)
+    assert not rejections and accepted.tolist() == [0, 1]
+    assert events.event_ids() == ["v-1", "v-2"]
+    assert events.user_ids.tolist() == [41, 41]
+    assert events.num_results.tolist() == [5, 2]  # null slots: num_results_default
+    assert events.candidate_counts.tolist() == [3, 1]
+    assert events.candidate_ids.tolist() == [5, 6, 7, 9]
+    fields = events.fields
+    assert fields is not None
+    assert fields.ints.tolist() == [[41, string_to_id("firefox")]] * 2
+    assert fields.floats.tolist() == [[13.0], [13.0]]
+    assert fields.list_counts.tolist() == [[5], [5]]  # max_ids = 5: the first five kept
+    assert fields.list_ids.tolist() == [1, 2, 3, 4, 5] * 2
+    # slicing, taking and joining events keep the fields in step
+    taken = events.take(np.array([1, 0]))
+    assert taken.fields is not None and taken.fields.list_ids.tolist() == [1, 2, 3, 4, 5] * 2
+    assert events.slice(1).fields.ints.shape == (1, 2)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason", "detail"),
+    [
+        (b"", "empty_value", "empty"),
+        (b"\xff\xff\xff", "undecodable", ""),
+        (DEEPFM.encode(_view(offer_ids=[])), "no_candidates", "offer_ids is empty"),
+        (DEEPFM.encode(_view(viewer={"id": -1, "browser": "x"})), "id_out_of_range", "viewer.id"),
+        (DEEPFM.encode(_view(offer_ids=[-5])), "id_out_of_range", "item id -5"),
+        (DEEPFM.encode(_view(slots=0)), "invalid_field", "num_results 0"),
+        (DEEPFM.encode(_view(view_id="")), "invalid_string", "view_id has 0 characters"),
+        (DEEPFM.encode(_view(viewed_at=5)), "invalid_event_time", "before 1973"),
+        (
+            DEEPFM.encode(_view(viewer={"id": 1, "browser": "b" * 300})),
+            "invalid_string",
+            "viewer.browser has 300 characters",
+        ),
+    ],
+)
+def test_the_built_in_rules_reject_with_their_reasons(
+    deepfm_map: FeatureMap, value: bytes, reason: str, detail: str
+) -> None:
+    decoder = ConfiguredDecoder(CodecSettings(), deepfm_map)
+    events, accepted, rejections = decoder.decode_values([DEEPFM.encode(_view()), value])
+    assert accepted.tolist() == [0] and events.num_events == 1
+    ((index, rejection),) = rejections
+    assert index == 1 and rejection.reason.value == reason and detail in rejection.detail
+
+
+def test_identity_ids_outside_the_table_are_dead_lettered_when_so_configured() -> None:
+    fmap = _map("dcn")
+    decoder = ConfiguredDecoder(CodecSettings(), fmap)
+    good = DCN.events(1, seed_=1)[0]
+    bad = copy.deepcopy(good)
+    bad["listing_ids"] = [1, 3000]
+    _, accepted, rejections = decoder.decode_values([DCN.encode(good), DCN.encode(bad)])
+    assert accepted.tolist() == [0]
+    ((_, rejection),) = rejections
+    assert rejection.reason.value == "id_out_of_range"
+    assert "features.sparse.listing: id 3000 not in [0, 3000)" in rejection.detail
+
+
+def test_an_enum_and_string_lists_are_hashed_and_null_numbers_are_nan() -> None:
+    fmap = _map("dcn")
+    record = DCN.events(1, seed_=2)[0]
+    record.update(query_terms=["oak", "desk"], price_ceiling=None)
+    record["session"]["device"] = "WEB"
+    events, _, _ = ConfiguredDecoder(CodecSettings(), fmap).decode_values([DCN.encode(record)])
+    fields = events.fields
+    assert fields is not None
+    names = [f.field.name for f in fmap.event_fields]
+    assert fields.ints[0, names.index("session.device")] == string_to_id("WEB")
+    assert fields.list_ids.tolist()[-2:] == [string_to_id("oak"), string_to_id("desk")]
+    assert np.isnan(fields.floats[0, 0])
+
+
+def test_confluent_framing_resolves_the_writer_schema_through_the_registry(
+    deepfm_map: FeatureMap, confluent_settings: CodecSettings, tmp_path: Path
+) -> None:
+    lookup = SchemaLookup(str(confluent_settings.schema_registry_url))
+    same_id = lookup.register("page-views-value", REPO_ROOT / deepfm_map.schema_name)
+    # A newer writer schema: one more field (with a default), which the reader skips.
+    newer = json.loads((REPO_ROOT / deepfm_map.schema_name).read_text())
+    newer["fields"].append({"name": "referrer", "type": "string", "default": ""})
+    newer_path = tmp_path / "page_view_v2.avsc"
+    newer_path.write_text(json.dumps(newer))
+    newer_id = lookup.register("page-views-v2-value", newer_path)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(newer), {**_view(), "referrer": "ad"})
+    values = [
+        wire.header(same_id) + DEEPFM.encode(_view()),
+        wire.header(newer_id) + body.getvalue(),
+        DEEPFM.encode(_view()),  # not framed
+        wire.header(9999) + DEEPFM.encode(_view()),
+    ]
+    decoder = ConfiguredDecoder(confluent_settings, deepfm_map)
+    events, accepted, rejections = decoder.decode_values(values)
+    assert accepted.tolist() == [0, 1] and events.user_ids.tolist() == [41, 41]
+    assert [(i, r.reason.value) for i, r in rejections] == [
+        (2, "bad_framing"),
+        (3, "unknown_schema"),
+    ]
