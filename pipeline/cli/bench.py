@@ -20,6 +20,7 @@ import typer
 
 from pipeline.cli.checks import (
     require_checkpoint,
+    require_configured_model,
     require_device,
     require_kafka,
     require_redis,
@@ -57,17 +58,37 @@ KeepTopicsOption = Annotated[
 ]
 
 
-def _model_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
+def builtin_only(settings: Settings, command: str) -> Settings:
+    """``settings``, unless they configure a model of the user's: the benchmarks but ``bench
+    overhead`` measure the built-in model (its synthetic world and spec).
+
+    Raises:
+        UserError: ``[model.module]`` (or ``[events]``/``[features]``) is set.
+    """
+    if settings.model.module is not None or settings.events.configured:
+        raise UserError(
+            f"bench {command} measures the built-in model; with [model.module] run `bench "
+            "overhead` (the configured path), or leave [model.module] unset"
+        )
+    return settings
+
+
+def _model_settings(ctx: typer.Context, config: ConfigOption, command: str) -> Settings:
     """Settings for a forward-only bench (no stack needed), torch threads applied."""
-    settings = command_settings(ctx, config)
+    settings = builtin_only(command_settings(ctx, config), command)
     require_device(settings.model.device)
     apply_threads(settings)
     return settings
 
 
-def stack_settings(ctx: typer.Context, config: ConfigOption) -> Settings:
-    """Settings of a benchmark on the stack, after checking the device, Kafka and Redis."""
+def stack_settings(ctx: typer.Context, config: ConfigOption, command: str) -> Settings:
+    """Settings of a benchmark on the stack, after checking the device, Kafka and Redis (and,
+    for ``overhead``, a configured model; the others refuse one: :func:`builtin_only`)."""
     settings = command_settings(ctx, config)
+    if command == "overhead":
+        require_configured_model(settings)
+    else:
+        builtin_only(settings, command)
     require_device(settings.model.device)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
@@ -84,7 +105,7 @@ def bench_model_command(
     config: ConfigOption = None,
 ) -> None:
     """Bare forward rows/s of the configured model at the configured batch size."""
-    settings = _model_settings(ctx, config)
+    settings = _model_settings(ctx, config, "model")
     from pipeline.tools.bench.common import load_or_build_scorer
     from pipeline.tools.bench.model import bench_model
     from pipeline.tools.synthetic_io import build_world
@@ -112,7 +133,7 @@ def bench_pipeline_command(
     config: ConfigOption = None,
 ) -> None:
     """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "pipeline")
     from pipeline.tools.bench.pipeline import bench_pipeline
 
     apply_threads(settings)
@@ -137,7 +158,7 @@ def bench_quantize_command(
     config: ConfigOption = None,
 ) -> None:
     """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
-    settings = _model_settings(ctx, config)
+    settings = _model_settings(ctx, config, "quantize")
     from pipeline.tools.bench.serving import bench_quantization
 
     emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
@@ -153,7 +174,7 @@ def bench_compile_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s with and without torch.compile (interleaved)."""
-    settings = _model_settings(ctx, config)
+    settings = _model_settings(ctx, config, "compile")
     from pipeline.tools.bench.serving import bench_compile
 
     rows = batch_rows or settings.batching.max_batch_rows
@@ -173,7 +194,7 @@ def bench_precision_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s of fp32, tf32 and bf16 (and compiled), max score change vs fp32."""
-    settings = _model_settings(ctx, config)
+    settings = _model_settings(ctx, config, "precision")
     from pipeline.tools.bench.serving import bench_precision
 
     rows = batch_rows or settings.batching.max_batch_rows
@@ -199,7 +220,7 @@ def bench_ranks_command(
         raise UserError(f"--nproc takes world sizes like 1,2,4; got {nproc!r}") from exc
     if not nprocs or min(nprocs) < 1:
         raise UserError(f"--nproc takes world sizes >= 1, got {nproc!r}")
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "ranks")
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     from pipeline.tools.bench.ranks import bench_ranks
 
@@ -219,7 +240,7 @@ def bench_overhead_command(
     config: ConfigOption = None,
 ) -> None:
     """CPU per event around the model: Kafka passthrough vs the pipeline with a tiny ranker."""
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "overhead")
     from pipeline.tools.bench.overhead import bench_overhead
 
     emit(bench_overhead(settings, events=events, report=say, keep_topics=keep_topics), as_json)
@@ -245,7 +266,7 @@ def bench_ingest_command(
     if not counts or min(counts) < 0 or events < 1 or rounds < 1:
         raise UserError("--workers must be >= 0; --events and --rounds >= 1")
 
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "ingest")
     settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
     from pipeline.tools.bench.ingest import bench_ingest
 
@@ -271,7 +292,7 @@ def bench_codec_command(
     config: ConfigOption = None,
 ) -> None:
     """fastavro per event vs the columnar kernels: decode and encode CPU per event (no stack)."""
-    settings = command_settings(ctx, config)
+    settings = builtin_only(command_settings(ctx, config), "codec")
     from pipeline.tools.bench.codec import bench_codec
 
     emit(bench_codec(settings, events=events, batch_events=batch_events, rounds=rounds), as_json)
@@ -296,7 +317,7 @@ def bench_retrieval_command(
     config: ConfigOption = None,
 ) -> None:
     """IVFPQ vs exact inner-product search: recall@k, ms per event, index build time (no stack)."""
-    settings = _model_settings(ctx, config)
+    settings = _model_settings(ctx, config, "retrieval")
     try:
         nprobes = tuple(int(n) for n in nprobe.split(",")) if nprobe else ()
     except ValueError as exc:

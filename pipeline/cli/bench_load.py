@@ -54,7 +54,7 @@ def bench_soak_command(
         raise UserError(f"--load is a fraction of capacity in (0, 1], got {load}")
     if rate is not None and rate <= 0:
         raise UserError(f"--rate must be positive, got {rate}")
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "soak")
     require_checkpoint(settings.model.checkpoint)
     from pipeline.tools.bench.soak import SoakPlan, bench_soak
 
@@ -149,7 +149,7 @@ def bench_latency_command(
     if compare is not None and plot is None:
         raise UserError("--compare draws on the plot: give --plot FILE.png too")
     earlier = _previous_report(compare) if compare is not None else None
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "latency")
     from pipeline.tools.bench.latency import bench_latency
     from pipeline.tools.bench.latency_plot import plot_latency
 
@@ -189,7 +189,7 @@ def bench_swap_command(
         raise UserError("--rate, --seconds and --window-s must be positive, --nproc >= 1")
     if not 0 < swap_at < seconds:
         raise UserError(f"--swap-at must be inside (0, --seconds={seconds:g}), got {swap_at:g}")
-    settings = stack_settings(ctx, config)
+    settings = stack_settings(ctx, config, "swap")
     from pipeline.tools.bench.swap import SwapPlan, bench_swap
 
     export_config_file(ctx, config)

@@ -18,8 +18,8 @@ from pipeline.cli.checks import (
     require_checkpoint,
     require_configured_model,
     require_device,
-    require_module_version,
     require_kafka,
+    require_module_version,
     require_redis,
     require_schema_registry,
 )

@@ -5,7 +5,10 @@ test builds from the raw events and Redis values (tests/integration/byom.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -233,3 +236,29 @@ def test_a_new_version_of_an_example_model_swaps_in_under_load(
         for item in rec["items"]
     )
     assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["deepfm", "dcn"])
+def test_bench_overhead_measures_the_configured_path(
+    name: str,
+    tmp_path: Path,
+    settings_factory: Callable[..., Settings],
+    unique_name: Callable[[str], str],
+) -> None:
+    ex = make_example(name, tmp_path, unique_name("bench"), tmp_path / "versions", steps=1)
+    base = settings_factory()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")},
+        "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
+        "STREAMRANK_REDIS__URL": base.redis.url,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "bench", "overhead", "--events", "300", "--json",
+         "-c", str(ex.toml)],
+        capture_output=True, text=True, env=env, timeout=400, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["path"] == "configured" and report["events"] == 300
+    assert report["stages_us"]["decode"] > 0 and report["stages_us"]["enrich"] > 0
+    assert report["non_model_cpu_us_per_event"] > 0

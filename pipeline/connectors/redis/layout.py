@@ -224,37 +224,63 @@ def parse_hashes(
     return _finish(rows, good)
 
 
-def _split(
-    values: Sequence[bytes | None], good: npt.NDArray[np.bool_], cut: int
-) -> tuple[list[bytes | None], list[bytes | None]]:
-    """Each good value cut at ``cut`` bytes (``None`` for the others)."""
-    kept = [v if g else None for v, g in zip(values, good.tolist(), strict=True)]
-    return [None if v is None else v[:cut] for v in kept], [
-        None if v is None else v[cut:] for v in kept
-    ]
-
-
 def parse_packed(values: Sequence[bytes | None], layout: RecordLayout, side: str) -> RecordRows:
-    """The records of ``MGET`` values in the packed layout (``None``: no key)."""
+    """The records of ``MGET`` values in the packed layout (``None``: no key); one compiled
+    pass over the values laid end to end."""
     n = len(values)
     rows = RecordRows.defaults(n, layout)
-    vector = next(f for f in layout.fields if f.kind is RecordKind.VECTOR)
-    width = 4 * vector.width
     lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
-    if layout.fields[0].kind is RecordKind.ID:  # item: an int64 id, then the vector
-        good = lengths == 8 + width
-        ids, vectors = _split(values, good, 8)
-        joined = b"".join(v for v in ids if v is not None)
-        rows.ints[good, layout.fields[0].column] = np.frombuffer(joined, dtype="<i8")
-        good &= _put_field(rows, layout, 1, vectors)
-    else:  # user: the vector, then int64 ids (none without a list field)
-        good = (lengths >= width) & ((lengths - width) % 8 == 0)
-        vectors, lists = _split(values, good, width)
-        good &= _put_field(rows, layout, 0, vectors)
-        if len(layout.fields) > 1:
-            good &= _put_field(rows, layout, 1, lists)
+    data = np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8)
+    vector = next(f for f in layout.fields if f.kind is RecordKind.VECTOR)
+    id_first = layout.fields[0].kind is RecordKind.ID
+    cap = layout.list_caps[0] if layout.list_caps else 0
+    good = _parse_packed(
+        data, lengths, id_first, vector.width, cap, len(layout.list_caps) > 0,
+        rows.ints, rows.floats, rows.side,
+    )  # fmt: skip
     _warn(side, n - int(good.sum()), int((lengths < 0).sum()))
     return _finish(rows, good)
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_packed(
+    data: npt.NDArray[np.uint8],
+    lengths: npt.NDArray[np.int64],
+    id_first: bool,
+    dim: int,
+    cap: int,
+    has_list: bool,
+    ints: npt.NDArray[np.int64],
+    floats: npt.NDArray[np.float32],
+    side: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Item values (``int64`` id, ``float32[dim]``) or user values (``float32[dim]`` then
+    ``int64[k]``, ``k`` kept up to ``cap``) into rows; which values are good (finite too)."""
+    good = np.zeros(len(lengths), dtype=np.bool_)
+    at = 0
+    for i in range(len(lengths)):
+        size = lengths[i]
+        if size < 0:
+            continue
+        start = at
+        at += size
+        head = 8 if id_first else 0
+        tail = size - head - 4 * dim
+        if tail < 0 or (id_first and tail != 0) or tail % 8 != 0 or (tail and not has_list):
+            continue
+        vector = data[start + head : start + head + 4 * dim].view(np.float32)
+        if not np.isfinite(vector).all():
+            continue
+        good[i] = True
+        floats[i, :] = vector
+        if id_first:
+            ints[i, 0] = data[start : start + 8].view(np.int64)[0]
+        elif has_list:
+            count = min(tail // 8, cap)
+            first = start + 4 * dim
+            ints[i, 0] = count
+            side[i, :count] = data[first : first + 8 * count].view(np.int64)
+    return good
 
 
 def _warn(side: str, bad: int, absent: int) -> None:

@@ -6,7 +6,10 @@ a. **passthrough**: a bare consumer reads the N raw messages and a bare producer
    values the size of a Recommendation (no decode, no encode): what Kafka alone costs.
 b. **pipeline**: a fresh :class:`~pipeline.runtime.loop.ScoringPipeline` scores the N events with a
 tiny
-   ranker (embedding dim 8, one small MLP layer each side), so the forward is negligible.
+   ranker (embedding dim 8, one small MLP layer each side), so the forward is negligible. With
+   ``[model.module]`` the configured path is measured instead: its module untrained, its
+   events synthesized from its schema and its Redis records from its layouts
+   (:mod:`pipeline.tools.bench.configured`); the forward is not counted as non-model CPU.
 c. **stages**: during (b), process CPU time (``resource.getrusage``, so librdkafka's threads
    count) is charged to the stage running at the time; nested stages are exclusive.
 """
@@ -30,6 +33,7 @@ from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
 from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import BenchTopics, seeded_world
+from pipeline.tools.bench.configured import configured_scorer, produce_configured_events
 from pipeline.tools.synthetic_io import produce_events
 
 STAGES = (
@@ -220,10 +224,14 @@ def bench_overhead(
 
         bench_overhead(settings, events=20_000)["stages_us"]["decode"]
     """
-    world = seeded_world(settings)
+    configured = settings.model.module is not None
+    world = None if configured else seeded_world(settings)
     with BenchTopics(settings, keep_topics) as topics:
         run = _run_settings(settings, topics)
-        produce_events(run, world, events)
+        if world is None:
+            produce_configured_events(run, events)
+        else:
+            produce_events(run, world, events)
         own_group = run.kafka.model_copy(update={"group_id": f"{run.kafka.group_id}-passthrough"})
         pass_eps, pass_cpu = passthrough(
             run.model_copy(update={"kafka": own_group}), events, recommendation_size(run)
@@ -232,7 +240,8 @@ def bench_overhead(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # a tiny forward gains nothing from intra-op threads spinning
         try:
-            pipe_eps, clock = pipeline_run(run, tiny_scorer(settings), events)
+            scorer = configured_scorer(settings) if configured else tiny_scorer(settings)
+            pipe_eps, clock = pipeline_run(run, scorer, events)
         finally:
             torch.set_num_threads(threads)
     stages_us = {k: round(v / events * 1e6, 2) for k, v in clock.seconds.items()}
@@ -242,6 +251,7 @@ def bench_overhead(
         f"pipeline: {pipe_eps:,.0f} events/s, {total:.1f} us CPU/event, {non_model:.1f} non-model"
     )
     return {
+        "path": "configured" if configured else "built-in",
         "events": events,
         "passthrough_eps": round(pass_eps, 1),
         "passthrough_cpu_us_per_event": round(pass_cpu / events * 1e6, 2),

@@ -21,7 +21,8 @@ from model.module.store import import_state_dict
 from model.module.types import ModelConfigError, ModuleConfig
 from model.options import QuantDtype
 from model.rank import RankContext
-from model.serving import ScorerFactory, ServingOptions
+from model.serving import Scorer, ScorerFactory, ServingOptions
+from model.serving.graph_shapes import graph_shapes, shape_for
 from model.store.versions import ModelVersions
 from tests.model.distributed.ranks import spawn_ranks
 from tests.model.module.configs import DCN, DCN_LAYOUT, DEEPFM, DEEPFM_LAYOUT
@@ -118,3 +119,27 @@ def test_two_ranks_shard_a_configured_module_and_score_as_one_process(tmp_path: 
         with torch.no_grad():
             want = output_scores(module(inp.dense, inp.sparse), DEEPFM.output).numpy()
         np.testing.assert_allclose(np.load(tmp_path / f"rank-{rank}.npy"), want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_compiled_configured_module_scores_as_its_forward(tmp_path: Path) -> None:
+    path, module = imported(tmp_path, DEEPFM, seed=5)
+    scorer = ScorerFactory(options(path, DEEPFM, DEEPFM_LAYOUT, compile=True)).create_scorer()
+    assert hasattr(scorer.module, "_compiled_call_impl")
+    scorer.warm_up([16, 8])
+    inp = batch(DEEPFM, DEEPFM_LAYOUT, ROWS, seed=1)
+    with torch.no_grad():
+        want = output_scores(module(inp.dense, inp.sparse), DEEPFM.output)
+    assert torch.allclose(scorer.forward(inp), want, atol=1e-5)
+
+
+def test_graph_shapes_follow_the_configured_layout(tmp_path: Path) -> None:
+    path, _ = imported(tmp_path, DCN, seed=4)
+    plain = ScorerFactory(options(path, DCN, DCN_LAYOUT)).create_scorer()
+    shapes = graph_shapes(DCN_LAYOUT, 32)
+    assert shapes[-1].values_per_key == (32, 32, 32)
+    padded = Scorer(plain.module, DCN_LAYOUT, "v", plain.device, graph_shapes=shapes)
+    inp = batch(DCN, DCN_LAYOUT, 5, seed=3)
+    staged = padded.stage_input(inp).ready_input()
+    assert staged.num_rows == shape_for(5, shapes).padded_rows
+    assert torch.allclose(padded.forward(staged, rows=5), plain.forward(inp), atol=1e-6)

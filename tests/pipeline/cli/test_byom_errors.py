@@ -129,3 +129,13 @@ def test_events_and_features_without_a_module_are_one_line(
     config = tmp_path / "half.toml"
     config.write_text('[events]\nschema_file = "x.avsc"\n')
     _assert_one_line_user_error(_run(run_cli, config), "set [model.module]")
+
+
+@pytest.mark.parametrize("command", [["bench", "model"], ["bench", "latency"], ["bench", "codec"]])
+def test_bench_commands_of_the_built_in_model_refuse_a_configured_one(
+    run_cli: CliRunner, tmp_path: Path, command: list[str]
+) -> None:
+    result = run_cli(*command, "-c", str(_config(tmp_path)))
+    _assert_one_line_user_error(
+        result, f"{' '.join(command)} measures the built-in model", "bench overhead"
+    )

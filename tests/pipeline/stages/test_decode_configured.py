@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pipeline.models.mapping import resolve_feature_map
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import load_settings
 from pipeline.stages.decode import ConfiguredDecoder
+from pipeline.types import RejectedMessage
 from tests.conftest import REPO_ROOT
 from tests.integration.byom import load_example
 
@@ -158,3 +160,71 @@ def test_confluent_framing_resolves_the_writer_schema_through_the_registry(
         (2, "bad_framing"),
         (3, "unknown_schema"),
     ]
+
+
+def _no_address(detail: str) -> str:
+    """fastavro's messages name a buffer object by its address."""
+    return re.sub(r"0x[0-9a-f]+", "0x?", detail)
+
+
+def _mutations(ex: Any, seed: int) -> list[bytes]:
+    """Valid events and events that break each rule, of one example's schema."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for record in ex.events(120, seed_=seed):
+        pick = int(rng.integers(0, 12))
+        if ex is DEEPFM:
+            if pick == 1:
+                record["viewer"]["id"] = -int(rng.integers(1, 9))
+            elif pick == 2:
+                record["offer_ids"] = []
+            elif pick == 3:
+                record["viewer"]["browser"] = "" if rng.random() < 0.5 else "é" * 257
+            elif pick == 4:
+                record["slots"] = int(rng.integers(-2, 1))
+        else:
+            if pick == 1:
+                record["listing_ids"].append(3000 + int(rng.integers(0, 5)))
+            elif pick == 2:
+                record["query_terms"] = ["", "oak"] if rng.random() < 0.5 else ["x" * 300]
+            elif pick == 3:
+                record["want"] = 0
+            elif pick == 4:
+                record["session"]["country"] = "ünïcödé"
+        value = ex.encode(record)
+        if pick == 5:
+            value = value[: int(rng.integers(1, len(value)))]
+        elif pick == 6:
+            value = value + b"\x00"
+        values.append(value)
+    return values
+
+
+@pytest.mark.parametrize("name", ["deepfm", "dcn"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_compiled_walk_decodes_as_the_record_path(name: str, seed: int) -> None:
+    fmap = _map(name)
+    decoder = ConfiguredDecoder(CodecSettings(), fmap)
+    assert decoder._program is not None  # these schemas take the compiled walk
+    values = _mutations(DEEPFM if name == "deepfm" else DCN, seed)
+    events, accepted, rejections = decoder.decode_values(values)
+    records = decoder.records
+    rows, want_accepted, want_rejections = [], [], []
+    for i, value in enumerate(values):
+        try:
+            rows.append(records.event(value))
+            want_accepted.append(i)
+        except RejectedMessage as rejection:
+            want_rejections.append((i, rejection.reason, _no_address(rejection.detail)))
+    want = records.columns(rows)
+    assert accepted.tolist() == want_accepted
+    assert [(i, r.reason, _no_address(r.detail)) for i, r in rejections] == want_rejections
+    assert 0 < len(want_rejections) < len(values)
+    for column in ("event_id_bytes", "event_id_offsets", "user_ids", "event_time_ms",
+                   "num_results", "candidate_counts", "candidate_ids"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(events, column), getattr(want, column), column)
+    assert events.fields is not None and want.fields is not None
+    np.testing.assert_array_equal(events.fields.ints, want.fields.ints)
+    np.testing.assert_array_equal(events.fields.floats, want.fields.floats)
+    np.testing.assert_array_equal(events.fields.list_counts, want.fields.list_counts)
+    np.testing.assert_array_equal(events.fields.list_ids, want.fields.list_ids)
