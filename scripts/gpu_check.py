@@ -19,6 +19,9 @@ section runs):
   the pipeline's dependencies; ``skipped`` where one is missing).
 - ``nccl_2_ranks``: with two or more GPUs, the parity through a 2-rank NCCL DMP (child
   processes, polled: a crashed rank ends the section at once).
+- ``configured``: with ``--config`` naming a ``[model.module]`` (e.g.
+  ``examples/deepfm/streamrank.toml``), the parity of that model of the user's
+  (:mod:`scripts.gpucheck.configured`); ``skipped`` without.
 
 Output (:mod:`scripts.gpucheck.report`): after every section the whole JSON object is rewritten
 to ``--out`` (atomically) and one line ``{"section", "seconds", "result"}`` is printed; at the
@@ -44,13 +47,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.ranker import build_ranker
 from model.serving.device import bind_thread
 from scripts.gpucheck.common import batch, check_spec, synthetic_world
+from scripts.gpucheck.configured import configured_parity
 from scripts.gpucheck.model_sections import forward_speed, parity
 from scripts.gpucheck.nccl import nccl_2_ranks
 from scripts.gpucheck.report import CheckReport
 from scripts.gpucheck.scoring_stage import scoring_stage
 from scripts.gpucheck.worker_transfer import worker_transfer
 
-SECTIONS = ("parity", "worker_transfer", "forward", "scoring_stage", "nccl_2_ranks")
+SECTIONS = (
+    "parity",
+    "worker_transfer",
+    "forward",
+    "scoring_stage",
+    "nccl_2_ranks",
+    "configured",
+)
 
 
 def _ints(text: str) -> list[int]:
@@ -71,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage-batches", type=int, default=30)
     parser.add_argument("--nccl-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--small", action="store_true", help="a small model (for CPU tests)")
+    parser.add_argument("--config", type=Path, default=None, help="a TOML with [model.module]")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="which, comma-separated")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     return parser
@@ -119,6 +131,7 @@ def main() -> int:
             ranker, world, spec, device, args.stage_rows, args.stage_batches
         ),
         "nccl_2_ranks": lambda: nccl_2_ranks(min(sizes), args.small, args.nccl_timeout),
+        "configured": lambda: configured_parity(args.config, device, min(sizes)),
     }
     verdicts = [report.section(name, runs[name]).get("ok", True) for name in chosen]
     ok = all(verdicts) and not report.failed

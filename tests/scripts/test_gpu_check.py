@@ -53,7 +53,9 @@ def test_gpu_check_on_the_cpu_prints_json_after_every_section(tmp_path: Path) ->
     lines = _lines(result.stdout)
     report = lines[-1]
     assert report == json.loads(out.read_text())
-    sections = ["parity", "worker_transfer", "forward", "scoring_stage", "nccl_2_ranks"]
+    sections = [
+        "parity", "worker_transfer", "forward", "scoring_stage", "nccl_2_ranks", "configured",
+    ]  # fmt: skip
     assert [line["section"] for line in lines[:-1]] == sections
     for line in lines[:-1]:
         assert report[line["section"]] == line["result"]
@@ -85,6 +87,26 @@ def test_gpu_check_on_the_cpu_prints_json_after_every_section(tmp_path: Path) ->
     assert all(seconds > 0 for seconds in stage["seconds_per_stage"].values())
     if not torch.cuda.is_available():
         assert report["nccl_2_ranks"] == {"skipped": "needs 2 GPUs, this machine has 0"}
+    assert report["configured"] == {"skipped": "no --config naming a [model.module]"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["deepfm", "dcn"])
+def test_gpu_check_checks_an_example_model_of_the_users(tmp_path: Path, example: str) -> None:
+    root = SCRIPT.parents[1]
+    config = tmp_path / "config.toml"
+    text = (root / "examples" / example / "streamrank.toml").read_text()
+    config.write_text(text.replace('schema_file = "examples/', f'schema_file = "{root}/examples/'))
+    out = tmp_path / "check.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *SMALL, "--sections", "configured", "--config",
+         str(config), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    section = json.loads(out.read_text())["configured"]
+    assert section["ok"] and section["factory"].startswith("torchrec.models.")
+    assert set(section["max_abs_diff"]) == {"unsharded", "dmp_1_rank", "fp16_tables", "int8_tables"}
 
 
 @pytest.mark.slow
