@@ -160,7 +160,7 @@ def test_unknown_sections_are_refused_in_one_line(tmp_path: Path) -> None:
     # The last line: torch 2.11's FBGEMM may warn about its version table on import before it.
     assert result.stderr.strip().splitlines()[-1] == (
         "gpu_check: unknown sections ['nope']; one of "
-        "['parity', 'worker_transfer', 'forward', 'scoring_stage', 'nccl_2_ranks']"
+        "['parity', 'worker_transfer', 'forward', 'scoring_stage', 'nccl_2_ranks', 'configured']"
     )
 
 
