@@ -72,7 +72,12 @@ def build_model() -> DLRM_DCN:
     )
 
 
-def _random_batch(rng: np.random.Generator, rows: int) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+def _training_batch(
+    rng: np.random.Generator, rows: int
+) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    """Synthetic training rows shaped like served ones (price ceiling or 0, profile, quality;
+    random ids) and two labels, click and purchase, drawn from logistics of the dense
+    features."""
     lengths = [np.ones(rows, dtype=np.int64) for _ in TABLES]
     lengths[4] = rng.integers(0, 5, rows)  # terms
     lengths[6] = rng.integers(0, 7, rows)  # recent
@@ -83,7 +88,16 @@ def _random_batch(rng: np.random.Generator, rows: int) -> tuple[torch.Tensor, Ke
         values=torch.from_numpy(np.concatenate(values)),
         lengths=torch.from_numpy(np.concatenate(lengths)),
     )
-    return torch.from_numpy(rng.standard_normal((rows, DENSE)).astype(np.float32)), kjt
+    price = np.where(rng.random(rows) < 0.4, 0.0, rng.uniform(0.05, 5.0, rows))
+    dense = np.hstack([price[:, None], rng.standard_normal((rows, 3)), rng.random((rows, 4))])
+    click = dense[:, 1] + 2 * (dense[:, 4] - 0.5)
+    purchase = click - 0.5 * price - 1
+    labels = rng.random((rows, 2)) < 1 / (1 + np.exp(-np.stack([click, purchase], axis=1)))
+    return (
+        torch.from_numpy(dense.astype(np.float32)),
+        kjt,
+        torch.from_numpy(labels.astype(np.float32)),
+    )
 
 
 def init(out: Path, steps: int = 60, seed_: int = 0) -> None:
@@ -94,8 +108,7 @@ def init(out: Path, steps: int = 60, seed_: int = 0) -> None:
     train = DLRMTrain(build_model())
     optimizer = torch.optim.Adam(train.parameters(), lr=0.01)
     for _ in range(steps):
-        dense, sparse = _random_batch(rng, 256)
-        labels = torch.stack([dense[:, 0] > 0, dense[:, 1] > 1], dim=1).float()
+        dense, sparse, labels = _training_batch(rng, 256)
         logits = train.model(dense, sparse)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
         optimizer.zero_grad()
@@ -155,7 +168,7 @@ def events(n: int, seed_: int = 0) -> list[dict[str, Any]]:
                 "sent_at_ms": now,
                 "listing_ids": [int(x) for x in listings],
                 "query_terms": [TERMS[int(t)] for t in terms],
-                "price_ceiling": None if rng.random() < 0.4 else float(rng.uniform(5, 500)),
+                "price_ceiling": None if rng.random() < 0.4 else float(rng.uniform(0.05, 5.0)),
                 "want": int(rng.integers(1, 6)),
             }
         )

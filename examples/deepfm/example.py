@@ -63,8 +63,11 @@ def build_model() -> SimpleDeepFMNN:
     )
 
 
-def _random_batch(rng: np.random.Generator, rows: int) -> tuple[torch.Tensor, KeyedJaggedTensor]:
-    """Training input of random ids (one per key, a few recent offers)."""
+def _training_batch(
+    rng: np.random.Generator, rows: int
+) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    """Synthetic training rows shaped like served ones (hour of day, taste, stats; random ids),
+    and clicks drawn from a logistic of the dense features."""
     lengths = [np.ones(rows, dtype=np.int64) for _ in TABLES]
     lengths[3] = rng.integers(0, 6, rows)
     pairs = zip(TABLES.values(), lengths, strict=True)
@@ -74,7 +77,11 @@ def _random_batch(rng: np.random.Generator, rows: int) -> tuple[torch.Tensor, Ke
         values=torch.from_numpy(np.concatenate(values)),
         lengths=torch.from_numpy(np.concatenate(lengths)),
     )
-    return torch.from_numpy(rng.standard_normal((rows, DENSE)).astype(np.float32)), kjt
+    hour = rng.integers(0, 24, (rows, 1))
+    dense = np.hstack([hour, rng.standard_normal((rows, 4)), rng.random((rows, 2))])
+    logit = 0.1 * (hour[:, 0] - 12) + dense[:, 1] + 2 * (dense[:, 5] - 0.5)
+    clicks = rng.random(rows) < 1 / (1 + np.exp(-logit))
+    return torch.from_numpy(dense.astype(np.float32)), kjt, torch.from_numpy(clicks).float()
 
 
 def init(out: Path, steps: int = 60, seed_: int = 0) -> None:
@@ -84,8 +91,7 @@ def init(out: Path, steps: int = 60, seed_: int = 0) -> None:
     model = build_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(steps):
-        dense, sparse = _random_batch(rng, 256)
-        clicks = torch.from_numpy((dense[:, 0] > 0).numpy().astype(np.float32))
+        dense, sparse, clicks = _training_batch(rng, 256)
         loss = torch.nn.functional.binary_cross_entropy(model(dense, sparse).squeeze(1), clicks)
         optimizer.zero_grad()
         loss.backward()
