@@ -167,6 +167,22 @@ class _EventFields:
         return column
 
 
+def _record_field(
+    where: str, source: Source, name: str, records: dict[Source, RecordLayout | None]
+) -> RecordField:
+    """The field ``name`` of ``source``'s Redis record (one line naming ``where`` if none)."""
+    record = records[source]
+    if record is None:
+        raise FeatureMapError(f"{where}: source = '{source}' needs [features.{source}]")
+    try:
+        return record.field(name)
+    except KeyError:
+        raise FeatureMapError(
+            f"{where}.field = {name!r}: [features.{source}] declares no such field (its "
+            f"fields: {', '.join(f.name for f in record.fields)})"
+        ) from None
+
+
 def _sparse(
     key: str,
     cfg: SparseSettings,
@@ -196,16 +212,7 @@ def _sparse(
         else:
             column = events.add(found, Store.INTS)
     elif cfg.source in (Source.USER, Source.ITEM):
-        record = records[cfg.source]
-        if record is None:
-            raise FeatureMapError(f"{where}: source = '{cfg.source}' needs [features.{cfg.source}]")
-        try:
-            rf = record.field(cfg.field)
-        except KeyError:
-            raise FeatureMapError(
-                f"{where}.field = {cfg.field!r}: [features.{cfg.source}] declares no such field "
-                f"(its fields: {', '.join(f.name for f in record.fields)})"
-            ) from None
+        rf = _record_field(where, cfg.source, cfg.field, records)
         if rf.kind is RecordKind.VECTOR:
             raise FeatureMapError(
                 f"{where}.field = {cfg.field!r} is a vector: a sparse feature needs an id or "
@@ -238,15 +245,7 @@ def _dense(
         found = _field(schema, cfg.field, f"{where}.field", _NUMBER_KINDS, "a dense part")
         column = events.add(found, Store.FLOATS)
         return DensePart(f"event.{found.name}", cfg.source, column, 1, cfg.default)
-    record = records[cfg.source]
-    if record is None:
-        raise FeatureMapError(f"{where}: source = '{cfg.source}' needs [features.{cfg.source}]")
-    try:
-        rf = record.field(cfg.field)
-    except KeyError:
-        raise FeatureMapError(
-            f"{where}.field = {cfg.field!r}: [features.{cfg.source}] declares no such field"
-        ) from None
+    rf = _record_field(where, cfg.source, cfg.field, records)
     if rf.kind is not RecordKind.VECTOR:
         raise FeatureMapError(
             f"{where}.field = {cfg.field!r} is an {rf.kind}: a dense part needs a vector"

@@ -52,10 +52,8 @@ class ConfiguredDecoder:
     """Consumed messages of the configured schema -> :class:`~pipeline.types.DecodedMessages`.
 
     Args:
-        settings: framing, registry and limits (``[codec]``).
-        fmap: the feature map (roles, event fields, the ``dlq`` id checks).
-        retrieve: accept events without candidates (``retrieval.enabled``); off:
-            ``no_candidates``.
+        settings / fmap / retrieve: as :class:`~pipeline.stages.decode.records.RecordDecoder`
+            takes them (framing and limits; the feature map; events without candidates).
     """
 
     def __init__(self, settings: CodecSettings, fmap: FeatureMap, retrieve: bool = False) -> None:
