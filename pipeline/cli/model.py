@@ -85,6 +85,11 @@ def init_model(
     --promote. Otherwise it writes a plain checkpoint directory, as before.
     """
     settings = command_settings(ctx, config)
+    if settings.model.module is not None:
+        raise UserError(
+            "init-model trains the built-in DLRM; with [model.module] bring your model's "
+            "weights: `streamrank model import STATE_DICT_FILE --promote`"
+        )
     path = out or settings.model.checkpoint
     as_version = _check_init_target(path, versioned or promote, overwrite, version)
     from model.store.checkpoint import save_checkpoint  # torch: once the target is checked

@@ -4,6 +4,7 @@ import`` checks the state_dict file)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -139,3 +140,20 @@ def test_bench_commands_of_the_built_in_model_refuse_a_configured_one(
     _assert_one_line_user_error(
         result, f"{' '.join(command)} measures the built-in model", "bench overhead"
     )
+
+
+def test_init_model_refuses_a_configured_model(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli("init-model", "-c", str(_config(tmp_path)))
+    _assert_one_line_user_error(result, "init-model trains the built-in DLRM", "model import")
+
+
+def test_plan_places_the_modules_own_tables(run_cli: CliRunner, tmp_path: Path) -> None:
+    result = run_cli("plan", "--nproc", "2", "--json", "-c", str(_config(tmp_path)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    tables = {t["name"]: t for t in report["tables"]}
+    assert set(tables) == {"t_viewer", "t_browser", "t_offer", "t_recent_offers", "t_segment"}
+    assert (
+        tables["t_viewer"]["num_embeddings"] == 1000 and tables["t_viewer"]["embedding_dim"] == 16
+    )
+    assert {r for t in tables.values() for r in t["ranks"]} == {0, 1}
