@@ -136,6 +136,13 @@ def bench_pipeline_command(
             help="Save the first batched run's batches here (replay: bench model --replay)."
         ),
     ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="section.key=value (repeatable): each round also drains the same backlog with "
+            "these settings, e.g. retrieval.enabled=false (variant_over_e2e: interleaved pairs)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -143,6 +150,14 @@ def bench_pipeline_command(
     the pipeline `streamrank run` builds; each batched run's batches replayed alone, its CPU per
     thread and process."""
     settings = stack_settings(ctx, config)
+    from pipeline.tools.bench.overrides import with_override
+
+    changed = None
+    for assignment in variant or ():
+        try:
+            changed = with_override(changed or settings, assignment)
+        except ValueError as exc:
+            raise UserError(f"--variant {exc}") from exc
     from pipeline.tools.bench.pipeline import bench_pipeline
 
     apply_threads(settings)
@@ -155,6 +170,8 @@ def bench_pipeline_command(
         report=say,
         keep_topics=keep_topics,
         record=record,
+        variant=changed,
+        variant_changes=tuple(variant or ()),
     )
     emit(result.as_dict(), as_json)
 

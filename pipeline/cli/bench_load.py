@@ -48,6 +48,14 @@ def bench_soak_command(
     out: Annotated[Path, typer.Option(help="Directory for soak.json, soak.png and logs.")] = Path(
         "artifacts/soak"
     ),
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            help="Run the pipeline under a tracer: GC pauses, allocator and RSS every second "
+            "(trace.jsonl; its summary in soak.json).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -73,6 +81,7 @@ def bench_soak_command(
         warmup_s=min(60.0, minutes * 60 * 0.2) if warmup_s is None else warmup_s,
         max_growth_24h=max_growth_24h,
         max_lag_s=max_lag_s,
+        trace=trace,
     )
     result = bench_soak(settings, plan, out, report=say)
     emit({k: v for k, v in result.items() if k != "samples"} if not as_json else result, as_json)

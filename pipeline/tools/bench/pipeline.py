@@ -56,6 +56,9 @@ class PipelineBench:
     """Per round: the batched run's CPU per thread and process (:mod:`.cpu_account`)."""
     pipeline: dict[str, Any] = field(default_factory=dict)
     """What the end-to-end runs ran (:func:`~pipeline.tools.bench.served.describe`)."""
+    variant: list[str] = field(default_factory=list)
+    """Settings changed in the variant run of each round (``--variant``)."""
+    variant_rows_per_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Medians over the rounds and the per-round ratios end-to-end / bare."""
@@ -75,6 +78,9 @@ class PipelineBench:
             "per_event_over_bare": _rounded(
                 _ratios(self.per_event_rows_per_s, self.bare_rows_per_s)
             ),
+            "variant": self.variant,
+            "variant_rows_per_s": _median(self.variant_rows_per_s),
+            "variant_over_e2e": _rounded(_ratios(self.variant_rows_per_s, self.e2e_rows_per_s)),
             "replay": self.replays,
             "cpu": self.cpu_accounts,
             "pipeline": self.pipeline,
@@ -183,6 +189,8 @@ def bench_pipeline(
     report: Callable[[str], None] = print,
     keep_topics: bool = False,
     record: Path | None = None,
+    variant: Settings | None = None,
+    variant_changes: tuple[str, ...] = (),
 ) -> PipelineBench:
     """Interleaved rounds of bare forward / batched pipeline / per-event pipeline.
 
@@ -203,6 +211,9 @@ def bench_pipeline(
         report: called with one line of progress per measurement.
         keep_topics: keep the topics of the end-to-end runs (default: deleted at the end).
         record: save the first round's recorded batches here (``bench model --replay``).
+        variant: other settings (e.g. retrieval off): each round also drains the same backlog
+            with them, right after the batched run (``variant_over_e2e``: interleaved pairs).
+        variant_changes: what ``variant`` changes (for the report).
 
     Returns:
         The :class:`PipelineBench` numbers of every round.
@@ -213,7 +224,7 @@ def bench_pipeline(
     """
     world = seeded_world(settings)
     batch_rows = settings.batching.max_batch_rows
-    result = PipelineBench(batch_rows=batch_rows)
+    result = PipelineBench(batch_rows=batch_rows, variant=list(variant_changes))
     with (
         bench_checkpoint(settings) as (settings, checkpoint, notes),
         BenchTopics(settings, keep_topics) as topics,
@@ -248,6 +259,11 @@ def bench_pipeline(
                 f"{alone['replay_rows_per_s']:,.0f} rows/s; forward in the pipeline / alone "
                 f"{alone['pipeline_over_replay']}"
             )
+            if variant is not None:
+                run = backlog(variant, world, events, batch_rows, topics)
+                rows_per_s = drain(bench_pipeline_of(run, checkpoint), events).rows_per_s
+                result.variant_rows_per_s.append(rows_per_s)
+                report(f"round {r + 1}: variant {list(variant_changes)} {rows_per_s:,.0f} rows/s")
             if per_event_events:
                 run = backlog(settings, world, per_event_events, 1, topics)
                 rows_per_s = drain(bench_pipeline_of(run, checkpoint), per_event_events).rows_per_s
