@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli.common import JsonOption, emit
+from pipeline.cli.common import ConfigOption, JsonOption, emit
 from pipeline.cli.errors import UserError
 
 
@@ -35,10 +35,12 @@ def plan_capacity(
         ),
     ] = 0.5,
     as_json: JsonOption = False,
+    config: ConfigOption = None,
 ) -> None:
     """Print the plan for --events-per-s at --candidates per event and p99 under --p99-ms: each
     input with the report it came from, each result with its arithmetic; "not measured" where
     no report gives a figure (GPU figures only from reports run on a GPU)."""
+    del config  # accepted like every command's; the plan reads reports, not settings
     from pipeline.tools.capacity import CapacityTarget, capacity_plan, render
 
     try:

@@ -130,17 +130,27 @@ def _source(name: str, kind: str) -> str:
     return f"{name} ({COMMANDS[kind]})"
 
 
-def _gpu_rows(reports: dict[str, tuple[str, dict[str, Any]]]) -> Figure:
-    found = reports.get("model")
+def _gpu_report(
+    found: tuple[str, dict[str, Any]] | None, figure: str, unit: str, kind: str
+) -> tuple[str, dict[str, Any]] | Figure:
+    """The report of ``kind`` when it ran on a GPU, else the "not measured" figure saying why."""
     if found is None:
-        return Figure("gpu_rows_per_s", None, "rows/s", f"{NOT_MEASURED}: no bench model report")
+        return Figure(figure, None, unit, f"{NOT_MEASURED}: no bench {kind} report")
     name, report = found
     device = str(report.get("device", ""))
     if not device.startswith("cuda"):
         why = f"{NOT_MEASURED} on a GPU: {name} ran on {device or 'an unnamed device'}"
-        return Figure("gpu_rows_per_s", None, "rows/s", why, _source(name, "model"))
+        return Figure(figure, None, unit, why, _source(name, kind))
+    return found
+
+
+def _gpu_rows(reports: dict[str, tuple[str, dict[str, Any]]]) -> Figure:
+    found = _gpu_report(reports.get("model"), "gpu_rows_per_s", "rows/s", "model")
+    if isinstance(found, Figure):
+        return found
+    name, report = found
     rows = float(report.get("rows_per_s") or report["replay_rows_per_s"])
-    gpu = report.get("device_name") or device
+    gpu = report.get("device_name") or report["device"]
     how = f"bench model's forward rows/s on {gpu} at {report.get('batch_rows', '?')} rows"
     return Figure("gpu_rows_per_s", rows, "rows/s", how, _source(name, "model"))
 
@@ -164,13 +174,10 @@ def _host_us(reports: dict[str, tuple[str, dict[str, Any]]]) -> list[Figure]:
 def _rank_us(found: tuple[str, dict[str, Any]] | None) -> Figure:
     """The rank's CPU per event serving its ingest workers: a GPU rank's only (on a CPU the
     rank's CPU is the forward itself)."""
-    if found is None:
-        return Figure("rank_us_per_event", None, "us", f"{NOT_MEASURED}: no bench ingest report")
-    name, report = found
-    device = str(report.get("device", ""))
-    if not device.startswith("cuda"):
-        why = f"{NOT_MEASURED} on a GPU: {name} ran on {device or 'an unnamed device'}"
-        return Figure("rank_us_per_event", None, "us", why, _source(name, "ingest"))
+    gpu = _gpu_report(found, "rank_us_per_event", "us", "ingest")
+    if isinstance(gpu, Figure):
+        return gpu
+    name, report = gpu
     with_workers = {int(k): v for k, v in report["median"].items() if int(k) > 0}
     if not with_workers:
         why = f"{NOT_MEASURED}: {name} has no run with ingest workers"

@@ -33,14 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from model.features.build import FeatureColumns
 from model.features.model_input import ModelInput, sparse_features
 from model.serving import Scorer
-from model.serving.topk import TopK
-from model.serving.transfer import StagedInput
 
 __all__ = ["Recording", "RecordingScorer", "ReplayResult", "replay"]
 
@@ -161,8 +157,10 @@ class Recording:
 class RecordingScorer(Scorer):
     """``inner``, recording each batch's forward into ``recording`` (warm-up excluded).
 
-    Every other call and attribute is the inner scorer's, so the pipeline scores exactly as it
-    would without it (the recording keeps references: no copies on the forward's path).
+    Every attribute is the inner scorer's (``__getattr__``): :class:`~model.serving.Scorer`'s
+    other methods (``stage``, ``top_k``...) run as they are on the inner scorer's model, device
+    and spec, so the pipeline scores exactly as it would without it (the recording keeps
+    references: no copies on the forward's path). Padding forwards are not recorded.
 
     Args:
         inner: the served scorer.
@@ -177,12 +175,6 @@ class RecordingScorer(Scorer):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def stage(self, features: FeatureColumns) -> StagedInput:
-        return self.inner.stage(features)
-
-    def stage_input(self, inp: ModelInput) -> StagedInput:
-        return self.inner.stage_input(inp)
-
     def forward(
         self, inp: ModelInput, pad_to: int | None = None, rows: int | None = None
     ) -> torch.Tensor:
@@ -195,23 +187,12 @@ class RecordingScorer(Scorer):
     def forward_padding(self, rows: int) -> None:
         self.inner.forward_padding(rows)
 
-    def top_k(
-        self,
-        probs: torch.Tensor,
-        candidate_counts: npt.NDArray[np.int64],
-        num_results: npt.NDArray[np.int64],
-    ) -> TopK:
-        return self.inner.top_k(probs, candidate_counts, num_results)
-
     def warm_up(self, batch_rows: Sequence[int]) -> float:
         self._warming = True
         try:
             return self.inner.warm_up(batch_rows)
         finally:
             self._warming = False
-
-    def embedding_bytes(self) -> int:
-        return self.inner.embedding_bytes()
 
 
 @dataclass(frozen=True)
