@@ -84,7 +84,7 @@ def plot_soak(
 
 
 def _fitted_lines(axes: Axes, samples: Sequence[Sample], plan: SoakPlan) -> None:
-    """The least-squares lines of the RSS check (:mod:`.soak_trend`): over the whole span after
+    """The fitted lines of the RSS check (:mod:`.soak_trend`): over the whole span after
     warm-up, and its later half (the one checked)."""
     loaded = [s for s in samples if s.phase == "load" and s.t_s >= plan.warmup_s]
     trend = rss_trend([s.t_s for s in loaded], [s.rss_bytes for s in loaded], plan.max_growth_24h)

@@ -1,20 +1,23 @@
 """The soak's memory check: a slope, not two end points.
 
 A 10-minute window where RSS grows 4% passes a "growth under 5%" check, yet that slope is
-gigabytes a day. Instead, RSS after the warm-up is fitted with a least-squares line, reported in
-MiB per hour and as the growth it projects over 24 hours (relative to the fitted RSS at the
-start of the fit); the check passes when that projection stays under a bound (10%).
+gigabytes a day. Instead, RSS after the warm-up is fitted with a line, reported in MiB per hour
+and as the growth it projects over 24 hours (relative to the fitted RSS at the start of the
+fit); the check passes when that projection stays under a bound (10%). The line is Theil-Sen's
+(the median of the slopes between every two samples): one sample caught while a large batch's
+memory was briefly mapped, or one step, does not tilt it; a steady climb, or steps that keep
+coming, do.
 
 A structure filling toward a fixed size (a cache whose pages are touched as its entries are
 first written: the enricher's feature cache up to ``redis.cache_max_entries``) also makes RSS
 climb, then stop. To tell that from a leak the samples after the warm-up are also fitted in two
 halves: the **check uses the later half's slope** (what would go on), and the shape is named:
 
-- ``flat``: the whole fit projects under the bound;
-- ``filling``: the whole fit does not, but the later half does (the climb slowed down to within
-  the bound: a plateau);
-- ``growing``: the later half still projects over the bound (a leak, or a fill that has not
-  finished: a longer run tells which).
+- ``growing``: the later half projects over the bound (a leak, or a fill or a step that has not
+  settled yet: a longer run tells which); the check fails;
+- ``flat``: the later half and the whole fit project under the bound;
+- ``filling``: the later half does, the whole fit does not (the climb stopped within the run: a
+  plateau).
 
 Example::
 
@@ -40,7 +43,7 @@ MIN_SAMPLES = 3
 
 @dataclass(frozen=True)
 class Fit:
-    """A least-squares line ``bytes = intercept + slope * t`` over some samples.
+    """A Theil-Sen line ``bytes = intercept + slope * t`` over some samples.
 
     Attributes:
         start_s / end_s: the samples' time span.
@@ -82,14 +85,19 @@ class Fit:
 
 
 def fit_line(times_s: Sequence[float], values: Sequence[float]) -> Fit | None:
-    """The least-squares line through ``(times_s, values)`` (``None``: fewer than
+    """Theil-Sen's line through ``(times_s, values)``: the median of the slopes between every
+    two samples at different times, and the median intercept for it (``None``: fewer than
     :data:`MIN_SAMPLES` samples, or all at one time)."""
     t = np.asarray(times_s, dtype=np.float64)
     y = np.asarray(values, dtype=np.float64)
     if len(t) < MIN_SAMPLES or np.ptp(t) <= 0:
         return None
-    slope, intercept = np.polyfit(t, y, 1)
-    return Fit(float(t[0]), float(t[-1]), float(slope), float(intercept), len(t))
+    first, second = np.triu_indices(len(t), k=1)
+    apart = t[second] != t[first]
+    slopes = (y[second] - y[first])[apart] / (t[second] - t[first])[apart]
+    slope = float(np.median(slopes))
+    intercept = float(np.median(y - slope * t))
+    return Fit(float(t[0]), float(t[-1]), slope, intercept, len(t))
 
 
 @dataclass(frozen=True)
@@ -124,9 +132,9 @@ class RssTrend:
         """``flat``, ``filling`` or ``growing`` (``None``: nothing to fit)."""
         if self.whole is None:
             return None
-        if self.whole.growth_24h < self.max_growth_24h:
-            return "flat"
-        return "filling" if self.passed else "growing"
+        if not self.passed:
+            return "growing"
+        return "flat" if self.whole.growth_24h < self.max_growth_24h else "filling"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the checked slope, its 24 h projection, the shape and each fit."""

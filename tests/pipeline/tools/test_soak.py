@@ -166,3 +166,13 @@ def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
     done = _cli(*args, env={})
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_one_transient_sample_does_not_tilt_the_fit() -> None:
+    # Flat at 1,172 MiB, but the last sample caught a large batch's memory mapped for a moment
+    # (+9 MiB, returned right after): a least-squares line through the later half would
+    # project +160% a day; the median of pairwise slopes stays flat.
+    plan = SoakPlan(warmup_s=0.0)
+    rss = [1172.0] * 30 + [1181.0]
+    result = evaluate(plan, 100.0, _samples(rss, [0] * len(rss)))
+    assert result["rss"]["mib_per_hour"] == 0.0 and result["checks"]["rss_slope"]
