@@ -46,6 +46,8 @@ def pytest_selectors() -> list[tuple[str, str, str]]:
     documents (one entry per file it names)."""
     selectors = []
     for where, words in _commands("pytest", MEASURED):
+        if not words or "..." in words:
+            continue  # prose about the commands (``pytest ... -k``), not one of them
         files, expression, i = [], "", 0
         while i < len(words):
             if words[i] in FLAGS_WITH_VALUE:
