@@ -87,6 +87,9 @@ app = StreamrankApp(
     help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
     no_args_is_help=True,
     add_completion=False,
+    # A traceback never prints local variables: one may hold a Redis URL with its password or
+    # a SASL password (typer before 0.23 showed them by default).
+    pretty_exceptions_show_locals=False,
 )
 
 

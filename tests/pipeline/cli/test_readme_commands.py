@@ -1,9 +1,12 @@
-"""Every command of README's command table, run as a user runs it against the real stack.
+"""Every command of docs/commands.md's table, run as a user runs it against the real stack; and
+every ``streamrank`` command shown in README.md, docs/, BENCHMARKS.md and RELIABILITY.md parsed.
 
 Small sizes throughout (a tiny model, tens of events, fractions of a second of timing): each
-command must finish and print what README says it prints, so none can silently break again.
+command must finish and print what the docs say it prints, so none can silently break again.
 The table itself is checked against the CLI (every command and option shown exists) and against
-this file (every command has a smoke test here).
+this file (every command has a smoke test here). A command shown elsewhere is parsed by the
+CLI's own parser without running (a synopsis such as ``[--events N]``: its command and option
+names), so every one of them runs as written.
 """
 
 from __future__ import annotations
@@ -29,13 +32,20 @@ from pipeline.tools.bench.swap import NEW, OLD
 from pipeline.tools.synthetic_io import produce_events
 from pipeline.tools.synthetic_settings import synthetic_settings
 from tests.conftest import LocalStack
+from tests.pipeline.cli.documented_commands import (
+    DocumentedCommand,
+    check_options,
+    cli_commands,
+    documented_commands,
+    is_mention,
+    parse,
+)
 from tests.pipeline.cli.readme_workspace import (
     Workspace,
     bench_topics,
     build_workspace,
-    cli_commands,
+    command_table,
     messages_in,
-    readme_commands,
     running_prometheus,
     strict_json,
 )
@@ -415,13 +425,30 @@ def check_bench_latency(ws: Workspace) -> None:
     assert report["capacity_events_per_s"] > 0 and report["loads"] == []
 
 
-def test_readme_table_lists_every_command_and_each_has_a_smoke_test() -> None:
-    readme, cli = readme_commands(), cli_commands()
-    assert set(readme) == set(cli), "README's command table and the CLI disagree"
+def test_the_table_lists_every_command_and_each_has_a_smoke_test() -> None:
+    table, cli = command_table(), cli_commands()
+    assert set(table) == set(cli), "docs/commands.md's table and the CLI disagree"
     assert set(SMOKE) == set(cli), "a command without a smoke test here"
-    for name, options in readme.items():
+    for name, options in table.items():
         known = {opt for param in cli[name].params for opt in param.opts}
-        assert options <= known, f"README shows {options - known} for `streamrank {name}`"
+        assert options <= known, f"docs/commands.md shows {options - known} for `{name}`"
+
+
+DOCUMENTED = documented_commands()
+
+
+def test_the_documents_show_commands() -> None:
+    where = {c.where.split(":")[0] for c in DOCUMENTED}
+    assert {"README.md", "docs/commands.md", "BENCHMARKS.md"} <= where, where
+    assert any(c.words[:2] == ("bench", "latency") for c in DOCUMENTED)
+
+
+@pytest.mark.parametrize("command", DOCUMENTED, ids=str)
+def test_every_documented_command_runs_as_written(command: DocumentedCommand) -> None:
+    if is_mention(command):
+        check_options(command)
+    else:
+        parse(command)
 
 
 @pytest.mark.parametrize("name", sorted(cli_commands()))
@@ -447,5 +474,5 @@ _SLOW = {
         for name in sorted(SMOKE)
     ],
 )
-def test_readme_command(name: str, workspace: Workspace) -> None:
+def test_documented_command(name: str, workspace: Workspace) -> None:
     SMOKE[name](workspace)
