@@ -1,8 +1,8 @@
 """``bench soak --trace``: what the pipeline process does with memory and the garbage collector,
 recorded from inside it by a wrapper (the serving code knows nothing of it).
 
-``python -m pipeline.tools.bench.soak_trace TRACE_FILE run ARGS...`` runs ``streamrank run
-ARGS...`` in this process after installing:
+``python -m pipeline.tools.bench.soak_trace TRACE_FILE run ARGS...`` runs ``python -m
+pipeline.cli run ARGS...`` in this process after installing:
 
 - a ``gc.callbacks`` hook: every collection of generation 1 or 2, and any that took at least
   :data:`SLOW_GC_MS`, with its pause and the RSS after it;
@@ -26,6 +26,7 @@ import ctypes
 import gc
 import itertools
 import json
+import runpy
 import sys
 import threading
 import time
@@ -131,10 +132,10 @@ def trace_and_run(trace_file: Path, cli_args: list[str]) -> None:
     tracer = _Tracer(out)
     gc.callbacks.append(tracer.on_gc)
     threading.Thread(target=tracer.sample_forever, name="soak-trace", daemon=True).start()
-    from pipeline.cli import app
-
+    # ``python -m pipeline.cli ARGS``, in this process: the program, as the interpreter's -m
+    # runs it (this module sits below the CLI and does not import it)
     sys.argv = ["streamrank", *cli_args]
-    app()
+    runpy.run_module("pipeline.cli", run_name="__main__", alter_sys=True)
 
 
 def summarise(trace_file: Path, started_at: float, slow_gc_ms: float = 50.0) -> dict[str, Any]:
