@@ -19,7 +19,15 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli import bench, bench_load, data, model, report, run  # noqa: F401
+from pipeline.cli import (  # noqa: F401
+    bench,
+    bench_load,
+    capacity,
+    data,
+    model,
+    report,
+    run,
+)
 
 # (bench_load adds its commands to bench.bench_app when imported)
 from pipeline.cli.common import CliState
@@ -125,6 +133,7 @@ app.command()(data.consume)
 app.command("seed-features")(data.seed_features)
 app.command("init-model")(model.init_model)
 app.command()(model.plan)
+app.command("plan-capacity")(capacity.plan_capacity)
 app.command()(report.report)
 app.add_typer(model.model_app, name="model")
 app.add_typer(bench.bench_app, name="bench")

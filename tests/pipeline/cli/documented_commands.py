@@ -198,7 +198,7 @@ def check_options(command: DocumentedCommand) -> None:
     assert not unknown_global, f"{command}: unknown {unknown_global}"
     names, rest = resolve(command)
     known = cli_commands()
-    shown = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", " ".join(rest)))
+    shown = set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", " ".join(rest)))
     for name in names:
         options = {opt for param in known[name].params for opt in param.opts}
         assert shown <= options | {"--help"}, f"{command}: `{name}` has no {shown - options}"

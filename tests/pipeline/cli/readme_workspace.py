@@ -52,7 +52,7 @@ def command_table() -> dict[str, set[str]]:
             (i for i, w in enumerate(words) if w.startswith(("-", "[")) or w.isupper()), len(words)
         )  # options, or an argument in capitals (``model promote VERSION``)
         name = " ".join(words[:first_argument])
-        commands[name] = set(re.findall(r"--[a-z][a-z-]*", match.group(1)))
+        commands[name] = set(re.findall(r"--[a-z][a-z0-9-]*", match.group(1)))
     return commands
 
 

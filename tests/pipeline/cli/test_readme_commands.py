@@ -49,6 +49,7 @@ from tests.pipeline.cli.readme_workspace import (
     running_prometheus,
     strict_json,
 )
+from tests.pipeline.tools.test_capacity import H200, OVERHEAD
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+: ")
@@ -360,9 +361,12 @@ def _versions_dir(ws: Workspace) -> Path:
 def check_bench_soak(ws: Workspace) -> None:
     out = ws.directory / "soak"
     args = ["--minutes", "0.2", "--sample-s", "2", "--warmup-s", "4", "--capacity-events", "300"]
+    # 8 s of samples cannot project a day's growth: the slope check is tested in test_soak.py
+    args += ["--max-growth-24h", "1000"]
     result = ws.cli("bench", "soak", *args, "--out", str(out), "--json")
     report = strict_json(result.stdout.splitlines()[-1])
     assert report["passed"] and report["checks"]["nothing_lost"]
+    assert report["rss"]["mib_per_hour"] is not None and report["rss"]["shape"] is not None
     assert strict_json((out / "soak.json").read_text()) == report
     assert (out / "soak.png").read_bytes().startswith(PNG_MAGIC)
     assert (out / "pipeline.log").stat().st_size > 0 and (out / "producer.log").exists()
@@ -401,6 +405,17 @@ def check_bench_swap(ws: Workspace) -> None:
     assert report["windows"]["swap"]["events"] > 0, report
     assert report["first_new_ms"] > 0 and len(report["loop_pause_s"]) == 1
     assert report["pipeline_exit"] == 0
+
+
+@smoke("plan-capacity")
+def check_plan_capacity(ws: Workspace) -> None:
+    reports = {"overhead.json": OVERHEAD, "model.json": H200}
+    args = []
+    for name, report in reports.items():
+        (ws.directory / name).write_text(json.dumps(report) + "\n")
+        args += ["--from", str(ws.directory / name)]
+    text = ws.cli("plan-capacity", *args).stdout
+    assert "gpus = ceil(rows_per_s / (gpu_rows_per_s x u)) = 8" in text
 
 
 @smoke("bench latency")
