@@ -1,9 +1,8 @@
 """What one run of the scoring loop did: counts, throughput and latency quantiles.
 
 A run summary is printed as one line of strict JSON (:func:`json_line`: ``null``, never
-``NaN``). With several ranks, each rank writes a :func:`write_rank_summary` record (its figures
-and its latency samples) into the directory :data:`RANK_SUMMARIES_ENV` names, and the launcher
-merges them into one summary of the job (:func:`merge_rank_summaries`).
+``NaN``). With several ranks, each rank writes its summary record and the launcher merges them
+into one summary of the job (:mod:`pipeline.jobs.summaries`).
 """
 
 from __future__ import annotations

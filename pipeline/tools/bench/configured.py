@@ -13,7 +13,7 @@ their tables, so that every event is scored.
 
 Example::
 
-    scorer = configured_scorer(settings)
+    version = configured_checkpoint(settings, scratch)
     produce_configured_events(settings, events=20_000)
 """
 
@@ -29,7 +29,8 @@ import redis
 import torch
 
 from model.module.factory import build_module
-from model.serving import Scorer
+from model.module.store import import_state_dict
+from model.store.versions import ModelVersions
 from pipeline.connectors.avro.reference import RecordCodec
 from pipeline.connectors.avro.schema_fields import SchemaField
 from pipeline.connectors.kafka.clients import make_producer, produce
@@ -41,18 +42,38 @@ from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import seeded_world
 from pipeline.tools.synthetic_io import produce_events
 
-__all__ = ["configured_scorer", "produce_configured_events", "synthetic_records"]
+__all__ = [
+    "CONFIGURED_MODEL",
+    "configured_checkpoint",
+    "produce_configured_events",
+    "synthetic_records",
+]
 
 USERS = 5_000
 ITEMS = 10_000
 _VOCABULARY = tuple(f"value-{i}" for i in range(20))
 
 
-def configured_scorer(settings: Settings) -> Scorer:
-    """The configured module, untrained (seed 0), on the CPU, with its input layout."""
-    config, fmap = configured_module(settings)
-    module = build_module(config, "cpu", seed=0).eval()
-    return Scorer(module, fmap.layout, "bench", torch.device("cpu"), output=config.output)
+CONFIGURED_MODEL = (
+    "the trained model: the configured module untrained (seed 0), served as a version of its "
+    "own (its forward is not counted as non-model CPU)",
+    "model watching: the untrained version is a plain checkpoint",
+)
+"""What a benchmark of a configured model changes, and why."""
+
+
+def configured_checkpoint(settings: Settings, directory: Path) -> Path:
+    """The configured module, untrained (seed 0), imported as a version under ``directory``.
+
+    Returns:
+        The version's directory (serve it with :func:`pipeline.tools.bench.served.serving`).
+    """
+    config, _ = configured_module(settings)
+    weights = directory / "untrained.pt"
+    torch.save(build_module(config, "cpu", seed=0).state_dict(), weights)
+    versions = ModelVersions.create(directory / "versions")
+    import_state_dict(config, weights, versions, "untrained", promote=True)
+    return versions.current_path()
 
 
 def _value(node: Any, named: dict[str, Any], rng: np.random.Generator, now_ms: int) -> Any:
