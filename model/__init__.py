@@ -1,14 +1,20 @@
-"""streamrank's model package: the feature contract, the DLRM ranker and its tooling.
+"""streamrank's model package: the feature contract, the model contract, the DLRM ranker and
+its tooling.
 
 Import the modules directly; this package module imports nothing, so that light users such as
 the event producer do not pay for torch/torchrec unless they need them. Nothing here imports
 ``pipeline`` (docs/architecture.md).
 
 - :mod:`model.features`: the feature spec (tables, id hashing), a batch's numpy columns, the
-  dense tensor + KeyedJaggedTensor built from them, the recent-items rule, segment arithmetic.
-- :mod:`model.ranker`: the DLRM ranker and its builder; :mod:`model.rank`: the rank context of
-  a process (the one reader of ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``); :mod:`model.options`:
-  the serving options shared with configuration (precision, compile mode, quantized tables).
+  dense tensor + KeyedJaggedTensor built from them, the recent-items rule, segment arithmetic;
+  a configured model's feature map and any model's input layout.
+- :mod:`model.module`: the model contract any TorchRec ranker meets (a factory named in the
+  configuration, the collection built from the configured tables, weights from a state_dict
+  file, the output read as one score per row); the built-in ranker is one module behind it.
+- :mod:`model.ranker`: the built-in DLRM ranker, its factory and its builder;
+  :mod:`model.rank`: the rank context of a process (the one reader of
+  ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``); :mod:`model.options`: the serving options shared with
+  configuration (precision, compile mode, quantized tables).
 - :mod:`model.serving`: building the served model once (``ScorerFactory``: device, load, shard
   or quantize, precision, compile, warm-up) and scoring batches (``Scorer``: model input,
   forward, top-K); device binding, pinned host -> GPU copies, CUDA-graph shapes, memory.

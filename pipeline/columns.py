@@ -41,7 +41,7 @@ ROW_COLUMNS = {"candidate_ids": "candidate_counts", "recent_ids": "recent_counts
 class FieldColumns:
     """Configured fields of ``n`` entities (events, users or candidate items), as columns.
 
-    What the feature map (:mod:`pipeline.mapping`) reads besides the built-in columns: an
+    What the feature map (:mod:`model.features.mapping`) reads besides the built-in columns: an
     event's fields of a user's schema, or the fields of a user's or item's Redis record.
 
     Attributes:

@@ -3,5 +3,7 @@
 ``spec`` (which features exist, table sizes, id hashing), ``columns`` (a micro-batch's features
 as numpy columns, no torch), ``build`` (those columns -> dense tensor + KeyedJaggedTensor),
 ``model_input`` (that input, movable to any device), ``recent_items`` (the recent-items rule of
-serving and training), ``segments`` (index arithmetic over per-segment counts).
+serving and training), ``segments`` (index arithmetic over per-segment counts); ``layout``
+(any model's input shape: keys, dense width, ids per row) and ``mapping`` (a configured model's
+feature map: which raw field becomes which key, by which transform).
 """

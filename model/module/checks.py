@@ -155,8 +155,8 @@ def trial_forward(config: ModuleConfig, layout: InputLayout) -> int:
         width = config.kwargs.get(name)
         if isinstance(width, int) and width != layout.dense_dim:
             raise ModelConfigError(
-                f"features.dense: the dense input is {layout.dense_dim} wide but "
-                f"model.module.kwargs.{name} = {width}"
+                f"features.dense: the dense input is {layout.dense_dim} wide but {name} = "
+                f"{width} in [model.module.kwargs]"
             )
     tiny = dataclasses.replace(
         config, tables=tuple(dataclasses.replace(t, num_embeddings=1) for t in config.tables)

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from pipeline.mapping import FeatureMap
+from model.features.mapping import FeatureMap
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.loading import Settings

@@ -1,5 +1,5 @@
 """Resolving a configured model's feature map: ``[events]`` + ``[features]`` + ``[model.module]``
--> :class:`~pipeline.mapping.FeatureMap`, every name checked at start-up.
+-> :class:`~model.features.mapping.FeatureMap`, every name checked at start-up.
 
 Each mistake is one :class:`FeatureMapError` line naming the key: a schema file that does not
 parse, a role or feature field the schema lacks or holds with the wrong type, a KJT key the
@@ -19,15 +19,7 @@ from typing import Any
 
 import fastavro
 
-from model.module.types import ModuleConfig
-from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE
-from pipeline.connectors.avro.schema_fields import (
-    FieldKind,
-    SchemaField,
-    SchemaFieldError,
-    schema_field,
-)
-from pipeline.mapping import (
+from model.features.mapping import (
     DensePart,
     EventField,
     EventRoles,
@@ -37,6 +29,14 @@ from pipeline.mapping import (
     RecordLayout,
     SparseKey,
     Store,
+)
+from model.module.types import ModuleConfig
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE
+from pipeline.connectors.avro.schema_fields import (
+    FieldKind,
+    SchemaField,
+    SchemaFieldError,
+    schema_field,
 )
 from pipeline.settings.features import (
     DenseSettings,

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from model.features.mapping import FeatureMap
 from model.module.checks import collections, module_tables, trial_forward
 from model.module.factory import build_module
 from model.module.store import check_architecture, is_module_version, load_module_meta
 from model.module.types import ModelConfigError, ModuleConfig
-from pipeline.mapping import FeatureMap
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.settings.loading import Settings
 

@@ -24,10 +24,9 @@ Example::
 
 from __future__ import annotations
 
-import enum
-
 from pydantic import Field, model_validator
 
+from model.features.mapping import OutOfRange, RecordFormat, Source, Transform
 from pipeline.settings.section import Section
 
 __all__ = [
@@ -40,52 +39,6 @@ __all__ = [
     "SparseSettings",
     "Transform",
 ]
-
-
-class Source(enum.StrEnum):
-    """Where a feature's values come from."""
-
-    EVENT = "event"
-    """A field of the event (``field``: its dotted path in the schema)."""
-    CANDIDATE = "candidate"
-    """The candidate item's id (one per row)."""
-    USER = "user"
-    """A field of the event's user's Redis record (``[features.user]``)."""
-    ITEM = "item"
-    """A field of the candidate item's Redis record (``[features.item]``)."""
-
-
-class Transform(enum.StrEnum):
-    """How an id becomes a row of the key's table (``num_embeddings`` rows)."""
-
-    IDENTITY = "identity"
-    """The id is the row; ids outside ``[0, num_embeddings)`` follow ``out_of_range``."""
-    MODULO = "modulo"
-    """``id mod num_embeddings`` (never negative)."""
-    HASH = "hash"
-    """streamrank's salted 64-bit hash (``model.features.spec.hash_to_rows``), mod the size."""
-
-
-class OutOfRange(enum.StrEnum):
-    """What ``identity`` does with an id outside the table."""
-
-    DEFAULT = "default"
-    """Look up ``default_row`` instead."""
-    DLQ = "dlq"
-    """Dead-letter the event (``id_out_of_range``, naming the key); event and candidate ids."""
-
-
-class RecordFormat(enum.StrEnum):
-    """How a Redis record is stored."""
-
-    PACKED = "packed"
-    """The built-in binary layout, read with one MGET: users ``float32[dim]`` + ``int64[n]``
-    (fields ``dense = "vector:dim"``, ``recent = "id_list:cap"``), items ``int64`` +
-    ``float32[dim]`` (``category = "id"``, ``dense = "vector:dim"``)."""
-    HASH = "hash"
-    """A Redis hash with one field per name, read with pipelined HMGETs in one round trip:
-    ``vector:N`` float32 little-endian bytes, ``id`` a decimal integer, ``id_list:N`` int64
-    little-endian bytes (the first N kept)."""
 
 
 class SparseSettings(Section):

@@ -23,26 +23,16 @@ Example::
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from model.features.mapping import FieldKind, SchemaField
 
 __all__ = ["FieldKind", "SchemaField", "SchemaFieldError", "schema_field"]
 
 
 class SchemaFieldError(ValueError):
     """A path the schema lacks, or a field of a type its role cannot use (one line)."""
-
-
-class FieldKind(enum.StrEnum):
-    """What a schema field holds, as the feature map sees it (module docstring)."""
-
-    INT = "int"
-    STRING = "string"
-    FLOAT = "float"
-    INT_LIST = "int_list"
-    STRING_LIST = "str_list"
 
 
 _PRIMITIVE_KINDS = {
@@ -54,37 +44,6 @@ _PRIMITIVE_KINDS = {
     "double": FieldKind.FLOAT,
 }
 _LIST_KINDS = {FieldKind.INT: FieldKind.INT_LIST, FieldKind.STRING: FieldKind.STRING_LIST}
-
-
-@dataclass(frozen=True)
-class SchemaField:
-    """One leaf field of the schema.
-
-    Attributes:
-        path: record field names from the top-level record to the leaf.
-        kind: what it holds (module docstring).
-        nullable: a null may stand in its place (or in a record's on its path).
-        avro_type: its Avro type, for messages (``long``, ``array<string>``...).
-    """
-
-    path: tuple[str, ...]
-    kind: FieldKind
-    nullable: bool
-    avro_type: str
-
-    @property
-    def name(self) -> str:
-        """The dotted path."""
-        return ".".join(self.path)
-
-    def read(self, record: Mapping[str, Any]) -> Any:
-        """The field's value in a decoded record (``None`` where null)."""
-        value: Any = record
-        for part in self.path:
-            if value is None:
-                return None
-            value = value[part]
-        return value
 
 
 def _named(schema: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
+from model.features.mapping import RecordKind, RecordLayout
 from pipeline.connectors.redis.feature_store import _decimal_digits, _put_decimal
-from pipeline.mapping import RecordKind, RecordLayout
 from pipeline.settings.features import RecordFormat
 
 __all__ = [

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
+from model.features.mapping import FeatureMap
 from pipeline.connectors.avro import framing as wire
 from pipeline.connectors.avro.program import Program, UnsupportedSchema, compile_program
 from pipeline.connectors.avro.rules import (
@@ -35,7 +36,6 @@ from pipeline.connectors.avro.rules import (
     STATUS_SLOW_PATH,
 )
 from pipeline.connectors.avro.walker import WalkOutputs, walk
-from pipeline.mapping import FeatureMap
 from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.stages.decode.records import RecordDecoder
 from pipeline.stages.decode.walked import WalkedColumns

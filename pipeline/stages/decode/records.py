@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from model.features.mapping import EventField, FeatureMap, SparseKey, Store
 from model.features.segments import offsets
 from model.features.spec import string_to_id
 from pipeline.connectors.avro.reference import make_framing
 from pipeline.connectors.avro.rules import EARLIEST_EVENT_MS, Limits, epoch_millis
 from pipeline.connectors.avro.schema_fields import FieldKind
-from pipeline.mapping import EventField, FeatureMap, SparseKey, Store
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.features import OutOfRange, Source, Transform
 from pipeline.types import EventColumns, FieldColumns, RejectedMessage

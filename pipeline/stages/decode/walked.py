@@ -18,6 +18,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from model.features.mapping import FeatureMap, Store
 from model.features.segments import offsets, positions
 from model.features.spec import string_to_id
 from pipeline.connectors.avro.kernels import _fnv1a
@@ -25,7 +26,6 @@ from pipeline.connectors.avro.program import Program
 from pipeline.connectors.avro.rules import EARLIEST_EVENT_MS, Limits
 from pipeline.connectors.avro.schema_fields import FieldKind, SchemaField
 from pipeline.connectors.avro.walker import WalkOutputs
-from pipeline.mapping import FeatureMap, Store
 from pipeline.settings.features import OutOfRange, Source, Transform
 from pipeline.types import EventColumns, FieldColumns
 

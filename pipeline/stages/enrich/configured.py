@@ -30,6 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from model.features.mapping import FeatureMap, RecordKind, RecordLayout
 from pipeline.connectors.redis.layout import (
     RecordRows,
     hmget_commands,
@@ -38,7 +39,6 @@ from pipeline.connectors.redis.layout import (
     parse_hashes,
     parse_packed,
 )
-from pipeline.mapping import FeatureMap, RecordKind, RecordLayout
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.features import RecordFormat
 from pipeline.settings.redis import RedisSettings

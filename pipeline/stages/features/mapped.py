@@ -1,6 +1,6 @@
 """A configured model's features: the feature map (``[features]``) laid out as its input.
 
-One KJT key per :class:`~pipeline.mapping.SparseKey`, in the map's order, one bag per row (one
+One KJT key per :class:`~model.features.mapping.SparseKey`, in the map's order, one bag per row (one
 row per (event, candidate) pair, event-major):
 
 - ``event``: the event's field (single id, or its id list), repeated for each of its rows;
@@ -10,7 +10,7 @@ row per (event, candidate) pair, event-major):
 
 Ids become table rows by the key's transform (identity with a default row for outside ids,
 modulo, or the salted hash), applied once per event (or item), before the repetition. The
-dense input is the :class:`~pipeline.mapping.DensePart` s side by side; a null event number,
+dense input is the :class:`~model.features.mapping.DensePart` s side by side; a null event number,
 and a missing Redis record, give the part's ``default``. All of it is numpy over whole columns:
 no Python work per event or row.
 
@@ -27,10 +27,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from model.features.mapping import DensePart, FeatureMap, SparseKey, Store
 from model.features.model_input import ModelInput, sparse_features
 from model.features.segments import positions
 from model.features.spec import hash_to_rows
-from pipeline.mapping import DensePart, FeatureMap, SparseKey, Store
 from pipeline.settings.features import Source, Transform
 from pipeline.types import Enrichment, EventColumns, FieldColumns
 

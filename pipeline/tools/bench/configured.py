@@ -28,6 +28,7 @@ import numpy as np
 import redis
 import torch
 
+from model.features.mapping import FeatureMap, RecordKind, RecordLayout
 from model.module.factory import build_module
 from model.module.store import import_state_dict
 from model.store.versions import ModelVersions
@@ -35,7 +36,6 @@ from pipeline.connectors.avro.reference import RecordCodec
 from pipeline.connectors.avro.schema_fields import SchemaField
 from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.connectors.redis.layout import write_hashes
-from pipeline.mapping import FeatureMap, RecordKind, RecordLayout
 from pipeline.models.preflight import configured_module
 from pipeline.settings.features import OutOfRange, RecordFormat, Source, Transform
 from pipeline.settings.loading import Settings

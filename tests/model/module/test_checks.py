@@ -102,7 +102,8 @@ def test_a_dense_width_mismatch_is_one_line() -> None:
     with pytest.raises(ModelConfigError) as error:
         trial_forward(DEEPFM, wide)
     assert str(error.value) == (
-        "features.dense: the dense input is 5 wide but model.module.kwargs.num_dense_features = 3"
+        "features.dense: the dense input is 5 wide but num_dense_features = 3 in "
+        "[model.module.kwargs]"
     )
     # Without a width keyword TorchRec knows, the module's own forward tells.
     own = ModuleConfig(

@@ -71,7 +71,7 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
         (
             ("num_dense_features = 7", "num_dense_features = 6"),
             "",
-            ("features.dense: the dense input is 7 wide", "num_dense_features = 6"),
+            ("features.dense: the dense input is 7 wide", "num_dense_features = 6 in"),
         ),
         (
             ('fields = { stats = "vector:2" }', 'fields = { price = "vector:2" }'),

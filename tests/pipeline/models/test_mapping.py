@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.mapping import Store
+from model.features.mapping import Store
 from pipeline.models.mapping import FeatureMapError, resolve_feature_map
 from pipeline.settings.loading import Settings, load_settings
 from tests.conftest import REPO_ROOT

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, SecretStr, TypeAdapter
 
 from pipeline.settings.loading import Settings
 from pipeline.tools.synthetic_settings import SyntheticSettings
@@ -21,11 +22,22 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 FILE_SUFFIXES = (".pt", ".json", ".py", ".md", ".png", ".toml", ".yaml", ".yml", ".npy")
-ROW = re.compile(r"^\| `([a-z_.<>]+)` \| (unset|`[^`]*`) \| (.+) \|$")
+ROW = re.compile(r"^\| `([a-z_.<>]+)` \| (unset|required|`[^`]*`) \| (.+) \|$")
+
+
+def _optional_section(annotation: Any) -> type[BaseModel] | None:
+    """``X`` of an ``X | None`` annotation whose ``X`` is a section (``model.module``)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        found = args[0]
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+    return None
 
 
 def settings_keys(model: type[BaseModel] = Settings, prefix: str = "") -> dict[str, Any]:
-    """Every key of ``model``, sections walked (``tables.<name>`` for per-name sections):
+    """Every key of ``model``, sections walked (``tables.<name>`` for per-name sections, and
+    optional sections such as ``model.module``):
     ``{"kafka.linger_ms": (KafkaSettings, "linger_ms"), ...}``."""
     keys: dict[str, Any] = {}
     for name, field in model.model_fields.items():
@@ -35,6 +47,8 @@ def settings_keys(model: type[BaseModel] = Settings, prefix: str = "") -> dict[s
             keys.update(settings_keys(TOOL_SECTIONS[name], f"{name}."))
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys.update(settings_keys(annotation, f"{prefix}{name}."))
+        elif (section := _optional_section(annotation)) is not None:
+            keys.update(settings_keys(section, f"{prefix}{name}."))
         elif (
             typing.get_origin(annotation) is dict
             and isinstance(args[1], type)
@@ -82,14 +96,27 @@ def test_documented_defaults_are_the_real_ones() -> None:
     keys = settings_keys()
     for key, (cell, description) in documented().items():
         model, name = keys[key]
-        default = _plain(getattr(model(), name))
+        field = model.model_fields[name]
+        assert description.strip(), f"{key}: no description"
+        if cell == "required":
+            assert field.is_required(), f"{key}: the docs say required, it has a default"
+            continue
+        # A section with a required key (``features.sparse.<name>.source``) is read per key.
+        whole = not any(f.is_required() for f in model.model_fields.values())
+        default = _plain(
+            getattr(model(), name) if whole else field.get_default(call_default_factory=True)
+        )
         if cell == "unset":
             assert default is None, f"{key}: the docs say unset, the default is {default!r}"
             continue
         written = tomllib.loads(f"value = {cell.strip('`')}")["value"]
         # The documented value, read as a user's TOML would be, gives the default.
-        assert _plain(getattr(model.model_validate({name: written}), name)) == default, key
-        assert description.strip(), f"{key}: no description"
+        read = (
+            getattr(model.model_validate({name: written}), name)
+            if whole
+            else TypeAdapter(field.annotation).validate_python(written)
+        )
+        assert _plain(read) == default, key
 
 
 def test_the_table_is_one_table_and_keys_are_in_section_order() -> None:

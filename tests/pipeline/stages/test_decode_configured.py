@@ -14,10 +14,10 @@ import fastavro
 import numpy as np
 import pytest
 
+from model.features.mapping import FeatureMap
 from model.features.spec import string_to_id
 from pipeline.connectors.avro import framing as wire
 from pipeline.connectors.avro.schema_registry import SchemaLookup
-from pipeline.mapping import FeatureMap
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import load_settings

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model.features.mapping import DensePart, FeatureMap, SparseKey, Store
 from model.features.spec import hash_to_rows
 from pipeline.columns import EventColumns, FieldColumns
-from pipeline.mapping import DensePart, FeatureMap, SparseKey, Store
 from pipeline.settings.features import Source, Transform
 from pipeline.stages.features.mapped import MappedFeatures, table_rows
 from pipeline.types import Enrichment

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import redis
 
+from model.features.mapping import FeatureMap, RecordField, RecordKind, RecordLayout
 from pipeline.connectors.redis.layout import write_hashes
-from pipeline.mapping import FeatureMap, RecordField, RecordKind, RecordLayout
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.features import RecordFormat
 from pipeline.settings.redis import RedisSettings

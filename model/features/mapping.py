@@ -1,48 +1,140 @@
-"""A configured model's feature map, resolved: what each stage of the configured path reads.
+"""A configured model's feature map: how raw event fields, candidate ids and Redis records
+become the model's input (with ``[model.module]``; the built-in model's is fixed, see
+:mod:`model.features.spec`).
 
-Made once at start-up from ``[events]``, ``[features]`` and ``[model.module]``
-(:func:`pipeline.models.mapping.resolve_feature_map`, which checks every name against the schema,
-the Redis layout and the module); then plain data:
+Plain data, no torch: resolved once at start-up from the configuration
+(``pipeline.models.mapping.resolve_feature_map`` checks every name against the event schema,
+the Redis layout and the module), then read by the configured decode, enrich and features
+stages:
 
-- decode (:mod:`pipeline.stages.decode`) extracts the :attr:`FeatureMap.roles` into the
-  built-in :class:`~pipeline.columns.EventColumns` columns and the :attr:`FeatureMap.event_fields`
-  into ``EventColumns.fields`` (:class:`~pipeline.columns.FieldColumns`);
-- enrich (:mod:`pipeline.stages.enrich`) reads :attr:`FeatureMap.user` and :attr:`FeatureMap.item`
-  records into ``Enrichment.user_fields`` / ``item_fields``;
-- features (:mod:`pipeline.stages.features`) lays out one KJT key per :attr:`FeatureMap.sparse`
-  and the dense input from :attr:`FeatureMap.dense`.
+- decode extracts the :attr:`FeatureMap.roles` (event id, user id, candidates, event time,
+  number of results) and the :attr:`FeatureMap.event_fields` of each event;
+- enrich reads the :attr:`FeatureMap.user` and :attr:`FeatureMap.item` records from Redis;
+- features lays out one KJT key per :attr:`FeatureMap.sparse` and the dense input from
+  :attr:`FeatureMap.dense`.
 
-A field lives in one of three stores of its :class:`~pipeline.columns.FieldColumns`:
-``ints`` (one id; a string's 64-bit hash), ``floats`` (numbers; a vector spans ``width``
-columns), ``lists`` (id lists, and nullable single ids: null is an empty list).
+A field lives in one of three stores of its columns: ``ints`` (one id; a string's 64-bit hash),
+``floats`` (numbers; a vector spans ``width`` columns), ``lists`` (id lists, and nullable single
+ids: null is an empty list).
 
 Example::
 
-    fmap = resolve_feature_map(settings)
-    fmap.layout          # InputLayout(keys=("viewer", "offer", ...), dense_dim=5, ...)
+    fmap.layout   # InputLayout(keys=("viewer", "offer", ...), dense_dim=7, ...)
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from model.features.layout import InputLayout
-from pipeline.connectors.avro.schema_fields import SchemaField
-from pipeline.settings.features import OutOfRange, RecordFormat, Source, Transform
 
 __all__ = [
     "DensePart",
     "EventField",
     "EventRoles",
     "FeatureMap",
+    "FieldKind",
+    "OutOfRange",
     "RecordField",
+    "RecordFormat",
     "RecordKind",
     "RecordLayout",
+    "SchemaField",
+    "Source",
     "SparseKey",
     "Store",
+    "Transform",
 ]
+
+
+class Source(enum.StrEnum):
+    """Where a feature's values come from."""
+
+    EVENT = "event"
+    """A field of the event (``field``: its dotted path in the schema)."""
+    CANDIDATE = "candidate"
+    """The candidate item's id (one per row)."""
+    USER = "user"
+    """A field of the event's user's Redis record (``[features.user]``)."""
+    ITEM = "item"
+    """A field of the candidate item's Redis record (``[features.item]``)."""
+
+
+class Transform(enum.StrEnum):
+    """How an id becomes a row of the key's table (``num_embeddings`` rows)."""
+
+    IDENTITY = "identity"
+    """The id is the row; ids outside ``[0, num_embeddings)`` follow ``out_of_range``."""
+    MODULO = "modulo"
+    """``id mod num_embeddings`` (never negative)."""
+    HASH = "hash"
+    """streamrank's salted 64-bit hash (``model.features.spec.hash_to_rows``), mod the size."""
+
+
+class OutOfRange(enum.StrEnum):
+    """What ``identity`` does with an id outside the table."""
+
+    DEFAULT = "default"
+    """Look up ``default_row`` instead."""
+    DLQ = "dlq"
+    """Dead-letter the event (``id_out_of_range``, naming the key); event and candidate ids."""
+
+
+class RecordFormat(enum.StrEnum):
+    """How a Redis record is stored."""
+
+    PACKED = "packed"
+    """The built-in binary layout, read with one MGET: users ``float32[dim]`` + ``int64[n]``
+    (fields ``dense = "vector:dim"``, ``recent = "id_list:cap"``), items ``int64`` +
+    ``float32[dim]`` (``category = "id"``, ``dense = "vector:dim"``)."""
+    HASH = "hash"
+    """A Redis hash with one field per name, read with pipelined HMGETs in one round trip:
+    ``vector:N`` float32 little-endian bytes, ``id`` a decimal integer, ``id_list:N`` int64
+    little-endian bytes (the first N kept)."""
+
+
+class FieldKind(enum.StrEnum):
+    """What a schema field holds, as the feature map sees it (module docstring)."""
+
+    INT = "int"
+    STRING = "string"
+    FLOAT = "float"
+    INT_LIST = "int_list"
+    STRING_LIST = "str_list"
+
+
+@dataclass(frozen=True)
+class SchemaField:
+    """One leaf field of the schema.
+
+    Attributes:
+        path: record field names from the top-level record to the leaf.
+        kind: what it holds (module docstring).
+        nullable: a null may stand in its place (or in a record's on its path).
+        avro_type: its Avro type, for messages (``long``, ``array<string>``...).
+    """
+
+    path: tuple[str, ...]
+    kind: FieldKind
+    nullable: bool
+    avro_type: str
+
+    @property
+    def name(self) -> str:
+        """The dotted path."""
+        return ".".join(self.path)
+
+    def read(self, record: Mapping[str, Any]) -> Any:
+        """The field's value in a decoded record (``None`` where null)."""
+        value: Any = record
+        for part in self.path:
+            if value is None:
+                return None
+            value = value[part]
+        return value
 
 
 class Store(enum.StrEnum):
