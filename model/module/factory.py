@@ -219,7 +219,11 @@ def build_module(
 
 def _move_dense(module: nn.Module, device: torch.device) -> None:
     """Move every non-meta parameter and buffer to ``device`` (meta tables stay unallocated)."""
-    if device.type == "cpu" and all(p.device.type in ("cpu", "meta") for p in module.parameters()):
+    tensors = [*module.parameters(), *module.buffers()]
+    if all(t.device == device or t.is_meta for t in tensors):
+        return
+    if not any(t.is_meta for t in tensors):
+        module.to(device)  # nothing on meta: the module's own move (tied weights stay tied)
         return
     for sub in module.modules():
         for name, param in list(sub.named_parameters(recurse=False)):
