@@ -1,9 +1,11 @@
 """A model version promoted while events stream in, on the real broker and Redis: one process
 and two ranks swap it in without losing or repeating an event, each input partition's outputs
-switch version once, in order; a corrupt version leaves the old one serving."""
+switch version once, in order; a corrupt version leaves the old one serving, and so does one
+whose sharded-checkpoint index would run code (which never runs)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 import time
@@ -36,10 +38,11 @@ from tests.integration.conftest import (
     seed_features,
     wait_for_outputs,
 )
+from tests.support.foreign_checkpoint import foreign_copy, payload_runs
 
 pytestmark = pytest.mark.slow
 
-OLD, NEW, CORRUPT = "ranker-a", "ranker-b", "ranker-corrupt"
+OLD, NEW, CORRUPT, FOREIGN = "ranker-a", "ranker-b", "ranker-corrupt", "ranker-foreign"
 
 
 @pytest.fixture
@@ -207,6 +210,49 @@ def test_one_process_swaps_mid_stream_and_keeps_a_corrupt_version_out(
     assert CORRUPT not in {r["model_version"] for r in recs}
     assert sum(1 for r in recs if r["model_version"] == OLD) >= served_before
     assert registry.get_sample_value("streamrank_model_info", {"model_version": NEW}) == 1
+
+
+def test_a_version_whose_index_runs_code_leaves_the_old_one_serving(
+    swap_settings: Settings,
+    versions: ModelVersions,
+    world: SyntheticWorld,
+    trained_checkpoint: Path,
+    tmp_path: Path,
+    background_pipeline: Callable[..., BackgroundPipeline],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The issue's reproduction: a copy of a trained checkpoint plus a ``.metadata`` pickle
+    that creates a file, placed in the versions directory (not imported: import refuses it)
+    and promoted. The retrieval index reads the version's tables through the checked reader."""
+    marker = tmp_path / "payload-ran"
+    assert payload_runs(tmp_path)  # plain pickle (DCP's own reader) would run it
+    foreign_copy(trained_checkpoint, versions.root / FOREIGN, marker, FOREIGN)
+    pipeline = build_pipeline(
+        swap_settings, RankContext(), Metrics(), checkpoint=versions.current_path()
+    )
+    bp = background_pipeline(swap_settings, pipeline=pipeline)
+    warm = warm_up(swap_settings, world)
+    stream = Stream(swap_settings, world, n=600, rate=150).start()
+    registry = pipeline.metrics.registry
+    caplog.set_level(logging.WARNING, logger="pipeline.models.watch")
+    versions.promote(FOREIGN)
+    deadline = time.monotonic() + 60
+    while registry.get_sample_value("streamrank_model_load_failures_total") != 1:
+        assert time.monotonic() < deadline, "the foreign version was not tried"
+        time.sleep(0.1)
+    ids = warm.ids + stream.join()
+    recs = collect(swap_settings, expected=len(ids))
+    bp.stop()
+
+    assert not marker.exists()
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    assert {r["model_version"] for r in recs} == {OLD}
+    failed = [r.getMessage() for r in caplog.records if FOREIGN in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert f"model version {FOREIGN} failed to load, still serving {OLD}" in failed[0]
+    assert "refused sharded checkpoint index" in failed[0]
+    assert registry.get_sample_value("streamrank_model_load_failures_total") == 1
 
 
 def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
