@@ -23,6 +23,7 @@ from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from pipeline.types import RejectReason
+from tests.faults.helpers import dead_letters
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,
@@ -75,14 +76,6 @@ def test_every_valid_event_gets_exactly_one_recommendation(
     assert summary.events_out == 400 and summary.dead_lettered == 0
     # Batching really happened: fewer batches than events, none over the row limit.
     assert summary.batches < 400
-
-
-def _dlq_records(consumer: Consumer, expected: int, timeout_s: float = 60) -> list:
-    out = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < expected and time.monotonic() < deadline:
-        out += [m for m in consumer.consume(100, 0.5) if m.error() is None]
-    return out
 
 
 def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
@@ -145,12 +138,17 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
     dlq = consumer_factory(settings.topics.dlq)
     bp = background_pipeline(settings)
     recs = collect(settings, expected=200)
-    dead = _dlq_records(dlq, expected=len(values))
+    dead = dead_letters(dlq, expected=len(values))
     summary = bp.stop()
 
     assert {r["event_id"] for r in recs} == sent.ids and len(recs) == 200
     assert_well_formed(recs, sent)
     assert len(dead) == len(values)
+    where = {  # each malformed value's place on the input topic
+        m.value() or b"": (m.partition(), m.offset())
+        for m in dead_letters(consumer_factory(settings.topics.input), 200 + len(values))
+        if (m.value() or b"") in expected_reasons
+    }
     dead_values = set()
     for msg in dead:
         headers = dict(msg.headers())
@@ -159,8 +157,8 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
         assert headers[REASON_HEADER].decode() in expected_reasons[value]
         assert headers[DETAIL_HEADER]
         assert headers["x-source-topic"].decode() == settings.topics.input
-        assert int(headers["x-source-partition"]) >= 0
-        assert int(headers["x-source-offset"]) >= 0
+        source = (int(headers["x-source-partition"]), int(headers["x-source-offset"]))
+        assert source == where[value]
         assert int(headers["x-dlq-time"]) > 0
     assert dead_values == set(values)
     assert summary.dead_lettered == len(values)
