@@ -260,16 +260,16 @@ def _tail(log: Path) -> str:
 
 
 def run_until_idle(
-    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str
+    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str, idle_s: float = 4
 ) -> float:
-    """Run the pipeline (``run ARGS``) until 4 s without input (it must exit 0). Returns its
-    seconds."""
+    """Run the pipeline (``run ARGS``) until ``idle_s`` without input (it must exit 0).
+    Returns its seconds."""
     started = time.monotonic()
     proc = cli(
         settings,
         "run",
         "--exit-when-idle",
-        "4",
+        f"{idle_s:g}",
         *args,
         extra_env=env,
         stdout=log.open("w"),
@@ -277,3 +277,31 @@ def run_until_idle(
     )
     assert proc.wait(300) == 0, _tail(log)
     return time.monotonic() - started
+
+
+def restart_and_report(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    sent: set[str],
+    scenario: str,
+    *args: str,
+    recover_s: float | None = None,
+    idle_s: float = 4,
+) -> tuple[int, int, float]:
+    """After a fault: run the pipeline again until idle (:func:`run_until_idle`, ``run ARGS``),
+    read every output and :func:`report` the at-least-once ``scenario``.
+
+    Args:
+        sent: the ids of the valid events sent.
+        recover_s: the figure reported as ``recover_s`` (default: the restart's seconds).
+
+    Returns:
+        ``(missing, duplicates, seconds the restart ran)``.
+    """
+    run_s = run_until_idle(cli, settings, log, env, *args, idle_s=idle_s)
+    recs = collect(settings, expected=len(sent))
+    shown = run_s if recover_s is None else recover_s
+    missing, duplicates = report(scenario, sent, recs, shown, "at_least_once")
+    return missing, duplicates, run_s

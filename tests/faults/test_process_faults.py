@@ -27,7 +27,7 @@ from tests.faults.helpers import (
     kafka_ctl,
     repeat_bound,
     report,
-    run_until_idle,
+    restart_and_report,
     signal_mid_stream,
 )
 from tests.integration.conftest import BackgroundPipeline, SentEvents, collect, wait_for_outputs
@@ -49,9 +49,10 @@ def test_sigterm_mid_stream_exits_in_time_and_loses_or_repeats_nothing(
         cli, pipeline_settings, tmp_path / "first.log", env, signal.SIGTERM, total=4000
     )
     assert exit_s < 10.0, f"exit took {exit_s:.1f}s"
-    run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
-    recs = collect(pipeline_settings, expected=4000)
-    missing, duplicates = report("sigterm", sent.ids, recs, exit_s, "at_least_once")
+    missing, duplicates, _ = restart_and_report(
+        cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES, sent.ids, "sigterm",
+        recover_s=exit_s,
+    )  # fmt: skip
     assert missing == 0
     assert duplicates == 0  # SIGTERM commits everything it produced
 
@@ -66,9 +67,9 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(
     log = tmp_path / "first.log"
     env = {**SMALL_BATCHES, **FAST_COMMITS}
     signal_mid_stream(cli, pipeline_settings, log, env, signal.SIGKILL, total=4000)
-    run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES)
-    recs = collect(pipeline_settings, expected=4000)
-    missing, duplicates = report("kill-9", sent.ids, recs, run_s, "at_least_once")
+    missing, duplicates, _ = restart_and_report(
+        cli, pipeline_settings, tmp_path / "second.log", SMALL_BATCHES, sent.ids, "kill-9"
+    )
     assert missing == 0
     # Only the killed run's produced but uncommitted batches repeat (132 events here).
     assert duplicates <= repeat_bound(env, processes=1)

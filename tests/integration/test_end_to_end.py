@@ -12,18 +12,12 @@ from confluent_kafka import Consumer
 
 from model.features.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
-from pipeline.connectors.avro.reference import (
-    RECOMMENDATION_SCHEMA_FILE,
-    USER_EVENT_SCHEMA_FILE,
-    RecordCodec,
-)
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from pipeline.types import RejectReason
-from tests.faults.helpers import dead_letters
+from tests.faults.helpers import dead_letters, seeded_settings
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,
@@ -32,6 +26,7 @@ from tests.integration.conftest import (
     offline_scores,
     seed_features,
 )
+from tests.support.malformed import malformed_values
 
 pytestmark = pytest.mark.slow
 
@@ -86,53 +81,14 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
     background_pipeline: Callable[[Settings], BackgroundPipeline],
     consumer_factory: Callable[..., Consumer],
 ) -> None:
-    from tests.integration.conftest import WORLD, model_settings
-
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
+    settings = seeded_settings(
+        settings_factory,
+        trained_checkpoint,
+        world,
         codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
         retrieval=RetrievalSettings(enabled=False),  # an empty candidate list is rejected
     )
-    seed_features(settings, world)
-    events_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-    recs_codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
-    good = {
-        "event_id": "template",
-        "user_id": int(world.user_ids[0]),
-        "event_time": 0,
-        "context": {"device": "ios", "country": "US"},
-        "candidate_item_ids": [int(i) for i in world.item_ids[:5]],
-        "recent_item_ids": None,
-        "num_results": 3,
-    }
-    bad = {
-        RejectReason.UNDECODABLE: b"\x00\x01garbage\xff",
-        RejectReason.EMPTY: b"",
-        RejectReason.NO_CANDIDATES: events_codec.encode({**good, "candidate_item_ids": []}),
-        RejectReason.TOO_MANY_CANDIDATES: events_codec.encode(
-            {**good, "candidate_item_ids": list(range(300))}
-        ),
-        RejectReason.ID_OUT_OF_RANGE: events_codec.encode({**good, "user_id": -5}),
-        RejectReason.OVERSIZED: events_codec.encode({**good, "recent_item_ids": [2**40] * 1000}),
-        RejectReason.INVALID_FIELD: events_codec.encode({**good, "num_results": 0}),
-    }
-    # A Recommendation on the events topic (wrong schema) must not decode as a UserEvent.
-    wrong_schema = recs_codec.encode(
-        {
-            "event_id": "x",
-            "user_id": 1,
-            "items": [],
-            "model_version": "m",
-            "scored_at": 0,
-            "fallback_features": [],
-        }
-    )
-    expected_reasons: dict[bytes, set[str]] = {v: {r.value} for r, v in bad.items()}
-    expected_reasons[wrong_schema] = {
-        RejectReason.UNDECODABLE.value,
-        RejectReason.SCHEMA_MISMATCH.value,
-    }
+    expected_reasons = malformed_values(settings, world)
     values = list(expected_reasons)
     sent = send_events(settings, 200, extra_values=list(values))
     dlq = consumer_factory(settings.topics.dlq)

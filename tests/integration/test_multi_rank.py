@@ -25,6 +25,7 @@ from tests.faults.helpers import (
     members_with_partitions,
     repeat_bound,
     report,
+    restart_and_report,
     signal_run,
     start_run,
     wait_until,
@@ -164,21 +165,10 @@ def test_sigterm_to_the_launcher_alone_drains_every_rank_and_a_restart_loses_not
     assert all(gone(pid, timeout_s=0) for pid in ranks)  # torchrun exited 0: both ranks did
 
     second_log = tmp_path / "second.log"
-    second = cli(
-        pipeline_settings,
-        "run",
-        "--nproc",
-        "2",
-        "--exit-when-idle",
-        "5",
-        stdout=second_log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    assert second.wait(300) == 0, second_log.read_text()[-4000:]
-    recs = collect(pipeline_settings, expected=2500)
-    missing, duplicates = report(
-        "sigterm-launcher-2-ranks", sent.ids, recs, exit_s, "at_least_once"
-    )
+    missing, duplicates, _ = restart_and_report(
+        cli, pipeline_settings, second_log, {}, sent.ids, "sigterm-launcher-2-ranks",
+        "--nproc", "2", recover_s=exit_s, idle_s=5,
+    )  # fmt: skip
     assert missing == 0, second_log.read_text()[-4000:]
     assert duplicates == 0  # every rank committed everything it produced
 
@@ -206,19 +196,10 @@ def test_sigkill_to_the_launcher_takes_every_rank_with_it_and_a_restart_loses_no
     wait_until(lambda: group_members(pipeline_settings) == 0, "the killed members to expire", 60)
 
     second_log = tmp_path / "second.log"
-    second = cli(
-        pipeline_settings,
-        "run",
-        "--nproc",
-        "2",
-        "--exit-when-idle",
-        "5",
-        stdout=second_log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    assert second.wait(300) == 0, second_log.read_text()[-4000:]
-    recs = collect(pipeline_settings, expected=2500)
-    missing, duplicates = report("kill-9-launcher-2-ranks", sent.ids, recs, 0.0, "at_least_once")
+    missing, duplicates, _ = restart_and_report(
+        cli, pipeline_settings, second_log, {}, sent.ids, "kill-9-launcher-2-ranks",
+        "--nproc", "2", recover_s=0.0, idle_s=5,
+    )  # fmt: skip
     assert missing == 0, second_log.read_text()[-4000:]
     # Both killed ranks' produced but uncommitted batches repeat, nothing else (264 here).
     assert duplicates <= repeat_bound(KILLED, processes=2)
