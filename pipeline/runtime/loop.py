@@ -262,6 +262,7 @@ class ScoringPipeline:
             if step.isolate:  # a rank's batch failed after the collective forward
                 run.processor.isolate_together(self.stepper)
             if step.run or step.stop:
+                policy.closed(batcher.rows, batcher.oldest, time.monotonic())
                 closed = batcher.close()
                 batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
                 run.processor.submit(batch, pad_rows=step.rows)
@@ -269,7 +270,7 @@ class ScoringPipeline:
                 checkpointer.seal_open()  # offsets of dead-lettered messages alone
             run.processor.collect(wait=step.stop)
             for rows, seconds in run.processor.take_costs():
-                policy.cost.observe(rows, seconds)
+                policy.observe(rows, seconds, time.monotonic())
             if self.models is not None and not step.stop:
                 self._follow_models(run, step)
             # commit
