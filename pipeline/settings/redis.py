@@ -21,6 +21,9 @@ class RedisSettings(Section):
     cache_max_entries: int = 200_000
     retry_after_s: float = 1.0
     """After an outage, how long to serve defaults before trying Redis again."""
+    max_value_bytes: int = 64 * 1024
+    """A feature value longer than this is treated as missing (the defaults, flagged in
+    ``fallback_features``) and never copied into the enricher's decode buffer."""
     ssl_ca_certs: str | None = None
     """CA certificate file (PEM) that signed the server's certificate, for a TLS
     (``rediss://``) URL; unset: the system's CAs. ``scripts/stack_up.sh --secure`` sets it."""

@@ -209,24 +209,31 @@ def _finish(rows: RecordRows, good: npt.NDArray[np.bool_]) -> RecordRows:
 
 
 def parse_hashes(
-    replies: Sequence[Sequence[bytes | None] | None], layout: RecordLayout, side: str
+    replies: Sequence[Sequence[bytes | None] | None],
+    layout: RecordLayout,
+    side: str,
+    max_bytes: int,
 ) -> RecordRows:
     """The records of ``HMGET`` replies (one list of field values per id; ``None``: no reply,
-    an outage)."""
+    an outage); a field value over ``max_bytes`` makes its record missing, never copied."""
     n = len(replies)
     rows = RecordRows.defaults(n, layout)
     good = np.array([r is not None for r in replies], dtype=bool)
     for index in range(len(layout.fields)):
-        values = [None if r is None else r[index] for r in replies]
+        values = _bounded([None if r is None else r[index] for r in replies], max_bytes, side)
         good &= _put_field(rows, layout, index, values)
     absent = sum(1 for r in replies if r is None or all(v is None for v in r))
     _warn(side, n - int(good.sum()), absent)
     return _finish(rows, good)
 
 
-def parse_packed(values: Sequence[bytes | None], layout: RecordLayout, side: str) -> RecordRows:
+def parse_packed(
+    values: Sequence[bytes | None], layout: RecordLayout, side: str, max_bytes: int
+) -> RecordRows:
     """The records of ``MGET`` values in the packed layout (``None``: no key); one compiled
-    pass over the values laid end to end."""
+    pass over the values laid end to end (a value over ``max_bytes`` is missing, never
+    copied)."""
+    values = _bounded(values, max_bytes, side)
     n = len(values)
     rows = RecordRows.defaults(n, layout)
     lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
@@ -281,6 +288,18 @@ def _parse_packed(
             ints[i, 0] = count
             side[i, :count] = data[first : first + 8 * count].view(np.int64)
     return good
+
+
+def _bounded(values: Sequence[bytes | None], max_bytes: int, side: str) -> list[bytes | None]:
+    """``values`` with each one over ``max_bytes`` (``redis.max_value_bytes``) as missing."""
+    too_large = sum(1 for v in values if v is not None and len(v) > max_bytes)
+    if not too_large:
+        return list(values)
+    log.warning(
+        "%d %s feature values over redis.max_value_bytes=%d; using defaults",
+        too_large, side, max_bytes,
+    )  # fmt: skip
+    return [None if v is not None and len(v) > max_bytes else v for v in values]
 
 
 def _warn(side: str, bad: int, absent: int) -> None:

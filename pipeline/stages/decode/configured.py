@@ -21,6 +21,9 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from itertools import compress
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -104,13 +107,17 @@ class ConfiguredDecoder:
         """The compiled pass: per-value status and the accepted events' columns."""
         assert self._program is not None
         n = len(values)
-        lengths = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        sizes = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        oversized = sizes > self.records.limits.max_message_bytes
+        # Oversized values are refused before they are copied: they take no room in ``buf``.
+        lengths = np.where(oversized, 0, sizes)
         ends = np.cumsum(lengths)
         starts = ends - lengths
         status = np.zeros(n, dtype=np.int8)
-        status[lengths == 0] = STATUS_EMPTY
-        status[lengths > self.records.limits.max_message_bytes] = STATUS_OVERSIZED
-        buf = np.frombuffer(b"".join(v for v in values if v), dtype=np.uint8)
+        status[sizes == 0] = STATUS_EMPTY
+        status[oversized] = STATUS_OVERSIZED
+        kept = cast(Iterable[bytes], compress(values, lengths))
+        buf = np.frombuffer(b"".join(kept), dtype=np.uint8)
         if self._framing is Framing.CONFLUENT:
             starts = self._skip_headers(buf, starts, lengths, status)
         out = WalkOutputs.allocate(self._program, n, len(buf))

@@ -59,6 +59,7 @@ class _Side:
     def __init__(self, name: str, layout: RecordLayout, settings: RedisSettings) -> None:
         self.name = name
         self.layout = layout
+        self.max_bytes = settings.max_value_bytes
         self.ids = layout.count(RecordKind.ID)
         self.lists = layout.count(RecordKind.ID_LIST)
         self.cache = FeatureCache(
@@ -82,8 +83,9 @@ class _Side:
         if not replies:
             return RecordRows.defaults(n, self.layout)
         if self.layout.format is RecordFormat.PACKED:
-            return parse_packed(cast(list[bytes | None], replies[0]), self.layout, self.name)
-        return parse_hashes(replies, self.layout, self.name)
+            values = cast(list[bytes | None], replies[0])
+            return parse_packed(values, self.layout, self.name, self.max_bytes)
+        return parse_hashes(replies, self.layout, self.name, self.max_bytes)
 
     def columns(self, found: CacheLookup) -> FieldColumns:
         """A lookup's rows as :class:`FieldColumns` (each list cut to its length)."""

@@ -83,6 +83,7 @@ def test_roles_and_fields_become_columns(deepfm_map: FeatureMap) -> None:
     ("value", "reason", "detail"),
     [
         (b"", "empty_value", "empty"),
+        (b"\x00" * (64 * 1024 + 1), "oversized_message", "65537 bytes"),
         (b"\xff\xff\xff", "undecodable", ""),
         (DEEPFM.encode(_view(offer_ids=[])), "no_candidates", "offer_ids is empty"),
         (DEEPFM.encode(_view(viewer={"id": -1, "browser": "x"})), "id_out_of_range", "viewer.id"),

@@ -161,3 +161,16 @@ def test_a_side_without_a_layout_reads_nothing(
     enricher = ConfiguredEnricher(redis_settings, _map(None, item), Metrics())
     got = enricher.enrich(np.array([1, 2]), np.array([], dtype=np.int64))
     assert sent == [] and got.user_fields is None and not got.user_missing.any()
+
+
+def test_a_value_over_the_size_bound_is_missing_never_copied(
+    redis_client: redis.Redis, redis_settings: RedisSettings, prefix: str
+) -> None:
+    user, _ = _hash_layouts(prefix)
+    write_hashes(redis_client, user, [1], [{"taste": [1.0, 2.0], "segment": 3, "recent": [8]}])
+    write_hashes(redis_client, user, [2], [{"taste": [1.0, 2.0], "segment": 3, "recent": [8] * 40}])
+    bounded = redis_settings.model_copy(update={"max_value_bytes": 64})
+    got = ConfiguredEnricher(bounded, _map(user, None), Metrics()).enrich(
+        np.array([1, 2]), np.zeros(0, dtype=np.int64)
+    )
+    np.testing.assert_array_equal(got.user_missing, [False, True])  # 320 bytes of ids > 64
