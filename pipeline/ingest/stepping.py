@@ -6,8 +6,10 @@ ranks of a sharded job: stop once *all* are idle. One worker alone may look idle
 is still moving partitions to it (the cooperative protocol assigns a newcomer nothing in its
 first round and its partitions in a second one); if it left then, its partitions would wait for
 the next rebalance while it exits. So each worker publishes whether it is idle in a flag of a
-small shared array (:class:`IdleFlags`), and :class:`WorkerStepper` stops on idleness only when
-every flag is up (a worker that has exited keeps its flag up).
+small shared array (:class:`IdleFlags`), and its stepper (the one
+:class:`~pipeline.runtime.stepping.StepAgreement`, stepping alone, with the rank's other workers
+as its :class:`~pipeline.runtime.stepping.Peers`) stops on idleness only when every flag is up (a
+worker that has exited keeps its flag up).
 
 Example::
 
@@ -18,12 +20,10 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.stepping import NO_SWAP, LocalStepper, StepDecision, SwapOffer
+from pipeline.runtime.stepping import Alone, StepAgreement
 
 __all__ = ["IdleFlags", "WorkerStepper"]
 
@@ -53,36 +53,35 @@ class IdleFlags:
         return bool(self.flags.all())
 
 
-class WorkerStepper(LocalStepper):
-    """A worker's stepper: scores when its batch is ready (as :class:`LocalStepper`), stops when
-    asked (a signal, its share of ``--max-events``) or when every worker of the rank is idle.
+class _Seat:
+    """One worker's place among its rank's workers (:class:`~pipeline.runtime.stepping.Peers`)."""
+
+    def __init__(self, flags: IdleFlags, index: int) -> None:
+        self._flags = flags
+        self._index = index
+
+    def all_idle(self, idle: bool) -> bool:
+        self._flags.set(self._index, idle)
+        return self._flags.all_idle
+
+    def leave(self) -> None:
+        self._flags.set(self._index, True)
+
+
+class WorkerStepper(StepAgreement):
+    """A worker's stepper: scores when its batch is ready (stepping alone), stops when asked (a
+    signal, its share of ``--max-events``) or when every worker of the rank is idle.
 
     Args:
         flags: the rank's idle flags.
-        index: this worker's flag.
+        index: this worker's flags.
         metrics: records this worker's step time (:class:`~pipeline.runtime.stepping.StepClock`).
     """
 
     def __init__(self, flags: IdleFlags, index: int, metrics: Metrics | None = None) -> None:
-        super().__init__(metrics)
-        self._flags = flags
-        self._index = index
-
-    def agree(
-        self,
-        ready: bool,
-        rows: int,
-        stop_requested: bool,
-        idle: bool,
-        isolate: bool = False,
-        offer: SwapOffer = NO_SWAP,
-    ) -> StepDecision:
-        self._flags.set(self._index, idle)
-        decision = super().agree(ready, rows, stop_requested, False, isolate, offer)
-        if idle and self._flags.all_idle:
-            return dataclasses.replace(decision, stop=True)
-        return decision
+        self._seat = _Seat(flags, index)
+        super().__init__(Alone(), metrics, peers=self._seat)
 
     def leave(self) -> None:
         """This worker is done: it no longer holds the others back."""
-        self._flags.set(self._index, True)
+        self._seat.leave()

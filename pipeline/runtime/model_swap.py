@@ -77,7 +77,7 @@ class ModelSwap:
 
         swap = ModelSwap(ModelWatcher(root, loader.load_local, version), loader)
         offer = swap.offer(drained=not batcher.waiting)
-        step = stepper.agree(..., offer)
+        step = stepper.agree(LocalStep(..., offer=offer))
         if swap.decide(step.swap, batches_empty) is SwapAction.SWAP:
             served = swap.complete(stepper)
     """

@@ -9,6 +9,7 @@ from confluent_kafka import TopicPartition
 
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
+from pipeline.runtime.drain import Drain
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.rebalance import RebalanceHandler
 from pipeline.stages.batch import MicroBatcher
@@ -25,7 +26,7 @@ T = "in"
 
 def _handler(
     collective: bool,
-) -> tuple[RebalanceHandler, MicroBatcher, Checkpointer, FakeConsumer, FakeProducer]:
+) -> tuple[RebalanceHandler, Drain, MicroBatcher, Checkpointer, FakeConsumer, FakeProducer]:
     consumer = FakeConsumer(
         messages=deque([FakeMessage(T, b"x", 1, 7), FakeMessage(T, b"y", 0, 3)])
     )
@@ -43,17 +44,18 @@ def _handler(
         RunSummary(),
         collective=collective,
     )
-    handler = RebalanceHandler(source, batcher, checkpointer, processor, collective)
+    drain = Drain(batcher, checkpointer, processor, collective, timeout_s=10.0)
+    handler = RebalanceHandler(source, drain)
     handler.on_assign(consumer, [TopicPartition(T, 0), TopicPartition(T, 1)])
     source.poll(0.0)
     for partition, offset in ((0, 0), (1, 0), (0, 1), (1, 1)):
         checkpointer.consumed(T, np.array([partition]), np.array([offset]))
         batcher.add(columns([user_event()]), [FakeMessage(T, b"", partition, offset)])
-    return handler, batcher, checkpointer, consumer, producer
+    return handler, drain, batcher, checkpointer, consumer, producer
 
 
 def test_single_process_scores_its_open_batch_then_commits_synchronously() -> None:
-    handler, batcher, _, consumer, producer = _handler(collective=False)
+    handler, _, batcher, _, consumer, producer = _handler(collective=False)
     handler.on_revoke(consumer, [TopicPartition(T, 1)])
     assert len(producer.on_topic("out")) == 4  # the open batch was scored, then handed over
     assert len(batcher) == 0
@@ -61,7 +63,7 @@ def test_single_process_scores_its_open_batch_then_commits_synchronously() -> No
 
 
 def test_rank_drops_revoked_events_and_commits_only_what_was_delivered() -> None:
-    handler, batcher, checkpointer, consumer, producer = _handler(collective=True)
+    handler, _, batcher, checkpointer, consumer, producer = _handler(collective=True)
     handler.on_revoke(consumer, [TopicPartition(T, 1)])
     assert producer.on_topic("out") == []  # a rank never runs a forward alone
     assert len(batcher) == 2
@@ -70,13 +72,13 @@ def test_rank_drops_revoked_events_and_commits_only_what_was_delivered() -> None
 
 
 def test_after_a_failure_a_revocation_scores_and_commits_nothing() -> None:
-    handler, _, _, consumer, producer = _handler(collective=False)
-    handler.failed = True
+    handler, drain, _, _, consumer, producer = _handler(collective=False)
+    drain.failed = True
     handler.on_revoke(consumer, [TopicPartition(T, 0), TopicPartition(T, 1)])
     assert producer.on_topic("out") == [] and consumer.commits == []
 
 
 def test_lost_partitions_are_forgotten() -> None:
-    handler, _, checkpointer, consumer, _ = _handler(collective=False)
+    handler, _, _, checkpointer, consumer, _ = _handler(collective=False)
     handler.on_lost(consumer, [TopicPartition(T, 0)])
     assert checkpointer.open.next_offsets == {(T, 1): 2}
