@@ -1,4 +1,5 @@
-"""When an ingest worker stops on idleness: only when every worker of its rank is idle.
+"""When an ingest worker stops on idleness, and leaves its group: together with the workers of
+its rank.
 
 A worker's loop decides its steps alone (its forwards are its own requests; the rank's server
 does the collective part with other ranks), but ``--exit-when-idle`` means the same as for the
@@ -8,8 +9,10 @@ first round and its partitions in a second one); if it left then, its partitions
 the next rebalance while it exits. So each worker publishes whether it is idle in a flag of a
 small shared array (:class:`IdleFlags`), and its stepper (the one
 :class:`~pipeline.runtime.stepping.StepAgreement`, stepping alone, with the rank's other workers
-as its :class:`~pipeline.runtime.stepping.Peers`) stops on idleness only when every flag is up (a
-worker that has exited keeps its flag up).
+as its :class:`~pipeline.runtime.stepping.Peers`) stops on idleness only when every flag is up.
+Likewise a worker that drains leaves the group only once every other worker that drains has
+committed (the drain's barrier, :meth:`~pipeline.runtime.stepping.StepAgreement.all_drained`;
+a worker still running is not waited for). A worker that has exited keeps its flags up.
 
 Example::
 
@@ -27,12 +30,15 @@ from pipeline.runtime.stepping import Alone, StepAgreement
 
 __all__ = ["IdleFlags", "WorkerStepper"]
 
+_IDLE, _DRAINING, _DRAINED = 0, 1, 2
+
 
 class IdleFlags:
-    """One flag per worker of a rank, in shared memory: whether that worker is idle.
+    """Flags per worker of a rank, in shared memory: whether that worker is idle, whether it
+    drains, and whether its drain has ended.
 
     Args:
-        flags: int8[K], shared (:meth:`allocate`).
+        flags: int8[3, K], shared (:meth:`allocate`).
     """
 
     def __init__(self, flags: torch.Tensor) -> None:
@@ -41,16 +47,28 @@ class IdleFlags:
     @classmethod
     def allocate(cls, count: int) -> IdleFlags:
         """Flags for ``count`` workers, all down (passed to the spawned workers)."""
-        return cls(torch.zeros(count, dtype=torch.int8).share_memory_())
+        return cls(torch.zeros(3, count, dtype=torch.int8).share_memory_())
 
     def set(self, index: int, idle: bool) -> None:
         """Worker ``index`` is idle now (or not)."""
-        self.flags[index] = int(idle)
+        self.flags[_IDLE, index] = int(idle)
 
     @property
     def all_idle(self) -> bool:
         """Every worker is idle (or has exited)."""
-        return bool(self.flags.all())
+        return bool(self.flags[_IDLE].all())
+
+    def drained(self, index: int, done: bool) -> bool:
+        """Worker ``index`` drains (``done``: its drain has ended): whether every worker that
+        drains has ended its drain."""
+        self.flags[_DRAINING, index] = 1
+        self.flags[_DRAINED, index] = int(done)
+        draining, drained = self.flags[_DRAINING].bool(), self.flags[_DRAINED].bool()
+        return bool((drained | ~draining).all())
+
+    def leave(self, index: int) -> None:
+        """Worker ``index`` is done: it no longer holds the others back."""
+        self.flags[:, index] = 1
 
 
 class _Seat:
@@ -64,8 +82,11 @@ class _Seat:
         self._flags.set(self._index, idle)
         return self._flags.all_idle
 
+    def all_drained(self, done: bool) -> bool:
+        return self._flags.drained(self._index, done)
+
     def leave(self) -> None:
-        self._flags.set(self._index, True)
+        self._flags.leave(self._index)
 
 
 class WorkerStepper(StepAgreement):

@@ -16,16 +16,53 @@ runs the same two steps:
   commits what is delivered; the new owner scores them (at-least-once).
 
 Events of revoked partitions still waiting for a batch are dropped (never registered for
-commit, so the next owner consumes them).
+commit, so the next owner consumes them); whatever of theirs could not be committed in the
+callback is left to the next owner (committed later, it could move its offsets back).
+
+**The stop's commit holds whatever the group does.** A group that rebalances refuses commits
+(``REBALANCE_IN_PROGRESS``; ``ILLEGAL_GENERATION`` or ``UNKNOWN_MEMBER_ID`` from a member that
+has not rejoined yet): the drain then keeps polling, with every partition paused (what arrives
+is dropped, never committed), so that this member takes its part in the rebalance (its revoke
+callback commits what it hands over), and commits again, until the commit goes through or
+``shutdown.timeout_s`` (from the stop request) has passed. Members leave the group only after
+every member of the job has committed (a barrier over the stepper:
+:meth:`~pipeline.runtime.stepping.StepAgreement.all_drained`; a member that left early would
+start a rebalance under the others' last commits); members already done keep polling meanwhile.
+What could not be committed is said in one log line: how many consumed events, and why (their
+outputs are published; the next run scores them again).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
+from confluent_kafka import KafkaError
+
+from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
+from pipeline.runtime.stepping import Stepper
 from pipeline.stages.batch import MicroBatcher
 from pipeline.stages.commit import Checkpointer
-from pipeline.stages.source import Partition
-from pipeline.types import Batch
+from pipeline.stages.source import KafkaSource, Partition
+from pipeline.types import Batch, DeliveryFailed, Shutdown
+
+log = logging.getLogger(__name__)
+
+SETTLE_POLL_S = 0.2
+"""While the group settles, each poll waits this long for rebalance callbacks; the commit is
+tried again after each."""
+
+GROUP_BUSY = frozenset(
+    {
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError._STATE,
+    }
+)
+"""Commit errors of a group that is moving partitions (or of a member that must rejoin): the
+commit goes through once the group has settled."""
 
 
 class Drain:
@@ -35,13 +72,15 @@ class Drain:
         batcher: the open batch (and the decoded events waiting for the next one).
         checkpointer: the commit protocol.
         processor: scores and publishes batches (and the one in flight).
-        collective: ranks of a sharded model (forwards only together).
-        timeout_s: the longest the stop's commit waits for acknowledgements
-            (``shutdown.timeout_s``).
+        source: polled while the group settles.
+        pause: pauses every partition meanwhile.
+        stepper: the barrier with the job's other members (and whether forwards are
+            collective).
+        shutdown: the stop request; its ``timeout_s`` bounds the stop's commit.
 
     Example::
 
-        drain = Drain(batcher, checkpointer, processor, collective=False, timeout_s=10.0)
+        drain = Drain(batcher, checkpointer, processor, source, pause, stepper, shutdown)
         drain.finish()   # the stop step
         drain.commit()
     """
@@ -51,14 +90,20 @@ class Drain:
         batcher: MicroBatcher,
         checkpointer: Checkpointer,
         processor: BatchProcessor,
-        collective: bool,
-        timeout_s: float,
+        source: KafkaSource,
+        pause: InputPause,
+        stepper: Stepper,
+        shutdown: Shutdown,
     ) -> None:
         self._batcher = batcher
         self._checkpointer = checkpointer
         self._processor = processor
-        self._collective = collective
-        self._timeout_s = timeout_s
+        self._source = source
+        self._pause = pause
+        self._stepper = stepper
+        self._collective = stepper.collective
+        self._shutdown = shutdown
+        self._timeout_s = shutdown.timeout_s
         self.failed = False
         """Set by the loop after an error: a revocation while closing scores and commits
         nothing more (uncommitted work is left to the next run)."""
@@ -75,12 +120,54 @@ class Drain:
         self._processor.collect(wait=True)
 
     def commit(self) -> None:
-        """Wait for every acknowledgement (at most ``timeout_s``) and commit synchronously.
+        """Wait for every acknowledgement and commit synchronously; while the group rebalances,
+        poll with every partition paused and commit again; then wait for every member of the
+        job to have done the same (all within ``shutdown.timeout_s`` of the stop request).
 
         Raises:
-            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted).
+            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted),
+                or a transaction could not be committed.
         """
-        self._checkpointer.flush_and_commit(self._timeout_s)
+        deadline = self._shutdown.deadline or time.monotonic() + self._timeout_s
+        failure: DeliveryFailed | None = None
+        try:
+            self._checkpointer.flush_and_commit(self._timeout_s)
+        except DeliveryFailed as exc:
+            failure = exc
+        done = False
+        while True:
+            if not done:
+                done = self._settled(deadline, failure)
+            if self._stepper.all_drained(done):
+                break
+            self._pause.hold_everything()
+            self._source.poll(SETTLE_POLL_S)  # rebalance callbacks run in here
+            self._source.take(self._source.backlog)  # never registered: never committed
+            if not done:
+                self._checkpointer.commit_now()
+        if failure is not None:
+            raise failure
+
+    def _settled(self, deadline: float, failure: DeliveryFailed | None) -> bool:
+        """Whether this member's commit is over: everything committed, or it cannot be (a
+        refusal that waiting does not cure, the deadline passed; said in one log line)."""
+        checkpointer = self._checkpointer
+        left = checkpointer.uncommitted_events()
+        if not left:
+            return True
+        error = checkpointer.commit_error
+        if failure is None and error is not None:
+            busy = error.code() in GROUP_BUSY or error.retriable()
+            if busy and time.monotonic() < deadline:
+                return False
+        reason = str(failure) if failure is not None else str(error)
+        log.error(
+            "drain: the offsets of %d consumed events are not committed (%s); their outputs "
+            "are published, the next run scores them again",
+            left,
+            reason,
+        )
+        return True
 
     def revoked(self, partitions: set[Partition]) -> int:
         """Partitions are being revoked (inside the revoke callback): finish and commit what
@@ -97,10 +184,19 @@ class Drain:
             dropped = batcher.drop_partitions(partitions)
             checkpointer.forget_open(list(partitions))
             checkpointer.commit_delivered()
-            return dropped
-        self.finish()
-        dropped = batcher.drop_partitions(partitions)  # events waiting for the next batch
-        checkpointer.flush_and_commit()
+        else:
+            self.finish()
+            dropped = batcher.drop_partitions(partitions)  # events waiting for the next batch
+            checkpointer.flush_and_commit()
+        left = checkpointer.handed_over(partitions)
+        if left:
+            log.error(
+                "revoked %s: the offsets of %d consumed events are not committed (%s); the "
+                "next owner scores them again",
+                sorted(partitions),
+                left,
+                checkpointer.commit_error,
+            )
         return dropped
 
     def lost(self, partitions: set[Partition]) -> None:

@@ -233,8 +233,9 @@ class ScoringPipeline:
             self.shutdown,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
-        timeout_s = settings.shutdown.timeout_s
-        drain = Drain(self.batcher, checkpointer, processor, self.collective, timeout_s)
+        drain = Drain(
+            self.batcher, checkpointer, processor, source, pause, self.stepper, self.shutdown
+        )
         rebalance = RebalanceHandler(source, drain)
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
         return _Run(source, dead_letters, checkpointer, processor, drain)

@@ -6,13 +6,13 @@ reports to it; only it pauses and resumes:
 - **a full producer queue** (:class:`~pipeline.runtime.backpressure.BackpressuredProducer`
   reports how long it has been waiting for room, then that it has room again): a wait longer
   than :data:`PAUSE_AFTER_S` pauses fetching of the assigned partitions until there is room.
+- **a drain waiting for its group** (:mod:`pipeline.runtime.drain`): while it polls for the
+  group to settle, every partition is paused, those assigned meanwhile included, for good.
 
-The pause itself is the source's (:meth:`~pipeline.stages.source.KafkaSource.held_back`).
+The pause itself is the source's (:meth:`~pipeline.stages.source.KafkaSource.pause`).
 """
 
 from __future__ import annotations
-
-from contextlib import ExitStack
 
 from pipeline.stages.source import KafkaSource
 
@@ -39,18 +39,25 @@ class InputPause:
     def __init__(self, source: KafkaSource, pause_after_s: float = PAUSE_AFTER_S) -> None:
         self._source = source
         self._pause_after_s = pause_after_s
-        self._held = ExitStack()
+        self._held_for_good = False
         self.paused = False
         """Whether the input is paused now for a full producer queue."""
 
     def producer_waiting(self, waited_s: float) -> None:
         """The producer has been waiting ``waited_s`` for room in its queue."""
         if waited_s >= self._pause_after_s and not self.paused:
-            self._held.enter_context(self._source.held_back())
+            self._source.pause()
             self.paused = True
 
     def producer_room(self) -> None:
         """The producer's wait is over (the record fit, or it gave up)."""
         if self.paused:
             self.paused = False
-            self._held.close()
+            if not self._held_for_good:
+                self._source.resume()
+
+    def hold_everything(self) -> None:
+        """Pause every assigned partition, and keep them paused (a drain: call again after a
+        rebalance, for the partitions assigned since)."""
+        self._held_for_good = True
+        self._source.pause()

@@ -20,8 +20,11 @@ loaded, whether the load succeeded, whether its decoded events are all batched),
 ranks switch model versions at the same step (:mod:`pipeline.runtime.model_swap`): the agreed
 generation is one that every rank offers (its MIN and MAX agree).
 
-Members that step alone but must stop together on idleness (the ingest workers of one rank,
-:mod:`pipeline.ingest.stepping`) pass :class:`Peers`: their idleness is shared through it.
+The same transport is the barrier at the end of a drain (:meth:`StepAgreement.all_drained`):
+ranks leave the consumer group only once every rank has committed (a member that leaves starts
+a rebalance, which would fail the others' last commits). Members that step alone but end
+together (the ingest workers of one rank, :mod:`pipeline.ingest.stepping`) pass :class:`Peers`:
+their idleness and their drains are shared through it.
 
 Example::
 
@@ -179,6 +182,11 @@ class Stepper(IsolationRounds, Protocol):
         calls it at the same step)."""
         ...
 
+    def all_drained(self, done: bool) -> bool:
+        """One round of the drain's barrier: whether every member has ended its drain
+        (``done`` once true stays true; with ranks, every rank calls it at the same round)."""
+        ...
+
 
 class StepTransport(Protocol):
     """Where the members' steps meet."""
@@ -231,6 +239,11 @@ class Peers(Protocol):
 
     def all_idle(self, idle: bool) -> bool:
         """Report this member's idleness; whether every member is idle (or has left)."""
+        ...
+
+    def all_drained(self, done: bool) -> bool:
+        """Report that this member drains (``done``: its drain has ended); whether every member
+        that drains has ended its drain (members still running are not waited for)."""
         ...
 
 
@@ -318,3 +331,8 @@ class StepAgreement:
 
     def all_ok(self, ok: bool) -> bool:
         return self._transport.max([-int(ok)]) == [-1]
+
+    def all_drained(self, done: bool) -> bool:
+        if self._peers is not None:
+            done = self._peers.all_drained(done)
+        return self.all_ok(done)

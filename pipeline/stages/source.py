@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
@@ -68,8 +66,8 @@ class KafkaSource:
         self.first_input_at: float | None = None
         """Monotonic time the first message arrived."""
         self.pauses = 0
-        """Times fetching was paused for backpressure (:meth:`held_back`)."""
-        self._paused = False
+        """Times fetching was paused (:meth:`pause` while nothing was paused)."""
+        self._paused: set[Partition] = set()
 
     def subscribe(
         self,
@@ -182,6 +180,7 @@ class KafkaSource:
             How many messages were dropped.
         """
         self.assignment -= partitions
+        self._paused -= partitions
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in partitions)
         dropped = len(self._backlog) - len(kept)
         if dropped:  # the arrival times of what is left: the oldest one stands for all
@@ -190,29 +189,29 @@ class KafkaSource:
         self._backlog = kept
         return dropped
 
-    @contextmanager
-    def held_back(self) -> Iterator[None]:
-        """Pause fetching of the assigned partitions for the duration (backpressure: the
-        producer queue or the in-flight limit is full), then resume them.
+    def pause(self) -> int:
+        """Pause fetching of every assigned partition not paused yet (the loop's
+        :class:`~pipeline.runtime.pausing.InputPause` decides when).
 
-        Example::
-
-            with source.held_back():
-                producer.poll(0.05)
+        Returns:
+            How many partitions were paused now.
         """
-        if self._paused or not self.assignment:
-            yield
-            return
-        partitions = [TopicPartition(t, p) for t, p in sorted(self.assignment)]
-        self._consumer.pause(partitions)
-        self._paused = True
-        self.pauses += 1
-        log.debug("backpressure: paused %d partitions", len(partitions))
-        try:
-            yield
-        finally:
-            self._paused = False
-            self._consumer.resume(partitions)
+        new = sorted(self.assignment - self._paused)
+        if not new:
+            return 0
+        if not self._paused:
+            self.pauses += 1
+        self._consumer.pause([TopicPartition(t, p) for t, p in new])
+        self._paused.update(new)
+        log.debug("paused %d partitions", len(new))
+        return len(new)
+
+    def resume(self) -> None:
+        """Resume fetching of the paused partitions (those still assigned)."""
+        partitions = sorted(self._paused & self.assignment)
+        self._paused.clear()
+        if partitions:
+            self._consumer.resume([TopicPartition(t, p) for t, p in partitions])
 
     def close(self) -> None:
         """Leave the group (commits are the checkpointer's; nothing is committed here)."""

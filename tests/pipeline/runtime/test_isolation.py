@@ -163,6 +163,9 @@ class _RankStepper:
     def all_ok(self, ok: bool) -> bool:
         return ok
 
+    def all_drained(self, done: bool) -> bool:
+        return done
+
 
 def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest() -> None:
     records = _records(16, {5}, set())
