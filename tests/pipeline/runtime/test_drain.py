@@ -20,6 +20,14 @@ from tests.pipeline.runtime.drains import T, rig
 EVERYTHING = {(T, 0): 2, (T, 1): 2}
 
 
+def _drain_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "pipeline.runtime.drain" and r.levelno >= logging.ERROR
+    ]
+
+
 class BusyGroupConsumer(FakeConsumer):
     """Synchronous commits fail with ``error`` while ``busy`` is positive (one less per
     blocking ``consume``: the group moves on while the member polls)."""
@@ -86,7 +94,7 @@ def test_a_refusal_that_waiting_cannot_cure_is_one_log_line(
     with caplog.at_level(logging.ERROR, logger="pipeline.runtime.drain"):
         r.drain.commit()
     assert consumer.attempts == 1 and consumer.consume_calls[-1] == (10, 0.0)  # no settling
-    (line,) = [rec.getMessage() for rec in caplog.records]
+    (line,) = _drain_errors(caplog)
     assert "offsets of 4 consumed events are not committed" in line
     assert "GROUP_AUTHORIZATION_FAILED" in line
 
@@ -104,7 +112,7 @@ def test_a_group_that_never_settles_is_given_up_at_the_shutdown_deadline(
         r.drain.commit()
     assert time.monotonic() - started < 0.5 + 1.0  # the deadline, and one last poll
     assert consumer.attempts > 1 and consumer.committed == {}
-    (line,) = [rec.getMessage() for rec in caplog.records]
+    (line,) = _drain_errors(caplog)
     assert "offsets of 4 consumed events are not committed" in line
     assert "REBALANCE_IN_PROGRESS" in line
 
@@ -126,7 +134,7 @@ def test_offsets_left_uncommitted_at_a_revocation_are_never_committed_later(
     r = rig(consumer=consumer)
     with caplog.at_level(logging.ERROR, logger="pipeline.runtime.drain"):
         r.handler.on_revoke(consumer, [TopicPartition(T, 1)])
-    (line,) = [rec.getMessage() for rec in caplog.records]
+    (line,) = _drain_errors(caplog)
     assert "offsets of 2 consumed events are not committed" in line  # partition 1's
     consumer.busy = 0
     r.checkpointer.commit_now()
