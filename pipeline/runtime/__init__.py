@@ -11,7 +11,9 @@ module             job
 ``steps``          the steps of one batch: enrich, features, forward + top-K, publish
 ``isolation``      poison isolation: bisect a failed batch, dead-letter what fails alone
 ``retrieve``       candidates for events that carry none (``[retrieval]``)
-``drain``          finish, publish, commit: at the stop step and for revoked partitions
+``drain``          finish, publish, commit: at the stop step and for revoked partitions;
+                   a commit that waits for the group to settle; a rewind (exactly-once)
+``idle``           when a member is idle (``--exit-when-idle``)
 ``rebalance``      the consumer's rebalance callbacks (they call the loop's drain)
 ``pausing``        the one owner of pausing the input
 ``backpressure``   a producer that waits for room and reports the wait

@@ -49,6 +49,11 @@ class BackpressuredProducer:
         self.waits = 0
         """Produce calls that found the queue full."""
 
+    def use(self, producer: RecordProducer) -> None:
+        """Produce through ``producer`` from now on (exactly-once replaced the one whose
+        transactional call never came back)."""
+        self._producer = producer
+
     @property
     def paused(self) -> bool:
         """Whether the input is paused now, for this wait (:attr:`InputPause.paused`)."""

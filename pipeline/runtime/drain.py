@@ -30,15 +30,27 @@ every member of the job has committed (a barrier over the stepper:
 start a rebalance under the others' last commits); members already done keep polling meanwhile.
 What could not be committed is said in one log line: how many consumed events, and why (their
 outputs are published; the next run scores them again).
+
+**Rewind** (exactly-once): when a transaction cannot be committed (an abortable error, its
+budget spent, partitions lost while it was open), every member drops its open work at one
+agreed step (:attr:`~pipeline.runtime.stepping.StepDecision.rewind`): the batch in flight and
+the open batch are dropped unpublished, the transaction is aborted (after any transactional
+call still in flight has returned; the aborted records are invisible to ``read_committed``
+readers, and their purged deliveries fail nobody), and every assigned partition goes back to
+the offsets last committed (tracked here: the coordinator may be down), to be scored again
+(:meth:`Drain.rewind`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 from confluent_kafka import KafkaError
 
+from pipeline.connectors.kafka.clients import RecordProducer
+from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.stepping import Stepper
@@ -73,6 +85,7 @@ class Drain:
         checkpointer: the commit protocol.
         processor: scores and publishes batches (and the one in flight).
         source: polled while the group settles.
+        producer: the sinks' producer (a rewind may hand it a new one).
         pause: pauses every partition meanwhile.
         stepper: the barrier with the job's other members (and whether forwards are
             collective).
@@ -80,7 +93,8 @@ class Drain:
 
     Example::
 
-        drain = Drain(batcher, checkpointer, processor, source, pause, stepper, shutdown)
+        drain = Drain(batcher, checkpointer, processor, source, producer, pause, stepper,
+                      shutdown)
         drain.finish()   # the stop step
         drain.commit()
     """
@@ -91,6 +105,7 @@ class Drain:
         checkpointer: Checkpointer,
         processor: BatchProcessor,
         source: KafkaSource,
+        producer: BackpressuredProducer,
         pause: InputPause,
         stepper: Stepper,
         shutdown: Shutdown,
@@ -99,6 +114,7 @@ class Drain:
         self._checkpointer = checkpointer
         self._processor = processor
         self._source = source
+        self._producer = producer
         self._pause = pause
         self._stepper = stepper
         self._collective = stepper.collective
@@ -179,16 +195,18 @@ class Drain:
         if self.failed:
             return 0
         checkpointer, batcher = self._checkpointer, self._batcher
-        if self._collective:
-            self._processor.collect(wait=True)  # stepped together already; publishing is left
-            dropped = batcher.drop_partitions(partitions)
-            checkpointer.forget_open(list(partitions))
-            checkpointer.commit_delivered()
-        else:
-            self.finish()
-            dropped = batcher.drop_partitions(partitions)  # events waiting for the next batch
-            checkpointer.flush_and_commit()
-        left = checkpointer.handed_over(partitions)
+        try:
+            if self._collective:
+                self._processor.collect(wait=True)  # stepped together: publishing is left
+                dropped = batcher.drop_partitions(partitions)
+                checkpointer.forget_open(list(partitions))
+                checkpointer.commit_delivered()
+            else:
+                self.finish()
+                dropped = batcher.drop_partitions(partitions)  # waiting for the next batch
+                checkpointer.flush_and_commit()
+        finally:
+            left = checkpointer.handed_over(partitions)
         if left:
             log.error(
                 "revoked %s: the offsets of %d consumed events are not committed (%s); the "
@@ -198,6 +216,21 @@ class Drain:
                 checkpointer.commit_error,
             )
         return dropped
+
+    def rewind(self) -> None:
+        """Drop the open work unpublished, abort the open transaction, and go back to the
+        offsets last committed (see the module docstring).
+
+        Raises:
+            DeliveryFailed: the transaction could not be aborted (the producer was fenced, the
+                error is fatal, or the shutdown deadline passed first).
+        """
+        dropped = self._processor.discard() + self._batcher.clear()
+        offsets = self._checkpointer.abort()
+        # The same producer, or the one that replaced it: the records go there from now on.
+        self._producer.use(cast("RecordProducer", self._checkpointer.producer))
+        self._source.rewind(offsets)
+        log.info("rewound: %d events dropped before they were published", dropped)
 
     def lost(self, partitions: set[Partition]) -> None:
         """Partitions already belong to someone else: forget their uncommitted offsets."""

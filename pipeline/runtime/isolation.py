@@ -200,6 +200,11 @@ class PoisonIsolation:
         log.warning("batch failed after the collective forward (%s)", error)
         self._held.append((batch, error))
 
+    def drop(self) -> int:
+        """Forget the held batches (their transaction was aborted). Returns their events."""
+        held, self._held = self._held, []
+        return sum(batch.events.num_events for batch, _ in held)
+
     @property
     def waiting(self) -> bool:
         """Whether a batch of this rank waits to be bisected by all ranks together."""

@@ -49,7 +49,8 @@ from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.batch_policy import BatchPolicy
 from pipeline.runtime.drain import Drain
-from pipeline.runtime.model_swap import ModelSwap, SwapAction
+from pipeline.runtime.idle import IdleClock
+from pipeline.runtime.model_swap import ModelSwap
 from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.rebalance import RebalanceHandler
@@ -58,7 +59,12 @@ from pipeline.runtime.stepping import NO_SWAP, LocalStep, StepAgreement, StepDec
 from pipeline.settings.delivery import Guarantee
 from pipeline.settings.loading import Settings
 from pipeline.stages.batch import MicroBatcher
-from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
+from pipeline.stages.commit import (
+    Checkpointer,
+    TransactionFailed,
+    make_checkpointer,
+    transactional_kafka,
+)
 from pipeline.stages.dead_letter import DeadLetterSink
 from pipeline.stages.decode import MessageDecoder
 from pipeline.stages.enrich.enricher import BatchEnricher, FeatureEnricher
@@ -75,7 +81,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Run:
-    """The stages that need the Kafka clients (built when a run starts)."""
+    """What needs the Kafka clients (built when a run starts)."""
 
     source: KafkaSource
     dead_letters: DeadLetterSink
@@ -149,8 +155,9 @@ class ScoringPipeline:
         self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
-        self._busy_at = 0.0
-        """Monotonic time the loop last had events to batch or score."""
+        self._rewinding = False
+        """A transaction failed: the next step rewinds (exactly-once)."""
+        self._idle = IdleClock()
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -231,10 +238,18 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
+            kafka,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         drain = Drain(
-            self.batcher, checkpointer, processor, source, pause, self.stepper, self.shutdown
+            self.batcher,
+            checkpointer,
+            processor,
+            source,
+            producer,
+            pause,
+            self.stepper,
+            self.shutdown,
         )
         rebalance = RebalanceHandler(source, drain)
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
@@ -245,32 +260,44 @@ class ScoringPipeline:
         data-flow order. Every rank runs the same number of iterations."""
         batcher, checkpointer, processor = self.batcher, run.checkpointer, run.processor
         while True:
-            # consume: what is queued at once; block only while there is nothing to do
-            if not self._has_work(run.source):
-                run.source.poll(self._poll_wait_s(run.source, processor.busy))
-            # decode -> batch
-            self._fill_batch(run, max_events)
+            try:
+                # consume: what is queued at once; block only while there is nothing to do
+                if not self._has_work(run.source):
+                    run.source.poll(self._poll_wait_s(run.source, processor.busy))
+                # decode -> batch (nothing new while a failed transaction waits to be aborted)
+                if not self._rewinding:
+                    self._fill_batch(run, max_events)
+            except TransactionFailed:  # raised in a rebalance callback, or by a dead letter
+                self._rewinding = True
             # when to score (agreed across ranks)
             local = self._local_step(run, exit_when_idle_s, max_events)
             step = self.stepper.agree(local)
-            # process
-            if step.isolate:  # a rank's batch failed after the collective forward
-                processor.isolate_together(self.stepper)
-            if step.stop:
-                run.drain.finish(step.rows)  # the open batch and the one in flight, published
-            elif step.run:
-                closed = batcher.close()
-                batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
-                processor.submit(batch, pad_rows=step.rows)
-            elif not len(batcher):
-                checkpointer.seal_open()  # offsets of dead-lettered messages alone
-            processor.collect(wait=False)
-            for rows, seconds in processor.take_costs():
-                self.policy.cost.observe(rows, seconds)
-            if self.models is not None and not step.stop:
-                self._follow_models(run, step)
-            # commit
-            checkpointer.commit_ready()
+            if step.rewind:  # a transaction failed, here or on another rank: all go back
+                run.drain.rewind()
+                self._rewinding = False
+                self._idle.busy()
+                continue
+            try:
+                # process
+                if step.isolate:  # a rank's batch failed after the collective forward
+                    processor.isolate_together(self.stepper)
+                if step.stop:
+                    run.drain.finish(step.rows)  # the open batch and the one in flight
+                elif step.run:
+                    closed = batcher.close()
+                    batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
+                    processor.submit(batch, pad_rows=step.rows)
+                elif not len(batcher):
+                    checkpointer.seal_open()  # offsets of dead-lettered messages alone
+                processor.collect(wait=False)
+                for rows, seconds in processor.take_costs():
+                    self.policy.cost.observe(rows, seconds)
+                if self.models is not None and not step.stop:
+                    self._follow_models(run, step)
+                # commit
+                checkpointer.commit_ready()
+            except TransactionFailed:  # aborted and rewound at the next step
+                self._rewinding = True
             if step.stop:
                 self._isolate_last(run, local.idle)
                 if local.idle:
@@ -310,10 +337,25 @@ class ScoringPipeline:
             ready=ready,
             rows=batcher.rows,
             stop_requested=stop_requested,
-            idle=self._idle(source.last_activity, exit_when_idle_s, source.backlog),
+            idle=self._idle.idle(
+                bool(len(batcher) or batcher.waiting or source.backlog),
+                source.last_activity,
+                exit_when_idle_s,
+            ),
             isolate=processor.needs_isolation,
             offer=self.models.offer(not batcher.waiting) if self.models else NO_SWAP,
+            rewind=self._rewinding,
         )
+
+    def _follow_models(self, run: _Run, step: StepDecision) -> None:
+        """After a step: the agreed model version, once it is swapped in, scores the next
+        batch and its index retrieves the next events' candidates
+        (:meth:`~pipeline.runtime.model_swap.ModelSwap.follow`)."""
+        assert self.models is not None
+        served = self.models.follow(step, run.processor, self.stepper, self.collective)
+        if served is not None:
+            self.scorer = served.scorer
+            self.retriever.index = served.index
 
     def _isolate_last(self, run: _Run, idle: bool) -> None:
         """One last agreement: a batch that failed in the stop step is bisected by every rank
@@ -351,47 +393,3 @@ class ScoringPipeline:
             with self.metrics.stage("decode"):
                 decoded = self.decoder.decode(source.topic, messages)
             batcher.queue(self.retriever.fill(decoded), arrived)
-
-    def _follow_models(self, run: _Run, step: StepDecision) -> None:
-        """After a step: swap in the agreed model version once every batcher is empty.
-
-        The scorer of the processor and executor and the retriever's index switch together,
-        between two batches (the batch in flight is published first), so every event of a
-        batch is scored by one version, with candidates retrieved by that version.
-        """
-        assert self.models is not None
-        action = self.models.decide(step.swap, batches_empty=step.run or step.rows == 0)
-        if action is not SwapAction.SWAP:
-            return
-        run.processor.collect(wait=True)  # no forward in flight from here on
-        served = self.models.complete(self.stepper)
-        if served is None:
-            return
-        start = time.perf_counter()
-        try:
-            run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
-        except Exception as exc:
-            if self.collective:  # a collective warm-up failed: the ranks cannot go on apart
-                raise
-            self.models.failed(served, exc)
-            return
-        self.scorer = served.scorer
-        self.retriever.index = served.index
-        self.models.swapped(served, warm_up_s=time.perf_counter() - start)
-
-    def _idle(
-        self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int
-    ) -> bool:
-        """No input and nothing to do for ``exit_when_idle_s`` (counted once in the group): a
-        loop that spent longer than that scoring what one poll brought is not idle when it is
-        done (a rebalance may be what keeps the next poll empty)."""
-        batcher = self.batcher
-        now = time.monotonic()
-        if len(batcher) or batcher.waiting or backlog:
-            self._busy_at = now
-            return False
-        return (
-            exit_when_idle_s is not None
-            and last_activity is not None
-            and now - max(last_activity, self._busy_at) >= exit_when_idle_s
-        )

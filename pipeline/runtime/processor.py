@@ -136,6 +136,22 @@ class BatchProcessor:
         self.collect(wait=True)
         self._isolation.together(rounds)
 
+    def discard(self) -> int:
+        """Drop the batch in flight once its forward is done (a collective forward ends on
+        every rank) and the batches waiting to be bisected, publishing nothing (their
+        transaction was aborted: their events are consumed again).
+
+        Returns:
+            How many events were dropped.
+        """
+        try:
+            done = self._executor.take(wait=True)
+            dropped = done[0].batch.events.num_events if done is not None else 0
+        except ForwardFailed as failed:
+            dropped = failed.prepared.batch.events.num_events if failed.prepared else 0
+        self._costs.clear()
+        return dropped + self._isolation.drop()
+
     def process(self, batch: Batch) -> None:
         """The whole path for ``batch`` now, on this thread."""
         self.submit(batch)

@@ -78,6 +78,8 @@ class LocalStep:
         isolate: a batch of this member failed after its collective forward and waits to be
             bisected by every rank together.
         offer: its side of a model swap.
+        rewind: its transaction failed (exactly-once): every member drops its open work and
+            goes back to its last committed offsets.
     """
 
     ready: bool
@@ -86,6 +88,7 @@ class LocalStep:
     idle: bool
     isolate: bool = False
     offer: SwapOffer = NO_SWAP
+    rewind: bool = False
 
     def vector(self) -> list[int]:
         """The step as integers whose elementwise MAX over members is the agreed step (a MIN
@@ -101,6 +104,7 @@ class LocalStep:
             -offer.generation,
             -int(offer.ok),
             -int(offer.drained),
+            int(self.rewind),
         ]
 
 
@@ -115,6 +119,9 @@ class StepDecision:
         isolate: a rank's batch failed after its collective forward: every rank bisects
             together first (:meth:`~pipeline.runtime.processor.BatchProcessor.isolate_together`).
         swap: the model swap every rank offered (:class:`SwapOffer`).
+        rewind: some member's transaction failed: every member drops its open work, aborts its
+            transaction and goes back to its last committed offsets, at this step
+            (:meth:`~pipeline.runtime.drain.Drain.rewind`).
     """
 
     run: bool
@@ -122,6 +129,7 @@ class StepDecision:
     stop: bool
     isolate: bool = False
     swap: SwapOffer = NO_SWAP
+    rewind: bool = False
 
     @classmethod
     def agreed(cls, maxima: list[int], collective: bool) -> StepDecision:
@@ -133,7 +141,7 @@ class StepDecision:
                 a ready step runs even when empty).
         """
         (any_ready, max_rows, any_stop, any_busy, any_isolate, max_gen, neg_min_gen, neg_ok,
-         neg_drained) = maxima  # fmt: skip
+         neg_drained, any_rewind) = maxima  # fmt: skip
         swap = SwapOffer(
             generation=max_gen if max_gen == -neg_min_gen else 0,
             ok=neg_ok == -1,
@@ -145,6 +153,7 @@ class StepDecision:
             stop=bool(any_stop) or not any_busy,
             isolate=bool(any_isolate),
             swap=swap,
+            rewind=bool(any_rewind),
         )
 
 
@@ -282,7 +291,8 @@ class StepAgreement:
       idle;
     - ``isolate``: some rank's batch failed after the collective forward (all bisect together);
     - ``swap``: the MAX and (as the MAX of its negation) the MIN of the offered generation,
-      and the MIN of ``ok`` and ``drained``: a generation is agreed when MIN = MAX.
+      and the MIN of ``ok`` and ``drained``: a generation is agreed when MIN = MAX;
+    - ``rewind``: some member's transaction failed (all rewind together).
 
     Args:
         transport: :class:`Alone` (default) or :class:`ProcessGroup`.

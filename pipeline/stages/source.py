@@ -3,8 +3,10 @@
 :class:`KafkaSource` wraps the consumer for the loop: it polls a bounded number of messages
 into a backlog that the loop takes from in runs (to decode them together), keeps the assignment
 the rebalance callbacks report (:mod:`pipeline.runtime.rebalance`), and remembers when input last
-arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
-end-of-partition is ignored, a fatal error raises, anything else is logged.
+arrived (for ``--exit-when-idle``) and, per partition, the first offset taken since it was
+assigned (so that :meth:`KafkaSource.rewind` can go back to where a run started it). Client
+errors carried by messages are handled here: end-of-partition is ignored, a fatal error raises,
+anything else is logged.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ class KafkaSource:
         self.pauses = 0
         """Times fetching was paused (:meth:`pause` while nothing was paused)."""
         self._paused: set[Partition] = set()
+        self._starts: dict[Partition, int] = {}
+        """Per assigned partition, the first offset taken since its assignment."""
+        self._unstarted: set[Partition] = set()
+        """Assigned partitions nothing was taken of yet."""
 
     def subscribe(
         self,
@@ -154,7 +160,20 @@ class KafkaSource:
             else:
                 self._client_error(err)
         self._forget_arrivals(popped)
+        if self._unstarted:
+            self._note_starts(out)
         return out
+
+    def _note_starts(self, messages: list[Message]) -> None:
+        """The first offsets taken of partitions that had none yet (in poll order)."""
+        unstarted = self._unstarted
+        for message in messages:
+            key, offset = (message.topic(), message.partition()), message.offset()
+            if key in unstarted and offset is not None:
+                self._starts[key] = offset
+                unstarted.discard(key)
+                if not unstarted:
+                    return
 
     def _forget_arrivals(self, popped: int) -> None:
         """``popped`` messages left the head of the backlog."""
@@ -171,6 +190,9 @@ class KafkaSource:
         """Partitions were added to this member (incremental, cooperative-sticky)."""
         self.assignment |= partitions
         self.last_activity = time.monotonic()
+        for key in partitions:
+            self._starts.pop(key, None)
+        self._unstarted |= partitions
 
     def revoked(self, partitions: set[Partition]) -> int:
         """Partitions left this member: drop their polled messages (never registered for commit;
@@ -181,6 +203,9 @@ class KafkaSource:
         """
         self.assignment -= partitions
         self._paused -= partitions
+        self._unstarted -= partitions
+        for key in partitions:
+            self._starts.pop(key, None)
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in partitions)
         dropped = len(self._backlog) - len(kept)
         if dropped:  # the arrival times of what is left: the oldest one stands for all
@@ -212,6 +237,31 @@ class KafkaSource:
         self._paused.clear()
         if partitions:
             self._consumer.resume([TopicPartition(t, p) for t, p in partitions])
+
+    def rewind(self, committed: dict[Partition, int]) -> int:
+        """Drop the polled backlog and seek every assigned partition back: to its ``committed``
+        offset, else to the first offset taken since it was assigned (or, when none was
+        taken, the first one polled). Partitions nothing was polled of keep their position.
+
+        Args:
+            committed: the offsets last committed, per partition (this run's commits).
+
+        Returns:
+            How many polled messages were dropped.
+        """
+        targets = {key: offset for key, offset in self._starts.items() if key in self.assignment}
+        for message in self._backlog:
+            key, offset = (message.topic(), message.partition()), message.offset()
+            if message.error() is None and key in self.assignment and offset is not None:
+                targets.setdefault(key, offset)
+        targets.update({k: o for k, o in committed.items() if k in self.assignment})
+        dropped = len(self._backlog)
+        self._backlog.clear()
+        self._arrivals.clear()
+        for (topic, partition), offset in sorted(targets.items()):
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+        log.info("rewound %d partitions to %s", len(targets), dict(sorted(targets.items())))
+        return dropped
 
     def close(self) -> None:
         """Leave the group (commits are the checkpointer's; nothing is committed here)."""

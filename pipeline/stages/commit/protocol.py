@@ -115,6 +115,11 @@ class Checkpointer:
         self._next_commit_at = 0.0
 
     @property
+    def producer(self) -> PollingProducer:
+        """The producer whose records the checkpoints guard."""
+        return self._producer
+
+    @property
     def deadline(self) -> float | None:
         """``time.monotonic()`` by which every wait must end (``None`` until a stop)."""
         return self._shutdown.deadline if self._shutdown is not None else None
@@ -283,6 +288,21 @@ class Checkpointer:
             base = self.committed.get(key, self._first.get(key, offset))
             count += max(0, offset - base)
         return count
+
+    def abort(self) -> dict[tuple[str, int], int]:
+        """Drop every checkpoint not committed: the loop goes back to the last committed offsets
+        and consumes their messages again (:meth:`pipeline.runtime.drain.Drain.rewind`).
+
+        Returns:
+            Per partition, where to go back to: its last committed offset, else the first one
+            consumed since it was assigned.
+        """
+        offsets = {**self._first, **self.committed}
+        self._checkpoints.clear()
+        self._open = self._new_checkpoint()
+        self._retry.clear()
+        self.commit_error = None
+        return offsets
 
     def handed_over(self, partitions: set[tuple[str, int]]) -> int:
         """``partitions`` moved to another member after their revocation's commit: what of

@@ -11,6 +11,7 @@ from confluent_kafka import TopicPartition
 
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
+from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.drain import Drain
 from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
@@ -67,7 +68,8 @@ def rig(
     stepper = stepper or StepAgreement(ProcessGroup() if collective else Alone())
     shutdown = shutdown or Shutdown(10.0)
     pause = InputPause(source)
-    drain = Drain(batcher, checkpointer, processor, source, pause, stepper, shutdown)
+    wrapped = BackpressuredProducer(producer, pause, shutdown)
+    drain = Drain(batcher, checkpointer, processor, source, wrapped, pause, stepper, shutdown)
     handler = RebalanceHandler(source, drain)
     handler.on_assign(consumer, [TopicPartition(T, 0), TopicPartition(T, 1)])
     source.poll(0.0)
