@@ -139,7 +139,7 @@ def test_device_and_communication_errors_are_not_poison() -> None:
 
 
 class _RankStepper:
-    """A one-rank stand-in for CollectiveStepper (the loop takes the multi-rank paths)."""
+    """A one-rank stand-in for the ranks' stepper (the loop takes the multi-rank paths)."""
 
     poll_timeout_s = 0.01
     collective = True

@@ -64,7 +64,7 @@ def _rank(versions: ModelVersions, loader: FakeLoader) -> tuple[ModelSwap, Recor
 
 
 def _agree(offers: list[SwapOffer]) -> SwapOffer:
-    """What CollectiveStepper computes from the ranks' offers."""
+    """What the ranks' stepper computes from their offers."""
     gens = [o.generation for o in offers]
     return SwapOffer(
         generation=gens[0] if min(gens) == max(gens) else 0,
