@@ -104,20 +104,19 @@ class Checkpointer:
         self._retry_at = 0.0
         self.committed: dict[tuple[str, int], int] = {}
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
-        self._first: dict[tuple[str, int], int] = {}
-        """Per partition, the first offset consumed since it was assigned (or forgotten)."""
+        self._resume: dict[tuple[str, int], int] = {}
+        """Per partition consumed since it was assigned, where to go back to: its last offset
+        committed since then, else the first one consumed (:meth:`abort`)."""
         self.commit_failures = 0
         self.commit_error: KafkaError | None = None
-        """Why the latest failed commit failed, while its offsets wait to be committed again
-        (``None`` once they are)."""
+        """Why the latest failed commit failed, while its offsets wait for another one."""
         self._shutdown = shutdown
         self._commit_interval_s = commit_interval_s
         self._next_commit_at = 0.0
 
     @property
     def producer(self) -> PollingProducer:
-        """The producer whose records the checkpoints guard."""
-        return self._producer
+        return self._producer  # the producer whose records the checkpoints guard
 
     @property
     def deadline(self) -> float | None:
@@ -142,7 +141,7 @@ class Checkpointer:
         # offset (poll order is offset order).
         heads, first = np.unique(partitions, return_index=True)
         for partition, index in zip(heads.tolist(), first.tolist(), strict=True):
-            self._first.setdefault((topic, partition), int(offsets[index]))
+            self._resume.setdefault((topic, partition), int(offsets[index]))
         last = len(partitions) - 1 - np.unique(partitions[::-1], return_index=True)[1]
         for partition, offset in zip(
             partitions[last].tolist(), offsets[last].tolist(), strict=True
@@ -272,7 +271,7 @@ class Checkpointer:
 
     def uncommitted_events(self, partitions: set[tuple[str, int]] | None = None) -> int:
         """How many consumed events are not committed: per partition, the furthest offset
-        consumed minus the last one committed (or, without a commit, the first consumed).
+        consumed minus where it would go back to (:meth:`abort`)
 
         Args:
             partitions: count only these (default: all).
@@ -285,19 +284,18 @@ class Checkpointer:
         for key, offset in furthest.items():
             if partitions is not None and key not in partitions:
                 continue
-            base = self.committed.get(key, self._first.get(key, offset))
-            count += max(0, offset - base)
+            count += max(0, offset - self._resume.get(key, offset))
         return count
 
     def abort(self) -> dict[tuple[str, int], int]:
-        """Drop every checkpoint not committed: the loop goes back to the last committed offsets
-        and consumes their messages again (:meth:`pipeline.runtime.drain.Drain.rewind`).
+        """Drop every checkpoint not committed: the loop goes back and consumes their messages
+        again (:meth:`pipeline.runtime.drain.Drain.rewind`).
 
         Returns:
-            Per partition, where to go back to: its last committed offset, else the first one
-            consumed since it was assigned.
+            Per partition consumed since it was assigned, where to go back to: its last offset
+            committed since then, else the first one consumed.
         """
-        offsets = {**self._first, **self.committed}
+        offsets = dict(self._resume)
         self._checkpoints.clear()
         self._open = self._new_checkpoint()
         self._retry.clear()
@@ -327,12 +325,12 @@ class Checkpointer:
         self._drop(set(partitions))
 
     def _drop(self, partitions: set[tuple[str, int]]) -> None:
-        """Forget everything about ``partitions``: uncommitted offsets, and where they started
-        and were committed (a later assignment starts afresh)."""
+        """Forget ``partitions``' uncommitted offsets and where they would go back to (a later
+        assignment starts afresh)."""
         for checkpoint in (*self._checkpoints, self._open):
             for key in partitions & checkpoint.next_offsets.keys():
                 del checkpoint.next_offsets[key]
-        for table in (self._retry, self._first, self.committed):
+        for table in (self._retry, self._resume):
             for key in partitions & table.keys():
                 del table[key]
         if not self._retry:
@@ -360,6 +358,8 @@ class Checkpointer:
         for key, offset in offsets.items():
             if offset >= 0 and offset > self.committed.get(key, -1):
                 self.committed[key] = offset
+            if key in self._resume:
+                self._resume[key] = max(self._resume[key], offset)
             if self._retry.get(key, -1) <= offset:
                 self._retry.pop(key, None)
         if not self._retry:

@@ -192,7 +192,7 @@ class TransactionalCheckpointer(Checkpointer):
         self._commit_transaction(offsets)
         for _ in range(leading):
             self._checkpoints.popleft()
-        self.committed.update(offsets)
+        self._advance(offsets)
         self.transactions += 1
         return leading
 
