@@ -156,6 +156,8 @@ class Drain:
                 done = self._settled(deadline, failure)
             if self._stepper.all_drained(done):
                 break
+            if done and not self._collective and time.monotonic() >= deadline:
+                break  # peers that step alone are waited for until the deadline at most
             self._pause.hold_everything()
             self._source.poll(SETTLE_POLL_S)  # rebalance callbacks run in here
             self._source.take(self._source.backlog)  # never registered: never committed

@@ -152,3 +152,16 @@ def test_workers_of_a_rank_wait_only_for_the_workers_that_drain() -> None:
     assert not third.all_drained(False)
     third.leave()  # a worker that exited holds nobody back
     assert first.all_drained(True)
+
+
+def test_a_worker_waits_for_a_draining_worker_until_its_deadline_at_most() -> None:
+    flags = IdleFlags.allocate(2)
+    flags.drained(1, False)  # worker 1 drains and never ends (killed mid-drain)
+    shutdown = Shutdown(0.3)
+    r = rig(stepper=WorkerStepper(flags, 0), shutdown=shutdown)
+    r.drain.finish()
+    shutdown.request()
+    started = time.monotonic()
+    r.drain.commit()
+    assert time.monotonic() - started < 0.3 + 1.0
+    assert r.consumer.committed == EVERYTHING and len(r.consumer.consume_calls) > 1
