@@ -5,7 +5,7 @@
 # 2. the synthetic world's user and item features into Redis (`streamrank seed-features`);
 # 3. the model, trained once into the shared volume as the first version of a versions
 #    directory (`streamrank init-model --versioned`: it becomes current); kept on reruns. Later
-#    versions are added and promoted with `streamrank init-model`/`streamrank model` (README).
+#    versions are added and promoted with `streamrank init-model`/`streamrank model` (docs/models.md).
 set -euo pipefail
 
 python -c '

@@ -1,35 +1,24 @@
 """streamrank's model package: the feature contract, the DLRM ranker and its tooling.
 
-Modules (import them directly; this package module imports nothing so that light users such
-as the event producer do not pay for torch/torchrec unless they need them):
+Import the modules directly; this package module imports nothing, so that light users such as
+the event producer do not pay for torch/torchrec unless they need them. Nothing here imports
+``pipeline`` (docs/architecture.md).
 
-- :mod:`model.features.spec`: feature spec, table sizes, id hashing.
-- :mod:`model.features.segments`: index arithmetic over per-segment counts (offsets, positions,
-  ...).
-- :mod:`model.features.columns`: a micro-batch's features as numpy columns (no torch).
-- :mod:`model.features.build`: those columns -> dense tensor + KeyedJaggedTensor.
-- :mod:`model.features.recent_items`: the recent-items rule shared by serving and training data.
-- :mod:`model.ranker`: the DLRM ranker and its builder.
-- :mod:`model.serving.inference`: the one scoring forward (``score_probabilities``).
-- :mod:`model.serving.device`: which device a process or rank runs on; binding threads to it.
-- :mod:`model.serving.transfer`: pinned, asynchronous host -> GPU copies of a batch's input.
-- :mod:`model.serving.memory`: bytes of embedding tables held (plain, quantized, sharded).
-- :mod:`model.serving.topk`: per-event top-K over a flat batch of scores.
-- :mod:`model.store.checkpoint`: checkpoint directories (``meta.json`` + ``model.pt``).
-- :mod:`model.synthetic`: the deterministic synthetic world (features, events, clicks).
-- :mod:`model.synthetic.evaluation`: AUC and log loss.
-- :mod:`model.synthetic.train`: training the ranker on the synthetic world.
+- :mod:`model.features`: the feature spec (tables, id hashing), a batch's numpy columns, the
+  dense tensor + KeyedJaggedTensor built from them, the recent-items rule, segment arithmetic.
+- :mod:`model.ranker`: the DLRM ranker and its builder; :mod:`model.rank`: the rank context of
+  a process (the one reader of ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``); :mod:`model.options`:
+  the serving options shared with configuration (precision, compile mode, quantized tables).
+- :mod:`model.serving`: building the served model once (``ScorerFactory``: device, load, shard
+  or quantize, precision, compile, warm-up) and scoring batches (``Scorer``: model input,
+  forward, top-K); device binding, pinned host -> GPU copies, CUDA-graph shapes, memory.
 - :mod:`model.distributed`: sharding the tables across ranks with ``DistributedModelParallel``
   (config, planner, report, process group, runtime, sharded checkpoints); the only modules
   that import ``torchrec.distributed``.
-- :mod:`model.options` / :mod:`model.serving.quantize`: quantized tables for single-process
-  serving.
-- :mod:`model.serving.compile`: optional ``torch.compile`` of the ranker.
-- :mod:`model.serving.graph_shapes`: static batch shapes for the CUDA-graph compile modes.
-- :mod:`model.store.versions` (with :mod:`model.store.version_info`,
-  :mod:`model.store.durable_files`): versions
-  directories, a pointer to the served version, switched atomically.
-- :mod:`model.store.tables`: embedding tables read from a checkpoint (either format) as numpy.
-- :mod:`model.retrieval.index` (config in :mod:`model.retrieval.config`): the Faiss inner-product
-  index over item vectors; :mod:`model.retrieval.candidates`: retrieved candidates into a batch.
+- :mod:`model.store`: checkpoint directories, versions directories with their atomically
+  switched pointer, durable files, embedding tables read from a checkpoint as numpy.
+- :mod:`model.retrieval`: the Faiss inner-product index over item vectors and retrieved
+  candidates for events that bring none.
+- :mod:`model.synthetic`: the deterministic synthetic world (features, events, clicks), training
+  on it and offline AUC.
 """

@@ -74,12 +74,17 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
             env["STREAMRANK_KAFKA__BOOTSTRAP_SERVERS"], env["STREAMRANK_REDIS__URL"], directory
         )
     finally:
-        subprocess.run(
-            [str(REPO_ROOT / "scripts" / "stack_down.sh"), str(directory)],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            timeout=120,
-        )
+        stack_down(directory)
+
+
+def stack_down(directory: Path) -> None:
+    """``scripts/stack_down.sh``: stop the stack of ``directory`` (its servers, by pid)."""
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "stack_down.sh"), str(directory)],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ Layout of a sharded checkpoint directory::
       meta.json        the same metadata as model/store/checkpoint.py (model_version, spec, ...)
                        plus "weights_format": "dcp" and "world_size"; weights_sha256 is ""
       .metadata        DCP's index: every tensor's global shape and where its shards are
+                       (read by :mod:`model.store.dcp_reader`, which unpickles DCP's own
+                       classes only and refuses byte items: loading runs nothing from here)
       __<r>_0.distcp   the shards rank r wrote (replicated tensors are written once)
 
 The tensors' names are those of the unsharded ``Ranker.state_dict()`` (DMP strips its wrapper
@@ -20,13 +22,10 @@ plan loads into any other one, and into a plain single-process :class:`~model.ra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import uuid
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,8 @@ from model.store.checkpoint import (
     replace_dir,
     save_checkpoint,
 )
+from model.store.dcp_reader import load_dcp, single_process_ok
+from model.store.version_info import DCP_INDEX_FILE
 
 __all__ = [
     "DCP_INDEX_FILE",
@@ -58,8 +59,6 @@ __all__ = [
     "save_sharded",
 ]
 
-#: DCP's index file inside a sharded checkpoint directory.
-DCP_INDEX_FILE = ".metadata"
 #: ``meta.json``'s ``weights_format`` of a sharded checkpoint.
 WEIGHTS_FORMAT_DCP = "dcp"
 
@@ -104,14 +103,6 @@ def _broadcast(obj: Any, pg: dist.ProcessGroup | None) -> Any:
     src = dist.get_global_rank(pg, 0) if pg is not None else 0
     dist.broadcast_object_list(box, src=src, group=pg)
     return box[0]
-
-
-@contextlib.contextmanager
-def _single_process_ok() -> Iterator[None]:
-    """Silence DCP's "assuming the intent is to save/load in a single process" warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to .* single process")
-        yield
 
 
 def _module_spec(model: nn.Module) -> FeatureSpec | None:
@@ -184,7 +175,7 @@ def save_sharded(
 
     failed: str | None = None
     try:
-        with _single_process_ok():
+        with single_process_ok():
             dcp.save(
                 dmp.state_dict(),
                 checkpoint_id=tmp,
@@ -265,13 +256,7 @@ def load_sharded(
     if fmt == WEIGHTS_FORMAT_DCP:
         state = dmp.state_dict()
         try:
-            with _single_process_ok():
-                dcp.load(
-                    state,
-                    checkpoint_id=Path(path),
-                    process_group=pg,
-                    no_dist=not dist.is_initialized(),
-                )
+            load_dcp(state, path, collective=True, process_group=pg)
         except Exception as exc:  # DCP wraps per-rank failures in CheckpointException
             raise ValueError(f"cannot load sharded checkpoint {path}: {exc}") from exc
     else:
@@ -310,8 +295,7 @@ def load_ranker(path: str | os.PathLike[str]) -> tuple[Ranker, CheckpointMeta]:
     ranker = build_ranker(meta.spec, device="cpu")
     state = ranker.state_dict()
     try:
-        with _single_process_ok():
-            dcp.load(state, checkpoint_id=Path(path), no_dist=True)
+        load_dcp(state, path)
     except Exception as exc:
         raise ValueError(f"cannot load sharded checkpoint {path}: {exc}") from exc
     ranker.load_state_dict(state, strict=True)

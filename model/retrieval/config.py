@@ -50,10 +50,12 @@ class RetrievalConfig:
             ``min(items, max(64 * nlist, 65536))``.
         query_features: event-side tables summed into the query vector (a subset of
             :data:`QUERY_FEATURES`).
-        threads: Faiss (OpenMP) threads for this process (a process-wide setting); 0 keeps
-            Faiss's default, one per core. 1 (default) keeps index builds and searches off
-            the cores the forward uses (on a 2-core machine shared with other work, 2 threads
-            trained a small index 7x slower than 1: OpenMP workers spin while they wait).
+        threads: OpenMP threads of Faiss's own calls (an index build, a search), set on the
+            calling thread for each call and restored after, so torch's thread count is never
+            changed (:func:`model.retrieval.index.faiss_threads`); 0 uses the calling thread's
+            current setting (torch's). 1 (default) keeps builds and searches to one core (on a
+            2-core machine shared with other work, 2 threads trained a small index 7x slower
+            than 1: OpenMP workers spin while they wait).
         seed: seed of the k-means/PQ training sample and of Faiss's clustering.
 
     Example::

@@ -27,12 +27,21 @@ scanned per query, vectors PQ-coded in ``pq_m`` bytes), wrapped in ``IndexRefine
 the ``refine_factor * k`` best PQ hits are re-ranked with the exact vectors; ``auto`` picks
 ``flat`` up to ``exact_max_items`` items. Recall is measured against exact inner-product
 search over the same vectors (``streamrank bench retrieval``).
+
+Threads: Faiss parallelises with OpenMP, and when torch is imported first (as in the pipeline)
+Faiss's OpenMP calls resolve to torch's ``libgomp`` (torch loads it into the global symbol
+scope), so ``faiss.omp_set_num_threads`` would also set the thread count of torch's next forward
+on that thread. OpenMP's thread count is a per-thread setting, so :func:`faiss_threads` sets
+``config.threads`` on the calling thread for the duration of one build or search and restores
+it after: Faiss's thread count never changes torch's.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +59,7 @@ __all__ = [
     "RetrievalConfig",
     "RetrievalIndex",
     "build_index",
+    "faiss_threads",
 ]
 
 Int64Array = npt.NDArray[np.int64]
@@ -152,7 +162,8 @@ class RetrievalIndex:
         if queries.shape[0] == 0:
             return np.empty((0, k), np.int64), np.empty((0, k), np.float32)
         scaled = np.ascontiguousarray(queries * np.float32(self.scale), np.float32)
-        scores, positions = self.index.search(scaled, k)
+        with faiss_threads(self.config.threads):
+            scores, positions = self.index.search(scaled, k)
         found = positions >= 0
         ids = np.where(found, self.item_ids[np.where(found, positions, 0)], -1)
         return ids.astype(np.int64), (scores / np.float32(self.scale**2)).astype(np.float32)
@@ -187,20 +198,46 @@ def build_index(
     catalogue = np.unique(np.asarray(item_ids, dtype=np.int64))
     if catalogue.size == 0:
         raise ValueError("the item catalogue is empty: nothing to retrieve from")
-    if config.threads:
-        faiss.omp_set_num_threads(config.threads)
     vectors = tables.rows(SparseFeature.ITEM_ID, catalogue)
     rms = float(np.sqrt(np.mean(np.square(vectors, dtype=np.float64))))
     scale = 1.0 / rms if rms > 0 else 1.0
     vectors *= np.float32(scale)
     kind = choose_kind(config, catalogue.size)
-    index = (
-        _flat(tables.dim, vectors)
-        if kind is IndexKind.FLAT
-        else _ivfpq(tables.dim, vectors, config)
-    )
+    with faiss_threads(config.threads):
+        index = (
+            _flat(tables.dim, vectors)
+            if kind is IndexKind.FLAT
+            else _ivfpq(tables.dim, vectors, config)
+        )
     seconds = time.perf_counter() - start
     return RetrievalIndex(index, kind, catalogue, tables, config, seconds, scale)
+
+
+@contextmanager
+def faiss_threads(threads: int) -> Iterator[None]:
+    """Faiss's OpenMP threads on this thread for the ``with`` block, restored after.
+
+    OpenMP's thread count is per thread and shared with torch's when both use one ``libgomp``
+    (module docstring): setting it only around Faiss's own calls keeps torch's forward on the
+    threads it was given.
+
+    Args:
+        threads: OpenMP threads for Faiss's calls; 0 leaves the current setting alone.
+
+    Example::
+
+        with faiss_threads(1):
+            index.search(queries, k)
+    """
+    if not threads:
+        yield
+        return
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def needed_tables(config: RetrievalConfig) -> tuple[SparseFeature, ...]:

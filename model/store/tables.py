@@ -8,7 +8,8 @@ ranks (no rank holds a whole table then); the files hold the full fp32 tables in
 - a single-process checkpoint (``model.pt``) is memory-mapped, so only the tables asked for
   are read, and they share the page cache with the scorer's own load;
 - a sharded checkpoint (DCP) is read for just those tensors, in this process only
-  (``no_dist``: no collective, safe on a background thread of any rank).
+  (``no_dist``: no collective, safe on a background thread of any rank), through
+  :mod:`model.store.dcp_reader` (its index is unpickled with DCP's own classes only).
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ import torch
 from model.features.spec import FeatureSpec, SparseFeature
 from model.ranker import Ranker
 from model.store.checkpoint import load_meta, load_state_dict
+from model.store.version_info import DCP_INDEX_FILE
 
 __all__ = ["DCP_INDEX_FILE", "EmbeddingTables", "table_state_key"]
 
-#: DCP's index file (model.distributed.checkpoint.DCP_INDEX_FILE; not imported from there, so
-#: that this single-process module does not reach TorchRec's distributed package).
-DCP_INDEX_FILE = ".metadata"
 
 Float32Array = npt.NDArray[np.float32]
 
@@ -147,16 +146,13 @@ class EmbeddingTables:
 
 
 def _read_dcp(root: Path, shapes: Mapping[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
-    """The named fp32 tensors of a DCP checkpoint, read in this process only."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
+    """The named fp32 tensors of a DCP checkpoint, read in this process only (through
+    :mod:`model.store.dcp_reader`: nothing in the directory is run)."""
+    from model.store.dcp_reader import load_dcp
 
     state = {key: torch.empty(shape, dtype=torch.float32) for key, shape in shapes.items()}
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to .* single")
-            dcp.load(state, checkpoint_id=root, no_dist=True)
+        load_dcp(state, root)
     except Exception as exc:  # DCP raises CheckpointException and friends
         raise ValueError(f"cannot read tables of sharded checkpoint {root}: {exc}") from exc
     return state

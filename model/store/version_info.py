@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DCP_INDEX_FILE",
     "POINTER_FILE",
     "NoCurrentVersionError",
     "UnknownVersionError",
@@ -30,8 +31,10 @@ POINTER_FORMAT_VERSION = 1
 META_FILE = (
     "meta.json"  # model.store.checkpoint.META_FILE (not imported: that module imports torch)
 )
+#: DCP's index file inside a sharded checkpoint directory (read by model.store.dcp_reader).
+DCP_INDEX_FILE = ".metadata"
 #: Weights files by format: single-process ``model.pt``, DCP's index ``.metadata``.
-WEIGHT_FILES = {"model.pt": "torch", ".metadata": "dcp"}
+WEIGHT_FILES = {"model.pt": "torch", DCP_INDEX_FILE: "dcp"}
 _VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from model.store.durable_files import exclusive_lock, fsync_dir, fsync_tree, write_json_atomically
 from model.store.version_info import (
+    DCP_INDEX_FILE,
     META_FILE,
     POINTER_FILE,
     NoCurrentVersionError,
@@ -291,6 +292,9 @@ class ModelVersions:
         Raises:
             FileNotFoundError: if ``source`` is not a complete checkpoint.
             FileExistsError: as :meth:`write`.
+            model.store.dcp_reader.UnsafeCheckpoint: a sharded checkpoint whose index
+                (``.metadata``) names anything besides DCP's own classes (a ``ValueError``;
+                nothing of it is run).
         """
         src = Path(source)
         if not describe_version(src, False).complete:
@@ -298,6 +302,7 @@ class ModelVersions:
         staging = self._staging()
         try:
             shutil.copytree(src, staging)
+            _check_sharded_index(staging)
             meta_path = staging / META_FILE
             meta = json.loads(meta_path.read_text())
             name = validate_version_name(version or str(meta.get("model_version", "")))
@@ -329,3 +334,11 @@ class ModelVersions:
             fsync_dir(self.root)
         if promote:
             self.promote(version)
+
+
+def _check_sharded_index(path: Path) -> None:
+    """Refuse a sharded checkpoint whose index is not DCP's own (read without running it)."""
+    if (path / DCP_INDEX_FILE).is_file():
+        from model.store.dcp_reader import read_dcp_index  # torch: only for sharded imports
+
+        read_dcp_index(path)

@@ -14,6 +14,11 @@ Clicks follow a logistic model (see :meth:`SyntheticWorld.click_logit`)::
 Item latents cluster around their category's latent, user dense vectors are a noisy linear
 image of the user latent, item dense vectors a noisy image of the item latent plus standardised
 log popularity, and users' stored recent items are popular items they have high affinity for.
+
+Modules: ``config`` (size, shape, seed and raw ids of a world), ``world`` (the world, its click
+model and event sampling), ``events`` (a batch of sampled events as columns), ``columns`` (what
+the pipeline and the trainer see of them), ``train`` (training the ranker on the world),
+``evaluation`` (AUC and log loss).
 """
 
 from model.synthetic.columns import (

@@ -19,7 +19,15 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli import bench, bench_load, data, model, report, run  # noqa: F401
+from pipeline.cli import (  # noqa: F401
+    bench,
+    bench_load,
+    capacity,
+    data,
+    model,
+    report,
+    run,
+)
 
 # (bench_load adds its commands to bench.bench_app when imported)
 from pipeline.cli.common import CliState
@@ -79,6 +87,9 @@ app = StreamrankApp(
     help="Real-time recommendation scoring: Kafka -> Redis features -> TorchRec DLRM -> Kafka.",
     no_args_is_help=True,
     add_completion=False,
+    # A traceback never prints local variables: one may hold a Redis URL with its password or
+    # a SASL password (typer before 0.23 showed them by default).
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -122,6 +133,7 @@ app.command()(data.consume)
 app.command("seed-features")(data.seed_features)
 app.command("init-model")(model.init_model)
 app.command()(model.plan)
+app.command("plan-capacity")(capacity.plan_capacity)
 app.command()(report.report)
 app.add_typer(model.model_app, name="model")
 app.add_typer(bench.bench_app, name="bench")

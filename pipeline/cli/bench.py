@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -80,19 +81,40 @@ def bench_model_command(
     ctx: typer.Context,
     batch_rows: BatchRowsOption = None,
     seconds: Annotated[float, typer.Option(help="Seconds to measure for.")] = 5.0,
+    replay_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            help="Replay the batches `bench pipeline --record DIR` recorded, alone, instead.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Bare forward rows/s of the configured model at the configured batch size."""
+    """Bare forward rows/s of the configured model at the configured batch size (or of the
+    batches a `bench pipeline --record` drain recorded, replayed alone)."""
     settings = _model_settings(ctx, config)
+    if replay_dir is not None and not (replay_dir / "recording.json").is_file():
+        raise UserError(f"--replay: {replay_dir} holds no recording (bench pipeline --record)")
     from pipeline.tools.bench.common import load_or_build_scorer
-    from pipeline.tools.bench.model import bench_model
+    from pipeline.tools.bench.model import bench_model, describe_device
     from pipeline.tools.synthetic_io import build_world
 
     scorer = load_or_build_scorer(settings)
-    rows = batch_rows or settings.batching.max_batch_rows
-    result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
+    if replay_dir is not None:
+        from pipeline.tools.bench.replay import Recording, replay
+
+        recording, recorded = Recording.load(replay_dir, scorer.device)
+        result = {
+            **replay(scorer, recording, seconds).as_dict(),
+            "recorded_with": recorded["recorded_with"],
+            "recorded_model_version": recorded.get("model_version"),
+        }
+    else:
+        rows = batch_rows or settings.batching.max_batch_rows
+        result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
     result["model_version"] = scorer.model_version
+    result.update(describe_device(scorer.device))
     emit(result, as_json)
 
 
@@ -108,11 +130,34 @@ def bench_pipeline_command(
         float, typer.Option(help="Seconds of bare forward timing per round.")
     ] = 3.0,
     keep_topics: KeepTopicsOption = False,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Save the first batched run's batches here (replay: bench model --replay)."
+        ),
+    ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="section.key=value (repeatable): each round also drains the same backlog with "
+            "these settings, e.g. retrieval.enabled=false (variant_over_e2e: interleaved pairs)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack."""
+    """Bare forward vs end-to-end rows/s (batched and per event), interleaved on the stack, of
+    the pipeline `streamrank run` builds; each batched run's batches replayed alone, its CPU per
+    thread and process."""
     settings = stack_settings(ctx, config)
+    from pipeline.tools.bench.overrides import with_override
+
+    changed = None
+    for assignment in variant or ():
+        try:
+            changed = with_override(changed or settings, assignment)
+        except ValueError as exc:
+            raise UserError(f"--variant {exc}") from exc
     from pipeline.tools.bench.pipeline import bench_pipeline
 
     apply_threads(settings)
@@ -124,6 +169,9 @@ def bench_pipeline_command(
         model_seconds=model_seconds,
         report=say,
         keep_topics=keep_topics,
+        record=record,
+        variant=changed,
+        variant_changes=tuple(variant or ()),
     )
     emit(result.as_dict(), as_json)
 

@@ -34,15 +34,28 @@ def bench_soak_command(
         float | None,
         typer.Option(help="Samples before this are not checked (default: 60 s, at most 20%)."),
     ] = None,
-    max_rss_growth: Annotated[
-        float, typer.Option(help="Largest RSS growth after warm-up that passes.")
-    ] = 0.05,
+    max_growth_24h: Annotated[
+        float,
+        typer.Option(
+            "--max-growth-24h",
+            help="Largest RSS growth over 24 h, projected by the slope after warm-up, that "
+            "passes (a fraction).",
+        ),
+    ] = 0.10,
     max_lag_s: Annotated[
         float, typer.Option(help="Lag bound after warm-up, in seconds of offered input.")
     ] = 10.0,
     out: Annotated[Path, typer.Option(help="Directory for soak.json, soak.png and logs.")] = Path(
         "artifacts/soak"
     ),
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            help="Run the pipeline under a tracer: GC pauses, allocator and RSS every second "
+            "(trace.jsonl; its summary in soak.json).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -66,8 +79,9 @@ def bench_soak_command(
         capacity_events=capacity_events,
         sample_s=sample_s,
         warmup_s=min(60.0, minutes * 60 * 0.2) if warmup_s is None else warmup_s,
-        max_rss_growth=max_rss_growth,
+        max_growth_24h=max_growth_24h,
         max_lag_s=max_lag_s,
+        trace=trace,
     )
     result = bench_soak(settings, plan, out, report=say)
     emit({k: v for k, v in result.items() if k != "samples"} if not as_json else result, as_json)

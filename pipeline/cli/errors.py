@@ -46,6 +46,8 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
         key = ".".join(str(part) for part in problem["loc"])
         if problem["type"] == "extra_forbidden":
             problems.append(f"unknown config key {key}")
+        elif not key:  # a check across sections: its message names the keys
+            problems.append(f"bad config: {problem['msg'].removeprefix('Value error, ')}")
         else:
             shown = not isinstance(problem["input"], dict) and not is_secret_name(key)
             got = f" (got {problem['input']!r})" if shown else ""

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from model.features.model_input import ModelInput, sparse_features
 from model.features.spec import FeatureSpec
+from pipeline.observability.latency_sketch import LatencySketch
 
 __all__ = [
     "MetricsReport",
@@ -140,7 +139,7 @@ class WorkerDone:
 
     Attributes:
         summary: :meth:`pipeline.observability.summary.RunSummary.as_dict` of its run.
-        latencies_s: its events' latencies (the run summary's samples).
+        latencies: its events' latencies (the run summary's sketch).
         first_input_at: ``time.monotonic()`` of its first input (``None``: none), comparable
             across the processes of a host.
         last_output_at: ``time.monotonic()`` of its last output.
@@ -148,7 +147,7 @@ class WorkerDone:
     """
 
     summary: dict[str, Any]
-    latencies_s: npt.NDArray[np.float64]
+    latencies: LatencySketch
     first_input_at: float | None
     last_output_at: float | None
     metrics: list[Any]

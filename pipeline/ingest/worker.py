@@ -37,7 +37,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-import numpy as np
 import torch
 
 from pipeline.ingest.relay import MetricsRelay, snapshot
@@ -103,7 +102,7 @@ class WorkerRuntime:
         self.link.send(
             WorkerDone(
                 summary=summary.as_dict(),
-                latencies_s=np.asarray(summary.latencies_s, dtype=np.float64),
+                latencies=summary.latencies,
                 first_input_at=summary.first_input_at,
                 last_output_at=summary.last_output_at,
                 metrics=snapshot(self.metrics.registry),

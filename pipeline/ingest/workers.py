@@ -38,8 +38,6 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from model.features.spec import FeatureSpec
 from model.rank import RankContext
 from pipeline.ingest.stepping import IdleFlags
@@ -385,7 +383,8 @@ class IngestWorkers:
         ends = [d.last_output_at for d in done if d.last_output_at is not None]
         merged.first_input_at = min(starts) if starts else None
         merged.last_output_at = max(ends) if ends else None
-        merged.latencies.add(np.concatenate([d.latencies_s for d in done] or [np.zeros(0)]))
+        for part in done:
+            merged.latencies.merge(part.latencies)
         merged.workers = [
             {"worker": c.index, **c.done.summary} for c in self.channels if c.done is not None
         ]

@@ -2,8 +2,9 @@
 merge of them into one summary of the job.
 
 With ``streamrank run --nproc N`` each rank writes a :func:`write_rank_summary` record (its
-figures and its latency samples) into the directory :data:`RANK_SUMMARIES_ENV` names, and the
-launcher merges them (:func:`merge_rank_summaries`).
+figures and its latency sketch) into the directory :data:`RANK_SUMMARIES_ENV` names, and the
+launcher merges them (:func:`merge_rank_summaries`): the sketches add up, so the job's
+percentiles are over every event of every rank.
 """
 
 from __future__ import annotations
@@ -14,16 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from model.rank import RankContext
 from pipeline.jobs.launch import DEGRADATIONS_ENV
+from pipeline.observability.latency_sketch import LatencySketch
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary, json_line, latency_percentiles_ms
 
 RANK_SUMMARIES_ENV = "STREAMRANK_RANK_SUMMARIES"
 """Set by ``streamrank run --nproc N`` for its ranks: the directory they write their summaries
-into (``rank<R>.json`` and ``rank<R>.latency.npy``), merged by the launcher when they are done."""
+into (``rank<R>.json``), merged by the launcher when they are done."""
 
 
 def step_stats(metrics: Metrics) -> dict[str, float]:
@@ -81,13 +81,13 @@ def write_rank_summary(
     rank: RankContext,
     rank_steps: dict[str, float] | None = None,
 ) -> Path:
-    """Write this rank's summary and latency samples into ``directory`` for the launcher.
+    """Write this rank's summary and latency sketch into ``directory`` for the launcher.
 
     The record holds the rank, the world size, the attempt (torchrun's
     ``TORCHELASTIC_RESTART_COUNT`` and :data:`~pipeline.jobs.launch.DEGRADATIONS_ENV`: only the
     last attempt's ranks are merged), :meth:`RunSummary.as_dict`, ``rank_steps`` and the
-    wall-clock times of the first input and the last output; the samples go to
-    ``rank<R>.latency.npy``.
+    wall-clock times of the first input and the last output, and the latency sketch
+    (:meth:`~pipeline.observability.latency_sketch.LatencySketch.to_dict`).
 
     Args:
         directory: the directory of :data:`RANK_SUMMARIES_ENV`.
@@ -113,8 +113,8 @@ def write_rank_summary(
         "first_input_at": _wall(summary.first_input_at, to_wall),
         "last_output_at": _wall(summary.last_output_at, to_wall),
         "summary": {**summary.as_dict(), **({"rank_steps": rank_steps} if rank_steps else {})},
+        "latency_sketch": summary.latencies.to_dict(),
     }
-    np.save(directory / f"rank{rank.rank}.latency.npy", np.asarray(summary.latencies_s, np.float64))
     path = directory / f"rank{rank.rank}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json_line(record))
@@ -132,9 +132,9 @@ def merge_rank_summaries(directory: Path) -> dict[str, Any] | None:
     Only the records of the last attempt count (after a torchrun restart or a degradation the
     ranks start counting again). Counts are summed over the ranks; ``seconds`` is the longest
     rank's; ``busy_seconds`` runs from the first input of any rank to the last output of any
-    rank (wall clock), and the rates divide by it; the latency percentiles are over the pooled
-    samples of every rank (each rank keeps its first 1,000,000), so they are exact, not an
-    average of per-rank percentiles. ``ranks`` holds each rank's own summary.
+    rank (wall clock), and the rates divide by it; the latency percentiles are over the merged
+    sketches of every rank (every event of the job, within 0.5 %), not an average of per-rank
+    percentiles. ``ranks`` holds each rank's own summary.
 
     Args:
         directory: where the ranks wrote their records.
@@ -161,8 +161,9 @@ def merge_rank_summaries(directory: Path) -> dict[str, Any] | None:
     starts = [r["first_input_at"] for r in records if r["first_input_at"] is not None]
     ends = [r["last_output_at"] for r in records if r["last_output_at"] is not None]
     busy = max(ends) - min(starts) if starts and ends else 0.0
-    samples = [np.load(directory / f"rank{r['rank']}.latency.npy") for r in records]
-    pooled = np.concatenate(samples) if samples else np.zeros(0)
+    pooled = LatencySketch()
+    for record in records:
+        pooled.merge(LatencySketch.from_dict(record["latency_sketch"]))
     return {
         **total,
         "seconds": max(p["seconds"] for p in parts),

@@ -13,8 +13,9 @@ Loading has two parts:
   thread): the metadata and its compatibility with what is served (the Redis feature layout
   and the decoder depend on ``user_dense_dim``, ``item_dense_dim`` and ``recent_items_cap``),
   the item catalogue and the retrieval index, and in one process the whole scorer. With
-  several ranks it also checks the weights (the digest of ``model.pt``), so that a corrupt
-  file is found by every rank alone, before any collective.
+  several ranks it also checks the weights (the digest of ``model.pt``, or a sharded
+  checkpoint's index read with DCP's own classes only), so that a corrupt or foreign file is
+  found by every rank alone, before any collective.
 - :meth:`ModelLoader.complete` is the collective part of a sharded model (planning, sharding
   and loading the shards, on the default process group): every rank calls it at the same
   step, with no forward in flight (see :mod:`pipeline.runtime.model_swap`). In one process there is
@@ -240,11 +241,16 @@ class ModelLoader:
 
 
 def _verify_weights(checkpoint: Path) -> None:
-    """Read a single-process checkpoint's weights against their digest (a sharded one's index
-    must exist; DCP raises a read error on every rank at once)."""
-    from model.store.checkpoint import load_state_dict
-    from model.store.tables import DCP_INDEX_FILE
+    """Read a single-process checkpoint's weights against their digest, or a sharded one's
+    index through :func:`model.store.dcp_reader.read_dcp_index` (DCP's own classes only), so
+    that a corrupt or foreign file is refused by every rank alone, before any collective."""
+    from model.store.version_info import DCP_INDEX_FILE
 
     if (checkpoint / DCP_INDEX_FILE).is_file():
+        from model.store.dcp_reader import read_dcp_index
+
+        read_dcp_index(checkpoint)
         return
+    from model.store.checkpoint import load_state_dict
+
     load_state_dict(checkpoint, verify=True, mmap=True)

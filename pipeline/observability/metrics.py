@@ -70,8 +70,7 @@ log = logging.getLogger(__name__)
 
 STAGES = ("decode", "retrieve", "enrich", "features", "forward", "produce")
 FALLBACK_FEATURES = ("user_features", "item_features")
-"""Values of :class:`pipeline.stages.enrich.enricher.FallbackFeature` (which imports this
-module)."""
+"""Values of :class:`pipeline.types.FallbackFeature`."""
 STEP_AGREE = "step_agree"
 """``op`` label of the ranks' per-iteration all_reduce
 (:class:`~pipeline.runtime.stepping.StepAgreement` over a process group)."""

@@ -23,12 +23,18 @@ Example::
 
     policy = BatchPolicy(max_delay_ms=20, latency_budget_ms=100)
     ready, wait_s = policy.decide(rows, oldest, now, scorer_free=True, drained=True)
-    policy.cost.observe(rows, seconds)     # after each batch
+    policy.closed(rows, oldest, now)       # the loop closes the batch
+    policy.observe(rows, seconds, now)     # after each batch: learn its cost, charge its budget
+
+How often batches overran the budget, and why, is kept by :attr:`BatchPolicy.budget`
+(:mod:`pipeline.runtime.budget_account`; ``streamrank bench latency`` reports it).
 """
 
 from __future__ import annotations
 
 import math
+
+from pipeline.runtime.budget_account import BudgetAccount
 
 __all__ = ["BatchCost", "BatchPolicy"]
 
@@ -127,6 +133,9 @@ class BatchPolicy:
             time stays within this, when the input allows.
         cost: the processing time estimate (a fresh :class:`BatchCost` by default).
 
+    Attributes:
+        budget: batches within and over the budget, by cause (:class:`BudgetAccount`).
+
     Example::
 
         policy = BatchPolicy(20, 100)
@@ -140,6 +149,18 @@ class BatchPolicy:
         self.max_delay_s = max_delay_ms / 1000
         self.budget_s = latency_budget_ms / 1000
         self.cost = cost or BatchCost()
+        self.budget = BudgetAccount(self.budget_s)
+
+    def closed(self, rows: int, oldest: float | None, now: float) -> None:
+        """The open batch (``rows``, oldest event consumed at ``oldest``) is closed at ``now``:
+        its budget is charged when its cost arrives (:meth:`observe`)."""
+        self.budget.closed(rows, oldest, now, self.cost.estimate(rows))
+
+    def observe(self, rows: int, seconds: float, now: float) -> None:
+        """A batch of ``rows`` took ``seconds`` from enrich to publish and was published at
+        ``now``: the cost model learns from it and its budget is charged."""
+        self.cost.observe(rows, seconds)
+        self.budget.published(rows, seconds, now)
 
     def row_cap(self, oldest: float | None, now: float) -> int:
         """Rows the open batch may grow to: what fits the budget after the oldest event's wait,

@@ -281,6 +281,8 @@ class ScoringPipeline:
                 # process
                 if step.isolate:  # a rank's batch failed after the collective forward
                     processor.isolate_together(self.stepper)
+                if step.run or step.stop:
+                    self.policy.closed(batcher.rows, batcher.oldest, time.monotonic())
                 if step.stop:
                     run.drain.finish(step.rows)  # the open batch and the one in flight
                 elif step.run:
@@ -291,7 +293,7 @@ class ScoringPipeline:
                     checkpointer.seal_open()  # offsets of dead-lettered messages alone
                 processor.collect(wait=False)
                 for rows, seconds in processor.take_costs():
-                    self.policy.cost.observe(rows, seconds)
+                    self.policy.observe(rows, seconds, time.monotonic())
                 if self.models is not None and not step.stop:
                     self._follow_models(run, step)
                 # commit

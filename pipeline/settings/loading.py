@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -48,7 +48,7 @@ from pipeline.settings.metrics import MetricsSettings
 from pipeline.settings.model import ModelSettings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import ModelSwapSettings, RetrievalSettings
-from pipeline.settings.topics import TopicsSettings
+from pipeline.settings.topics import RECORD_OVERHEAD_BYTES, TopicsSettings
 
 ENV_PREFIX = "STREAMRANK_"
 ENV_NESTED_DELIMITER = "__"
@@ -96,6 +96,19 @@ class Settings(BaseSettings):
     @classmethod
     def _tool_section(cls, value: Any) -> Any:
         return value.model_dump() if isinstance(value, BaseModel) else value
+
+    @model_validator(mode="after")
+    def _input_topic_holds_the_largest_event(self) -> Settings:
+        """The input topic takes a value just over ``codec.max_message_bytes`` (to dead-letter
+        it): ``topics.input_max_message_bytes`` leaves room for it and its framing."""
+        least = self.codec.max_message_bytes + RECORD_OVERHEAD_BYTES
+        if self.topics.input_max_message_bytes < least:
+            raise ValueError(
+                f"topics.input_max_message_bytes = {self.topics.input_max_message_bytes} is "
+                f"less than codec.max_message_bytes + {RECORD_OVERHEAD_BYTES} = {least}: raise it "
+                "(the input topic's max.message.bytes) or lower codec.max_message_bytes"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

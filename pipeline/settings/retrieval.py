@@ -71,8 +71,8 @@ class RetrievalSettings(Section):
     query_features: list[SparseFeature] = Field(default_factory=lambda: [SparseFeature.USER_ID])
     """Event-side embeddings summed into the query: user_id, recent_items, device, country."""
     threads: int = 1
-    """Faiss (OpenMP) threads, process-wide; 1 keeps builds and searches off the forward's
-    cores; 0: one per core."""
+    """OpenMP threads of each Faiss build or search (set around Faiss's own calls and restored
+    after: torch's thread count is never changed); 0: the calling thread's current setting."""
     catalogue: CatalogueSource = CatalogueSource.REDIS
     catalogue_path: Path | None = None
     """With ``catalogue = "file"``: the ids (``.npy`` int64, or one per line)."""

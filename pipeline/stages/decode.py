@@ -5,7 +5,8 @@ call, no dict per event, applying the rules of :mod:`pipeline.connectors.avro.ru
 reference (:mod:`pipeline.connectors.avro.reference`) is only asked about the exceptions: each
 message the kernel rejects (so its dead letter gets the reference's reason and detail) and
 Confluent messages whose writer schema is not our reader schema (schema resolution is fastavro's
-job). Each message is decoded once.
+job). Each message is decoded once; a value over ``codec.max_message_bytes`` is never copied
+(it is refused by its length, before the values are laid end to end for the kernel).
 
 Example::
 
@@ -15,6 +16,10 @@ Example::
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import compress
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -84,14 +89,18 @@ class MessageDecoder:
     def kernel(self, values: list[bytes | None]) -> tuple[npt.NDArray[np.int8], EventColumns]:
         """The compiled pass: per-value ``STATUS_*`` and the accepted events' columns."""
         n = len(values)
-        lengths = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        limits = self._limits
+        sizes = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        oversized = sizes > limits.max_message_bytes
+        # Oversized values are refused before they are copied: they take no room in ``buf``.
+        lengths = np.where(oversized, 0, sizes)
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        buf = np.frombuffer(b"".join(v for v in values if v), dtype=np.uint8)
+        in_buffer = cast(Iterable[bytes], compress(values, lengths))
+        buf = np.frombuffer(b"".join(in_buffer), dtype=np.uint8)
         status = np.zeros(n, dtype=np.int8)
-        limits = self._limits
-        status[lengths == 0] = STATUS_EMPTY
-        status[lengths > limits.max_message_bytes] = STATUS_OVERSIZED
+        status[sizes == 0] = STATUS_EMPTY
+        status[oversized] = STATUS_OVERSIZED
         if self._framing is Framing.CONFLUENT:
             starts = self._skip_headers(buf, starts, lengths, status)
         ints = np.zeros((n, 3), dtype=np.int64)

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, T
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
+from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
 from tests.conftest import REPO_ROOT, LocalStack
 from tests.integration.conftest import (
@@ -27,6 +28,44 @@ from tests.integration.conftest import (
 )
 
 Cli = Callable[..., subprocess.Popen]
+
+FAST_COMMITS = {"STREAMRANK_DELIVERY__COMMIT_INTERVAL_MS": "1"}
+"""An acknowledged batch's offsets are committed on the loop's next iteration (the default,
+100 ms, lets a fast loop acknowledge any number of batches before it commits them): what a
+kill can repeat is then bounded by the batches in flight (:func:`repeat_bound`)."""
+
+
+def repeat_bound(env: dict[str, str], processes: int) -> int:
+    """The most events a SIGKILL of ``processes`` scoring loops run with ``env`` can make the
+    next run score again (at-least-once).
+
+    Only events whose recommendations were produced but whose offsets were not committed when
+    the loop died are scored again. With :data:`FAST_COMMITS`, per loop those are in at most:
+
+    - the open batch, being published (1);
+    - the sealed batches not yet acknowledged: the loop waits while there are more than
+      ``batching.max_in_flight_batches`` of them (``max_in_flight + 1``);
+    - the acknowledged batches of the last commit request, which librdkafka may not have sent
+      before the kill (at most the ``max_in_flight + 1`` acknowledged since the commit before);
+
+    and a batch holds at most ``max_batch_rows // min_candidates`` events (every test event has
+    at least ``min_candidates`` rows, :data:`~tests.integration.conftest.WORLD`).
+
+    Args:
+        env: the run's settings overrides (``STREAMRANK_BATCHING__*``, ``STREAMRANK_DELIVERY__*``).
+        processes: the loops that may die with uncommitted batches (ranks, ingest workers).
+
+    Returns:
+        The bound, in events.
+    """
+    assert env.items() >= FAST_COMMITS.items(), "the bound holds with FAST_COMMITS"
+    defaults = BatchingSettings()
+    rows = int(env.get("STREAMRANK_BATCHING__MAX_BATCH_ROWS", defaults.max_batch_rows))
+    in_flight = int(
+        env.get("STREAMRANK_BATCHING__MAX_IN_FLIGHT_BATCHES", defaults.max_in_flight_batches)
+    )
+    batches = 1 + 2 * (in_flight + 1)
+    return processes * batches * (rows // WORLD.min_candidates)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
@@ -221,16 +260,16 @@ def _tail(log: Path) -> str:
 
 
 def run_until_idle(
-    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str
+    cli: Cli, settings: Settings, log: Path, env: dict[str, str], *args: str, idle_s: float = 4
 ) -> float:
-    """Run the pipeline (``run ARGS``) until 4 s without input (it must exit 0). Returns its
-    seconds."""
+    """Run the pipeline (``run ARGS``) until ``idle_s`` without input (it must exit 0).
+    Returns its seconds."""
     started = time.monotonic()
     proc = cli(
         settings,
         "run",
         "--exit-when-idle",
-        "4",
+        f"{idle_s:g}",
         *args,
         extra_env=env,
         stdout=log.open("w"),
@@ -238,3 +277,31 @@ def run_until_idle(
     )
     assert proc.wait(300) == 0, _tail(log)
     return time.monotonic() - started
+
+
+def restart_and_report(
+    cli: Cli,
+    settings: Settings,
+    log: Path,
+    env: dict[str, str],
+    sent: set[str],
+    scenario: str,
+    *args: str,
+    recover_s: float | None = None,
+    idle_s: float = 4,
+) -> tuple[int, int, float]:
+    """After a fault: run the pipeline again until idle (:func:`run_until_idle`, ``run ARGS``),
+    read every output and :func:`report` the at-least-once ``scenario``.
+
+    Args:
+        sent: the ids of the valid events sent.
+        recover_s: the figure reported as ``recover_s`` (default: the restart's seconds).
+
+    Returns:
+        ``(missing, duplicates, seconds the restart ran)``.
+    """
+    run_s = run_until_idle(cli, settings, log, env, *args, idle_s=idle_s)
+    recs = collect(settings, expected=len(sent))
+    shown = run_s if recover_s is None else recover_s
+    missing, duplicates = report(scenario, sent, recs, shown, "at_least_once")
+    return missing, duplicates, run_s

@@ -12,17 +12,12 @@ from confluent_kafka import Consumer
 
 from model.features.spec import FeatureSpec
 from model.synthetic import SyntheticWorld
-from pipeline.connectors.avro.reference import (
-    RECOMMENDATION_SCHEMA_FILE,
-    USER_EVENT_SCHEMA_FILE,
-    RecordCodec,
-)
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import RetrievalSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
-from pipeline.types import RejectReason
+from tests.faults.helpers import dead_letters, seeded_settings
 from tests.integration.conftest import (
     BackgroundPipeline,
     SentEvents,
@@ -31,6 +26,7 @@ from tests.integration.conftest import (
     offline_scores,
     seed_features,
 )
+from tests.support.malformed import malformed_values
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +73,6 @@ def test_every_valid_event_gets_exactly_one_recommendation(
     assert summary.batches < 400
 
 
-def _dlq_records(consumer: Consumer, expected: int, timeout_s: float = 60) -> list:
-    out = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < expected and time.monotonic() < deadline:
-        out += [m for m in consumer.consume(100, 0.5) if m.error() is None]
-    return out
-
-
 def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
     settings_factory: Callable[..., Settings],
     trained_checkpoint: Path,
@@ -93,64 +81,30 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
     background_pipeline: Callable[[Settings], BackgroundPipeline],
     consumer_factory: Callable[..., Consumer],
 ) -> None:
-    from tests.integration.conftest import WORLD, model_settings
-
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
+    settings = seeded_settings(
+        settings_factory,
+        trained_checkpoint,
+        world,
         codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
         retrieval=RetrievalSettings(enabled=False),  # an empty candidate list is rejected
     )
-    seed_features(settings, world)
-    events_codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-    recs_codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
-    good = {
-        "event_id": "template",
-        "user_id": int(world.user_ids[0]),
-        "event_time": 0,
-        "context": {"device": "ios", "country": "US"},
-        "candidate_item_ids": [int(i) for i in world.item_ids[:5]],
-        "recent_item_ids": None,
-        "num_results": 3,
-    }
-    bad = {
-        RejectReason.UNDECODABLE: b"\x00\x01garbage\xff",
-        RejectReason.EMPTY: b"",
-        RejectReason.NO_CANDIDATES: events_codec.encode({**good, "candidate_item_ids": []}),
-        RejectReason.TOO_MANY_CANDIDATES: events_codec.encode(
-            {**good, "candidate_item_ids": list(range(300))}
-        ),
-        RejectReason.ID_OUT_OF_RANGE: events_codec.encode({**good, "user_id": -5}),
-        RejectReason.OVERSIZED: events_codec.encode({**good, "recent_item_ids": [2**40] * 1000}),
-        RejectReason.INVALID_FIELD: events_codec.encode({**good, "num_results": 0}),
-    }
-    # A Recommendation on the events topic (wrong schema) must not decode as a UserEvent.
-    wrong_schema = recs_codec.encode(
-        {
-            "event_id": "x",
-            "user_id": 1,
-            "items": [],
-            "model_version": "m",
-            "scored_at": 0,
-            "fallback_features": [],
-        }
-    )
-    expected_reasons: dict[bytes, set[str]] = {v: {r.value} for r, v in bad.items()}
-    expected_reasons[wrong_schema] = {
-        RejectReason.UNDECODABLE.value,
-        RejectReason.SCHEMA_MISMATCH.value,
-    }
+    expected_reasons = malformed_values(settings, world)
     values = list(expected_reasons)
     sent = send_events(settings, 200, extra_values=list(values))
     dlq = consumer_factory(settings.topics.dlq)
     bp = background_pipeline(settings)
     recs = collect(settings, expected=200)
-    dead = _dlq_records(dlq, expected=len(values))
+    dead = dead_letters(dlq, expected=len(values))
     summary = bp.stop()
 
     assert {r["event_id"] for r in recs} == sent.ids and len(recs) == 200
     assert_well_formed(recs, sent)
     assert len(dead) == len(values)
+    where = {  # each malformed value's place on the input topic
+        m.value() or b"": (m.partition(), m.offset())
+        for m in dead_letters(consumer_factory(settings.topics.input), 200 + len(values))
+        if (m.value() or b"") in expected_reasons
+    }
     dead_values = set()
     for msg in dead:
         headers = dict(msg.headers())
@@ -159,8 +113,8 @@ def test_malformed_messages_go_to_the_dlq_and_valid_ones_are_still_scored(
         assert headers[REASON_HEADER].decode() in expected_reasons[value]
         assert headers[DETAIL_HEADER]
         assert headers["x-source-topic"].decode() == settings.topics.input
-        assert int(headers["x-source-partition"]) >= 0
-        assert int(headers["x-source-offset"]) >= 0
+        source = (int(headers["x-source-partition"]), int(headers["x-source-offset"]))
+        assert source == where[value]
         assert int(headers["x-dlq-time"]) > 0
     assert dead_values == set(values)
     assert summary.dead_lettered == len(values)

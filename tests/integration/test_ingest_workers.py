@@ -16,6 +16,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -25,7 +26,6 @@ from model.features.spec import FeatureSpec
 from model.retrieval.candidates import fill_candidates
 from model.synthetic import SyntheticWorld, to_event_dicts
 from pipeline.connectors.avro.reference import (
-    RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     records_to_columns,
@@ -35,17 +35,14 @@ from pipeline.models.loader import ModelLoader
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import Settings
 from pipeline.stages.dead_letter import REASON_HEADER
-from pipeline.types import RejectReason
-from tests.faults.helpers import dead_letters
+from tests.faults.helpers import dead_letters, seeded_settings
 from tests.integration.conftest import (
-    WORLD,
     SentEvents,
     collect,
     max_score_error,
-    model_settings,
     offline_scores,
-    seed_features,
 )
+from tests.support.malformed import malformed_values
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,44 +50,30 @@ CODEC = {"STREAMRANK_CODEC__MAX_MESSAGE_BYTES": "4096", "STREAMRANK_CODEC__MAX_C
 NO_RETRIEVAL = {"STREAMRANK_RETRIEVAL__ENABLED": "false"}  # an empty candidate list is rejected
 
 
-def malformed_values(settings: Settings, world: SyntheticWorld) -> dict[bytes, set[str]]:
-    """Malformed messages, each with the reasons it may be dead-lettered for (as in
-    test_end_to_end's DLQ test)."""
-    events = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-    recs = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
-    good = {
-        "event_id": "template",
-        "user_id": int(world.user_ids[0]),
-        "event_time": 0,
-        "context": {"device": "ios", "country": "US"},
-        "candidate_item_ids": [int(i) for i in world.item_ids[:5]],
-        "recent_item_ids": None,
-        "num_results": 3,
-    }
-    bad = {
-        RejectReason.UNDECODABLE: b"\x00\x01garbage\xff",
-        RejectReason.EMPTY: b"",
-        RejectReason.NO_CANDIDATES: events.encode({**good, "candidate_item_ids": []}),
-        RejectReason.TOO_MANY_CANDIDATES: events.encode(
-            {**good, "candidate_item_ids": list(range(300))}
-        ),
-        RejectReason.ID_OUT_OF_RANGE: events.encode({**good, "user_id": -5}),
-        RejectReason.OVERSIZED: events.encode({**good, "recent_item_ids": [2**40] * 1000}),
-        RejectReason.INVALID_FIELD: events.encode({**good, "num_results": 0}),
-    }
-    wrong_schema = recs.encode(
-        {
-            "event_id": "x",
-            "user_id": 1,
-            "items": [],
-            "model_version": "m",
-            "scored_at": 0,
-            "fallback_features": [],
-        }
-    )
-    values = {value: {reason.value} for reason, value in bad.items()}
-    values[wrong_schema] = {RejectReason.UNDECODABLE.value, RejectReason.SCHEMA_MISMATCH.value}
-    return values
+class MixedInput(NamedTuple):
+    """Fresh topics holding 300 valid events and every kind of malformed message."""
+
+    settings: Settings
+    malformed: dict[bytes, set[str]]
+    """Each malformed value, with the reasons it may be dead-lettered for."""
+    sent: SentEvents
+    dlq: Consumer
+    """A reader of the dead-letter topic."""
+
+
+@pytest.fixture
+def mixed_input(
+    settings_factory: Callable[..., Settings],
+    trained_checkpoint: Path,
+    world: SyntheticWorld,
+    send_events: Callable[..., SentEvents],
+    consumer_factory: Callable[..., Consumer],
+) -> MixedInput:
+    codec = CodecSettings(max_message_bytes=4096, max_candidates=200)
+    settings = seeded_settings(settings_factory, trained_checkpoint, world, codec=codec)
+    malformed = malformed_values(settings, world)
+    sent = send_events(settings, 300, extra_values=list(malformed))
+    return MixedInput(settings, malformed, sent, consumer_factory(settings.topics.dlq))
 
 
 def committed_everything(settings: Settings) -> bool:
@@ -142,24 +125,14 @@ def _value(body: str, sample: str) -> float | None:
 )
 def test_every_event_once_every_malformed_message_with_its_reason_offsets_committed(
     workers: int,
-    settings_factory: Callable[..., Settings],
+    mixed_input: MixedInput,
     trained_checkpoint: Path,
     world: SyntheticWorld,
     spec: FeatureSpec,
-    send_events: Callable[..., SentEvents],
-    consumer_factory: Callable[..., Consumer],
     cli: Callable[..., subprocess.Popen],
     tmp_path: Path,
 ) -> None:
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
-        codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
-    )
-    seed_features(settings, world)
-    malformed = malformed_values(settings, world)
-    sent = send_events(settings, 300, extra_values=list(malformed))
-    dlq = consumer_factory(settings.topics.dlq)
+    settings, malformed, sent, dlq = mixed_input
     port = _free_port()
     log = tmp_path / "run.log"
     summary_file = tmp_path / "summary.json"
@@ -218,24 +191,14 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
 
 @pytest.mark.slow
 def test_two_ranks_with_a_worker_each_score_every_event_once(
-    settings_factory: Callable[..., Settings],
+    mixed_input: MixedInput,
     trained_checkpoint: Path,
     world: SyntheticWorld,
     spec: FeatureSpec,
-    send_events: Callable[..., SentEvents],
-    consumer_factory: Callable[..., Consumer],
     cli: Callable[..., subprocess.Popen],
     tmp_path: Path,
 ) -> None:
-    settings = settings_factory(
-        model=model_settings(trained_checkpoint),
-        synthetic=WORLD,
-        codec=CodecSettings(max_message_bytes=4096, max_candidates=200),
-    )
-    seed_features(settings, world)
-    malformed = malformed_values(settings, world)
-    sent = send_events(settings, 300, extra_values=list(malformed))
-    dlq = consumer_factory(settings.topics.dlq)
+    settings, malformed, sent, dlq = mixed_input
     log = tmp_path / "ranks.log"
     summary_file = tmp_path / "summary.json"
     env = {**CODEC, **NO_RETRIEVAL, "STREAMRANK_BATCHING__INGEST_WORKERS": "1"}

@@ -1,9 +1,11 @@
 """A model version promoted while events stream in, on the real broker and Redis: one process
 and two ranks swap it in without losing or repeating an event, each input partition's outputs
-switch version once, in order; a corrupt version leaves the old one serving."""
+switch version once, in order; a corrupt version leaves the old one serving, and so does one
+whose sharded-checkpoint index would run code (which never runs)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 import time
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from model.features.spec import FeatureSpec
 from model.rank import RankContext
@@ -36,10 +39,11 @@ from tests.integration.conftest import (
     seed_features,
     wait_for_outputs,
 )
+from tests.support.foreign_checkpoint import foreign_copy, payload_runs
 
 pytestmark = pytest.mark.slow
 
-OLD, NEW, CORRUPT = "ranker-a", "ranker-b", "ranker-corrupt"
+OLD, NEW, CORRUPT, FOREIGN = "ranker-a", "ranker-b", "ranker-corrupt", "ranker-foreign"
 
 
 @pytest.fixture
@@ -125,6 +129,30 @@ def warm_up(settings: Settings, world: SyntheticWorld, timeout_s: float = 120) -
     return warm
 
 
+def serve_in_process(
+    settings: Settings,
+    versions: ModelVersions,
+    background_pipeline: Callable[..., BackgroundPipeline],
+) -> tuple[BackgroundPipeline, CollectorRegistry]:
+    """One process serving ``versions``' current version (following its promotions) in the
+    background, and its metrics."""
+    pipeline = build_pipeline(
+        settings, RankContext(), Metrics(), checkpoint=versions.current_path()
+    )
+    return background_pipeline(settings, pipeline=pipeline), pipeline.metrics.registry
+
+
+def wait_for_count(
+    registry: CollectorRegistry, name: str, what: str, timeout_s: float = 60
+) -> None:
+    """Wait until the counter ``name`` is 1 (failing the test, naming ``what``, after
+    ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while registry.get_sample_value(name) != 1:
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
 def input_positions(settings: Settings, expected: int) -> dict[str, tuple[int, int]]:
     """event id -> (partition, offset) of every event on the input topic."""
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
@@ -177,24 +205,15 @@ def test_one_process_swaps_mid_stream_and_keeps_a_corrupt_version_out(
     world: SyntheticWorld,
     background_pipeline: Callable[..., BackgroundPipeline],
 ) -> None:
-    pipeline = build_pipeline(
-        swap_settings, RankContext(), Metrics(), checkpoint=versions.current_path()
-    )
-    bp = background_pipeline(swap_settings, pipeline=pipeline)
+    bp, registry = serve_in_process(swap_settings, versions, background_pipeline)
     warm = warm_up(swap_settings, world)
     stream = Stream(swap_settings, world, n=1500, rate=150).start()
-    registry = pipeline.metrics.registry
     assert wait_for_outputs(swap_settings, len(warm.ids) + 300) >= len(warm.ids) + 300
     versions.promote(CORRUPT)
-    deadline = time.monotonic() + 60
-    while registry.get_sample_value("streamrank_model_load_failures_total") != 1:
-        assert time.monotonic() < deadline, "the corrupt version was not tried"
-        time.sleep(0.1)
+    wait_for_count(registry, "streamrank_model_load_failures_total", "the corrupt version tried")
     served_before = wait_for_outputs(swap_settings, 0)
     versions.promote(NEW)
-    while registry.get_sample_value("streamrank_model_swaps_total") != 1:
-        assert time.monotonic() < deadline + 60, "the new version was not swapped in"
-        time.sleep(0.1)
+    wait_for_count(registry, "streamrank_model_swaps_total", "the new version swapped in", 120)
     ids = warm.ids + stream.join()
     recs = collect(swap_settings, expected=len(ids))
     bp.stop()
@@ -207,6 +226,42 @@ def test_one_process_swaps_mid_stream_and_keeps_a_corrupt_version_out(
     assert CORRUPT not in {r["model_version"] for r in recs}
     assert sum(1 for r in recs if r["model_version"] == OLD) >= served_before
     assert registry.get_sample_value("streamrank_model_info", {"model_version": NEW}) == 1
+
+
+def test_a_version_whose_index_runs_code_leaves_the_old_one_serving(
+    swap_settings: Settings,
+    versions: ModelVersions,
+    world: SyntheticWorld,
+    trained_checkpoint: Path,
+    tmp_path: Path,
+    background_pipeline: Callable[..., BackgroundPipeline],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The issue's reproduction: a copy of a trained checkpoint plus a ``.metadata`` pickle
+    that creates a file, placed in the versions directory (not imported: import refuses it)
+    and promoted. The retrieval index reads the version's tables through the checked reader."""
+    marker = tmp_path / "payload-ran"
+    assert payload_runs(tmp_path)  # plain pickle (DCP's own reader) would run it
+    foreign_copy(trained_checkpoint, versions.root / FOREIGN, marker, FOREIGN)
+    bp, registry = serve_in_process(swap_settings, versions, background_pipeline)
+    warm = warm_up(swap_settings, world)
+    stream = Stream(swap_settings, world, n=600, rate=150).start()
+    caplog.set_level(logging.WARNING, logger="pipeline.models.watch")
+    versions.promote(FOREIGN)
+    wait_for_count(registry, "streamrank_model_load_failures_total", "the foreign version tried")
+    ids = warm.ids + stream.join()
+    recs = collect(swap_settings, expected=len(ids))
+    bp.stop()
+
+    assert not marker.exists()
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    assert {r["model_version"] for r in recs} == {OLD}
+    failed = [r.getMessage() for r in caplog.records if FOREIGN in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert f"model version {FOREIGN} failed to load, still serving {OLD}" in failed[0]
+    assert "refused sharded checkpoint index" in failed[0]
+    assert registry.get_sample_value("streamrank_model_load_failures_total") == 1
 
 
 def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(

@@ -28,7 +28,7 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import REPO_ROOT, _read_env
+from tests.conftest import REPO_ROOT, _read_env, stack_down
 from tests.integration.conftest import WORLD
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -70,12 +70,7 @@ def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureSta
             directory, _read_env(directory / "env"), _read_secrets(directory / "secrets")
         )
     finally:
-        subprocess.run(
-            [str(REPO_ROOT / "scripts" / "stack_down.sh"), str(directory)],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            timeout=120,
-        )
+        stack_down(directory)
 
 
 def _free_port() -> int:

@@ -1,17 +1,154 @@
-"""The shape of the serving code, checked: stages import types, not each other; nothing calls
-back into the loop; no test hook in the serving packages; modules stay small."""
+"""The shape of the code, checked against docs/architecture.md: every import between folders
+goes the way the page's table allows; stages import no other stage; nothing calls back into the
+loop; no test hook in the serving packages; modules stay small."""
 
 from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+TABLE_SECTION = "## Which folder may import which"
 STAGES = ROOT / "pipeline" / "stages"
 SERVING = [ROOT / "pipeline", ROOT / "model"]
+OUR_PACKAGES = ("pipeline", "model")
+ROW = re.compile(r"^\| `([^`]+)` \| (.+) \|$")
+
+
+@cache
+def import_table() -> dict[str, frozenset[str]]:
+    """The page's table: ``{"pipeline/stages/": {"pipeline/types.py", ...}, "model/": {}}``.
+
+    A row's first cell is a folder (``.../``) or a module (``....py``); its second lists, in
+    backticks, what that folder may import, or says ``none``.
+    """
+    text = ARCHITECTURE.read_text()
+    section = text[text.index(TABLE_SECTION) + len(TABLE_SECTION) :]
+    section = section[: section.find("\n## ")] if "\n## " in section else section
+    rows: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        match = ROW.match(line)
+        if match is None:
+            continue
+        folder, cell = match.groups()
+        assert folder not in rows, f"{folder} has two rows"
+        may = frozenset() if cell.strip() == "none" else frozenset(re.findall(r"`([^`]+)`", cell))
+        rows[folder] = may
+    assert rows, f"no table under {TABLE_SECTION!r} in {ARCHITECTURE}"
+    return rows
+
+
+def _covers(entry: str, path: str) -> bool:
+    """Whether a table entry (a folder ``a/b/`` or a module ``a/b.py``) covers ``path``."""
+    return path == entry or (entry.endswith("/") and path.startswith(entry))
+
+
+def row_of(path: str) -> str | None:
+    """The most specific row of the table that covers ``path``, or ``None``."""
+    covering = [entry for entry in import_table() if _covers(entry, path)]
+    return max(covering, key=len) if covering else None
+
+
+def _path_of(module: str) -> str | None:
+    """``pipeline.stages.decode`` -> ``pipeline/stages/decode.py``; a package -> its folder
+    (``pipeline/stages/commit/``); a name inside a module -> that module; else ``None``."""
+    parts = module.split(".")
+    while parts:
+        base = ROOT.joinpath(*parts)
+        if base.with_suffix(".py").is_file():
+            return "/".join(parts) + ".py"
+        if (base / "__init__.py").is_file():
+            return "/".join(parts) + "/"
+        parts = parts[:-1]
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every ``pipeline.*``/``model.*`` name imported anywhere in the module (functions and
+    ``TYPE_CHECKING`` blocks included): ``from a.b import c`` gives ``a.b`` and ``a.b.c``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] in OUR_PACKAGES}
+
+
+def imported_paths(path: Path) -> set[str]:
+    """The files and folders of ours that the module at ``path`` imports."""
+    paths = {_path_of(name) for name in _imported_modules(path)}
+    return {p for p in paths if p is not None}
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+SOURCE_FILES = sorted(p for package in SERVING for p in package.rglob("*.py"))
+
+
+def _between_rows(path: Path) -> bool:
+    """A package module that no row covers (``pipeline/__init__.py``,
+    ``pipeline/connectors/__init__.py``): it holds the folder's docstring and imports nothing."""
+    return path.name == "__init__.py" and row_of(_relative(path)) is None
+
+
+def test_the_table_names_real_folders_and_is_one_way() -> None:
+    table = import_table()
+    for entry in {*table, *(a for allowed in table.values() for a in allowed)}:
+        target = ROOT / entry
+        assert target.is_dir() if entry.endswith("/") else target.is_file(), f"no {entry}"
+    # One way: no folder may import, directly or through others, a folder that may import it.
+    edges = {
+        row: {other for other in table if other != row and any(_covers(a, other) for a in may)}
+        for row, may in table.items()
+    }
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
+            for nxt in edges[start]
+        )
+
+    cycles = sorted(row for row in table if reaches(row, row, {row}))
+    assert not cycles, f"the table allows a cycle through {cycles}"
+    assert table["model/"] == frozenset(), "model/ never imports pipeline/"
+
+
+def test_every_module_has_a_row() -> None:
+    missing = sorted(
+        _relative(p) for p in SOURCE_FILES if row_of(_relative(p)) is None and not _between_rows(p)
+    )
+    assert not missing, f"modules without a row in {ARCHITECTURE.name}: {missing}"
+
+
+def test_at_most_three_modules_besides_types_directly_in_pipeline() -> None:
+    top = {p.name for p in (ROOT / "pipeline").glob("*.py")} - {"__init__.py", "types.py"}
+    assert len(top) <= 3, top
+    assert all(f"pipeline/{name}" in import_table() for name in top), top
+
+
+@pytest.mark.parametrize("path", SOURCE_FILES, ids=_relative)
+def test_imports_go_the_way_the_table_allows(path: Path) -> None:
+    if _between_rows(path):
+        assert not imported_paths(path), f"{_relative(path)} (a folder's docstring) imports"
+        return
+    source = row_of(_relative(path))
+    assert source is not None, f"{_relative(path)} has no row in {ARCHITECTURE.name}"
+    allowed = import_table()[source]
+    wrong = sorted(
+        target
+        for target in imported_paths(path)
+        if row_of(target) != source and not any(_covers(a, target) for a in allowed)
+    )
+    assert not wrong, f"{_relative(path)} ({source}) imports {wrong}; allowed: {sorted(allowed)}"
 
 
 def _module(path: Path) -> str:
@@ -25,28 +162,17 @@ def _stage_of(module: str) -> str | None:
     return parts[2] if len(parts) > 2 and parts[:2] == ["pipeline", "stages"] else None
 
 
-def _imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
-
-
 STAGE_FILES = sorted(
     p for p in STAGES.rglob("*.py") if p.name != "__init__.py" or p.parent != STAGES
 )
 
 
-@pytest.mark.parametrize("path", STAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", STAGE_FILES, ids=_relative)
 def test_a_stage_imports_no_other_stage(path: Path) -> None:
     own = _stage_of(_module(path))
     others = {
         name
-        for name in _imports(path)
+        for name in _imported_modules(path)
         if _stage_of(name) not in (None, own) and name != "pipeline.stages"
     }
     assert not others, f"{path.name} imports other stages: {sorted(others)}"
@@ -82,7 +208,7 @@ def test_nothing_calls_back_into_the_loop() -> None:
     importers = [
         p
         for p in (ROOT / "pipeline").rglob("*.py")
-        if "pipeline.runtime.loop" in _imports(p) and "tools" not in p.parts
+        if "pipeline.runtime.loop" in _imported_modules(p) and "tools" not in p.parts
     ]
     assert {p.name for p in importers} == {"serve.py"}
 

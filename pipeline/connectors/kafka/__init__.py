@@ -1,0 +1,4 @@
+"""Kafka: ``clients`` holds the Protocols the stages depend on (producer, consumer), their
+creation from ``[kafka]`` (``connect``: the real broker by default, fakes in unit tests), one
+record's produce, commit results, and topic set-up.
+"""

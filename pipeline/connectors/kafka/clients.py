@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, overload
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from pipeline.connectors.kafka.limits import consumer_fetch_limits, input_record_limit
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.topics import TopicsSettings
 
@@ -131,9 +132,12 @@ def make_consumer(
     error_cb: ErrorCallback = log_client_error,
     stats_cb: Callable[[str], None] | None = None,
     extra: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> Consumer:
-    """A consumer with manual commits (see :mod:`pipeline.stages.commit`)."""
-    conf = settings.consumer_config(group_id)
+    """A consumer with manual commits (see :mod:`pipeline.stages.commit`); ``defaults`` are
+    properties the settings (``consumer_extra`` included) may override, ``extra`` override
+    them."""
+    conf = {**(defaults or {}), **settings.consumer_config(group_id)}
     conf["error_cb"] = error_cb
     conf["logger"] = CLIENT_LOGGER
     if stats_cb is not None:
@@ -190,9 +194,13 @@ def ensure_topics(
     wanted = list(names or (topics.input, topics.output, topics.dlq))
     admin = AdminClient(settings.admin_config())
     existing = set(admin.list_topics(timeout=15).topics)
+    input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [
         NewTopic(
-            name, num_partitions=topics.partitions, replication_factor=topics.replication_factor
+            name,
+            num_partitions=topics.partitions,
+            replication_factor=topics.replication_factor,
+            config=input_config if name == topics.input else {},
         )
         for name in wanted
         if name not in existing
@@ -228,7 +236,9 @@ ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]],
 def connect(
     settings: KafkaSettings, topics: TopicsSettings, stats_cb: Callable[[str], None]
 ) -> KafkaClients:
-    """Create missing topics, then an idempotent producer and a manual-commit consumer.
+    """Create missing topics, then an idempotent producer and a manual-commit consumer whose
+    fetches are sized from the input topic's record limit
+    (:mod:`pipeline.connectors.kafka.limits`).
 
     Args:
         settings: where the cluster is and how to talk to it.
@@ -243,9 +253,22 @@ def connect(
         clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
     """
     ensure_topics(settings, topics)
+    record_limit = input_record_limit(settings, topics.input)
+    if record_limit is not None and record_limit > topics.input_max_message_bytes:
+        log.warning(
+            "topic %s takes records up to %d bytes (its max.message.bytes), more than "
+            "topics.input_max_message_bytes = %d: the consumer takes them in (set the topic's "
+            "max.message.bytes to bound the input side's memory)",
+            topics.input,
+            record_limit,
+            topics.input_max_message_bytes,
+        )
+    limits = consumer_fetch_limits(record_limit) if record_limit is not None else {}
     results = CommitResults()
     return KafkaClients(
-        consumer=make_consumer(settings, stats_cb=stats_cb, extra={"on_commit": results}),
+        consumer=make_consumer(
+            settings, stats_cb=stats_cb, extra={"on_commit": results}, defaults=limits
+        ),
         producer=make_producer(settings),
         commit_results=results,
         new_producer=lambda: make_producer(settings),

@@ -1,0 +1,4 @@
+"""Redis: ``feature_store`` holds the key layout of the feature store (``<prefix>:u:<id>``,
+``<prefix>:i:<id>``; docs/schemas.md), the batch's MGET request built in one compiled pass, the
+values' binary encoding, and the writer that fills the store.
+"""

@@ -319,6 +319,11 @@ class FeatureCache:
         self._times = self._table.view(np.float64)
         self._side = np.zeros((self.capacity if side_width else 1, side_width), dtype=np.int64)
         self._ring = np.zeros(self.capacity, dtype=np.int64)
+        # Resident now, as the table is (every row is written when the stamps are cleared):
+        # their zero pages would otherwise become resident one ring slot at a time, growing the
+        # RSS for minutes (32 MiB at the defaults) like a leak until the ring first wraps.
+        self._side.fill(0)
+        self._ring.fill(0)
         self._next = 0
         self._stamp = 0
         self.lookup(np.zeros(1, dtype=np.int64), 0.0)  # load (or compile) the kernels now

@@ -9,7 +9,10 @@ its; the generic command path costs about 0.1 ms per call and a Python string pe
 Missing keys, malformed values and Redis outages never lose an event: the features fall back
 to defaults (zeros, no recent items, category 0) and the event's Recommendation lists the
 feature group in ``fallback_features``. After an outage Redis is left alone for
-``retry_after_s`` so a dead server does not add its timeout to every batch.
+``retry_after_s`` so a dead server does not add its timeout to every batch. A value longer than
+``redis.max_value_bytes`` is treated as missing (defaults, flagged, logged) and never copied
+into the decode buffer; the client still reads each reply whole, so the largest value stored
+bounds what one read holds in memory.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ class FeatureEnricher:
         """User values from Redis: ``float32[dim]`` then ``int64[k]`` recent items (kept up to
         the cap); ``missing`` where absent, malformed or non-finite. One compiled pass."""
         dim, cap = self._user_dim, self._recent_cap
-        lengths = _lengths(values)
+        lengths = _lengths(values, self._settings.max_value_bytes, "user")
         good = (lengths >= 4 * dim) & ((lengths - 4 * dim) % 8 == 0)
         _warn_malformed("user", lengths, good)
         out = CacheLookup.defaults(len(values), 1, dim, cap)
@@ -180,7 +183,7 @@ class FeatureEnricher:
     def _decode_items(self, values: list[bytes | None]) -> CacheLookup:
         """Item values from Redis: ``int64`` category then ``float32[dim]``; ``missing`` where
         absent, malformed or non-finite. One compiled pass."""
-        lengths = _lengths(values)
+        lengths = _lengths(values, self._settings.max_value_bytes, "item")
         good = lengths == self._item_dtype.itemsize
         _warn_malformed("item", lengths, good)
         out = CacheLookup.defaults(len(values), 1, self._item_dim, 0)
@@ -201,9 +204,21 @@ def _distinct(
     return todo, source.reshape(-1)
 
 
-def _lengths(values: list[bytes | None]) -> npt.NDArray[np.int64]:
-    """Byte length of every value, -1 for None."""
-    return np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values))
+def _lengths(values: list[bytes | None], max_bytes: int, kind: str) -> npt.NDArray[np.int64]:
+    """Byte length of every value; -1 for None and for a value over ``max_bytes`` (logged),
+    which is then treated as missing."""
+    lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values))
+    too_large = lengths > max_bytes
+    if too_large.any():
+        log.warning(
+            "%d %s feature values over redis.max_value_bytes=%d (largest %d bytes); using defaults",
+            int(too_large.sum()),
+            kind,
+            max_bytes,
+            int(lengths.max()),
+        )
+        lengths[too_large] = -1
+    return lengths
 
 
 def _joined_words(
@@ -224,6 +239,21 @@ def _warn_malformed(kind: str, lengths: npt.NDArray[np.int64], good: npt.NDArray
 def _int64_at(words: npt.NDArray[np.uint32], w: int) -> int:
     """The little-endian int64 in ``words[w], words[w + 1]``."""
     return int(np.int64(np.uint64(words[w]) | (np.uint64(words[w + 1]) << np.uint64(32))))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")  # measured: a call costs ~20 %
+def _take_finite(
+    floats: npt.NDArray[np.float32], start: int, dense: npt.NDArray[np.float32], row: int
+) -> bool:
+    """Copy ``floats[start:start + dim]`` into ``dense[row]`` when every one is finite;
+    whether it did (a value with a NaN or an infinity is left to the defaults)."""
+    dim = dense.shape[1]
+    for j in range(dim):
+        if not np.isfinite(floats[start + j]):
+            return False
+    for j in range(dim):
+        dense[row, j] = floats[start + j]
+    return True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -247,15 +277,10 @@ def _parse_users(
             continue
         start, size = w, lengths[i] // 4
         w += size
-        finite = True
-        for j in range(dim):
-            finite = finite and np.isfinite(floats[start + j])
-        if not finite:
+        if not _take_finite(floats, start, dense, i):
             bad += 1
             continue
         missing[i] = False
-        for j in range(dim):
-            dense[i, j] = floats[start + j]
         count = min((size - dim) // 2, cap)
         recent_len[i, 0] = count
         for k in range(count):
@@ -282,14 +307,9 @@ def _parse_items(
             continue
         start = w
         w += 2 + dim
-        finite = True
-        for j in range(dim):
-            finite = finite and np.isfinite(floats[start + 2 + j])
-        if not finite:
+        if not _take_finite(floats, start + 2, dense, i):
             bad += 1
             continue
         missing[i] = False
         category[i, 0] = _int64_at(words, start)
-        for j in range(dim):
-            dense[i, j] = floats[start + 2 + j]
     return bad

@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient
 
 from model.features.build import build_model_input
 from model.features.spec import FeatureSpec
+from model.serving.device import serving_device
 from pipeline.ingest.transport import ScoreReply, ScoreRequest, SharedSlot, SlotShape
 from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import (
@@ -46,6 +47,7 @@ from pipeline.tools.bench.common import (
     seeded_world,
     streamrank_command,
 )
+from pipeline.tools.bench.model import describe_device
 from pipeline.tools.synthetic_io import produce_events
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -296,4 +298,5 @@ def bench_ingest(
         if k and out["median"][str(k)]["workers_cpu_us_per_event"]
     }
     out["transport"] = transport
+    out.update(describe_device(serving_device(settings.model.device, 0)))
     return out

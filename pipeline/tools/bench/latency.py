@@ -15,6 +15,11 @@ with more than one (``duplicates``), and it does not depend on the pipeline's bo
 are created with ``message.timestamp.type=LogAppendTime``). The split of each event's latency
 (``kafka_in``, ``behind``, ``batching``, ``prepare``, ``forward``, ``rest``) is defined in
 :mod:`pipeline.tools.bench.latency_trace`.
+
+Every pipeline is the one ``streamrank run`` builds (:mod:`pipeline.tools.bench.served`; the
+report's ``pipeline`` says what it left out). Each load's ``budget`` (and the capacity run's
+``capacity_budget``) is the batch policy's account of batches that overran
+``batching.latency_budget_ms`` and why (:mod:`pipeline.runtime.budget_account`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from model.serving import Scorer
 from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
     USER_EVENT_SCHEMA_FILE,
@@ -36,14 +40,11 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.avro.rules import epoch_millis
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import (
     create_topics,
     delete_run_topics,
     fresh_topics,
-    load_or_build_scorer,
     record_count,
     seeded_world,
 )
@@ -55,6 +56,7 @@ from pipeline.tools.bench.latency_trace import (
 )
 from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferPlan
 from pipeline.tools.bench.pipeline import drain_backlog
+from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
 from pipeline.tools.recommendation_reader import read_messages
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
@@ -62,12 +64,10 @@ DEFAULT_LOADS = (0.25, 0.5, 0.75, 0.9)
 
 
 def _load_settings(settings: Settings) -> Settings:
-    """``settings`` on fresh topics and a fresh consumer group, no metrics endpoint."""
+    """``settings`` on fresh topics and a fresh consumer group."""
     topics, tag = fresh_topics(settings)
     kafka = settings.kafka.model_copy(update={"group_id": f"bench-latency-{tag}"})
-    return settings.model_copy(
-        update={"topics": topics, "kafka": kafka, "metrics": MetricsSettings(enabled=False)}
-    )
+    return settings.model_copy(update={"topics": topics, "kafka": kafka})
 
 
 def _broker_times(
@@ -112,6 +112,8 @@ class LoadRun:
         delivered_ms: broker append time of each Recommendation.
         appended_in_ms: broker append time of each event.
         trace: the run's stage observations.
+        budget: the batch policy's account of batches over ``batching.latency_budget_ms``
+            (:mod:`pipeline.runtime.budget_account`).
         duplicates: Recommendations beyond one per event.
     """
 
@@ -122,6 +124,7 @@ class LoadRun:
     delivered_ms: npt.NDArray[np.int64]
     appended_in_ms: npt.NDArray[np.int64]
     trace: StageTrace
+    budget: dict[str, Any]
     duplicates: int = 0
 
     @property
@@ -177,12 +180,13 @@ class LoadRun:
             "batch_rows": quantiles_ms(rows),
             "batch_events_mean": round(len(parts.e2e) / max(1, len(rows)), 1),
             "forward_ms": quantiles_ms(forward_s * 1000),
+            "budget": self.budget,
         }
 
 
 def run_load(
     settings: Settings,
-    scorer: Scorer,
+    checkpoint: Path,
     fraction: float,
     rate: float,
     seconds: float,
@@ -194,7 +198,7 @@ def run_load(
 
     Args:
         settings: the stack and the pipeline's configuration (topics and group are replaced).
-        scorer: the model.
+        checkpoint: the model served (:func:`~pipeline.tools.bench.served.bench_checkpoint`).
         fraction: of capacity (reported only).
         rate: events per second offered.
         seconds: how long.
@@ -209,16 +213,17 @@ def run_load(
 
     Example::
 
-        run_load(settings, scorer, 0.5, 700.0, 20.0).summary()["latency_ms"]["p99"]
+        run_load(settings, checkpoint, 0.5, 700.0, 20.0).summary()["latency_ms"]["p99"]
     """
     run = _load_settings(settings)
     create_topics(run, LOG_APPEND_TIME)
     offer = OfferedLoad.start(OfferPlan(run, rate, seconds, seed=seed))
     try:
-        offer.wait_ready(300)
         metrics = Metrics()
         trace = StageTrace(metrics)
-        ScoringPipeline(run, scorer, metrics).run(exit_when_idle_s=idle_s)
+        pipeline = bench_pipeline_of(run, checkpoint, metrics)
+        offer.wait_ready(300)
+        pipeline.run(exit_when_idle_s=idle_s)
         sent = offer.result(60 + seconds)
         out, out_records = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE)
         inp, _ = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE)
@@ -233,6 +238,7 @@ def run_load(
         delivered_ms=_aligned(sent, out, 0),
         appended_in_ms=_aligned(sent, inp, 0),
         trace=trace,
+        budget=pipeline.policy.budget.as_dict(),
         duplicates=out_records - len(out),
     )
     missing = int((~result.found).sum())
@@ -276,35 +282,42 @@ def bench_latency(
 
         bench_latency(settings, loads=[0.5], seconds=20)["loads"][0]["latency_ms"]["p99"]
     """
-    scorer = load_or_build_scorer(settings)
     world = seeded_world(settings)
     batching = settings.batching
-    if warmup_events:
-        drain_backlog(settings, scorer, world, warmup_events, batching.max_batch_rows)
-    drained = drain_backlog(settings, scorer, world, capacity_events, batching.max_batch_rows)
-    capacity = drained.events_per_s
-    report(f"capacity: {capacity:,.0f} events/s draining {capacity_events:,} events")
-    entries = []
-    for i, fraction in enumerate(loads):
-        rate = capacity * fraction
-        run = run_load(settings, scorer, fraction, rate, seconds, seed=i, idle_s=idle_s)
-        entry = run.summary(warmup_s)
-        lat, share = entry["latency_ms"], entry["share"]
-        report(
-            f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
-            f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
-            f"{entry['batch_rows']['mean']:.0f} rows/batch; waiting behind earlier batches "
-            f"{share['behind']:.0%}, batching {share['batching']:.0%}, "
-            f"forward {share['forward']:.0%}"
+    with bench_checkpoint(settings) as (settings, checkpoint, notes):
+        if warmup_events:
+            drain_backlog(settings, checkpoint, world, warmup_events, batching.max_batch_rows)
+        drained, pipeline = drain_backlog(
+            settings, checkpoint, world, capacity_events, batching.max_batch_rows
         )
-        entries.append(entry)
+        capacity = drained.events_per_s
+        report(f"capacity: {capacity:,.0f} events/s draining {capacity_events:,} events")
+        entries = []
+        for i, fraction in enumerate(loads):
+            rate = capacity * fraction
+            run = run_load(settings, checkpoint, fraction, rate, seconds, seed=i, idle_s=idle_s)
+            entry = run.summary(warmup_s)
+            lat, share, budget = entry["latency_ms"], entry["share"], entry["budget"]
+            report(
+                f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
+                f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
+                f"{entry['batch_rows']['mean']:.0f} rows/batch; waiting behind earlier batches "
+                f"{share['behind']:.0%}, batching {share['batching']:.0%}, "
+                f"forward {share['forward']:.0%}; over the {budget['budget_ms']:g} ms budget: "
+                f"{budget['over_budget']} of {budget['batches']} batches "
+                f"{budget['over_budget_causes']}"
+            )
+            entries.append(entry)
     return {
         "capacity_events_per_s": round(capacity, 1),
         "capacity_events": capacity_events,
+        "capacity_budget": pipeline.policy.budget.as_dict(),
         "seconds": seconds,
-        "model_version": scorer.model_version,
+        "model_version": pipeline.scorer.model_version,
+        "pipeline": describe(pipeline, notes),
         "max_batch_rows": batching.max_batch_rows,
         "max_delay_ms": batching.max_delay_ms,
+        "latency_budget_ms": batching.latency_budget_ms,
         "warmup_s": warmup_s,
         "torch_threads": torch.get_num_threads(),
         "loads": entries,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from model.features.build import build_model_input
 from model.serving import Scorer
 from model.synthetic import SyntheticWorld
@@ -71,3 +73,15 @@ def bench_model(
     distinct = time_forward_rows(scorer, inputs, seconds)
     same = time_forward_rows(scorer, inputs[:1], seconds)
     return ModelBench(inputs[0].num_rows, distinct, same, distinct_batches)
+
+
+def describe_device(device: torch.device) -> dict[str, Any]:
+    """Where the forward ran, for the report (and for ``streamrank plan-capacity``, which takes
+    GPU figures only from a report that ran on a GPU).
+
+    Returns:
+        ``device`` (``cpu``, ``cuda:0``...), ``device_name`` (the GPU's name, or ``None``) and
+        ``torch_threads``.
+    """
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"device": str(device), "device_name": name, "torch_threads": torch.get_num_threads()}

@@ -4,9 +4,11 @@ One run, on fresh topics holding the same N pre-produced events:
 
 a. **passthrough**: a bare consumer reads the N raw messages and a bare producer writes N
    values the size of a Recommendation (no decode, no encode): what Kafka alone costs.
-b. **pipeline**: a fresh :class:`~pipeline.runtime.loop.ScoringPipeline` scores the N events with a
-tiny
-   ranker (embedding dim 8, one small MLP layer each side), so the forward is negligible.
+b. **pipeline**: the pipeline ``streamrank run`` builds (:mod:`pipeline.tools.bench.served`:
+   retrieval index, metrics and all) scores the N events, serving a tiny untrained ranker of
+   the checkpoint's spec (embedding dim 8, one small MLP layer each side, 1 torch thread), so
+   the forward is negligible (:data:`TINY_MODEL`; the report's ``pipeline`` lists what is left
+   out).
 c. **stages**: during (b), process CPU time (``resource.getrusage``, so librdkafka's threads
    count) is charged to the stage running at the time; nested stages are exclusive.
 """
@@ -15,22 +17,35 @@ from __future__ import annotations
 
 import functools
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from model.ranker import build_ranker
-from model.serving import Scorer
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
 from pipeline.tools.bench.common import BenchTopics, seeded_world
+from pipeline.tools.bench.served import (
+    bench_checkpoint,
+    bench_pipeline_of,
+    describe,
+    serving,
+    tiny_checkpoint,
+)
 from pipeline.tools.synthetic_io import produce_events
+
+TINY_MODEL = (
+    "the model: an untrained ranker of the checkpoint's spec with embedding dim 8 and one "
+    "small layer each side, on 1 torch thread, so that the forward is negligible",
+    "model watching: the tiny model is a plain checkpoint",
+)
+"""What the pipeline run of this benchmark changes, and why."""
 
 STAGES = (
     "consume",
@@ -96,21 +111,10 @@ class StageClock:
         setattr(obj, attr, timed)
 
 
-def tiny_scorer(settings: Settings) -> Scorer:
-    """An untrained ranker with the configured tables but dim 8 and one small layer each side."""
-    tiny = settings.model.model_copy(
-        update={"embedding_dim": 8, "dense_arch": [8], "over_arch": [8, 1]}
-    )
-    spec = tiny.feature_spec()
-    return Scorer(build_ranker(spec, seed=0), spec, "tiny", torch.device("cpu"))
-
-
 def _run_settings(settings: Settings, bench_topics: BenchTopics) -> Settings:
     topics, tag = bench_topics.fresh()
     kafka = settings.kafka.model_copy(update={"group_id": f"bench-overhead-{tag}"})
-    return settings.model_copy(
-        update={"topics": topics, "kafka": kafka, "metrics": MetricsSettings(enabled=False)}
-    )
+    return settings.model_copy(update={"topics": topics, "kafka": kafka})
 
 
 def passthrough(settings: Settings, events: int, value_bytes: int) -> tuple[float, float]:
@@ -180,13 +184,16 @@ def _instrument(pipeline: ScoringPipeline, clock: StageClock) -> None:
     pipeline._start = start_timed  # type: ignore[method-assign]
 
 
-def pipeline_run(settings: Settings, scorer: Scorer, events: int) -> tuple[float, StageClock]:
-    """Score the ``events`` already on ``settings.topics.input``.
+def pipeline_run(
+    settings: Settings, checkpoint: Path, events: int
+) -> tuple[float, StageClock, ScoringPipeline]:
+    """Score the ``events`` already on ``settings.topics.input`` with the pipeline ``streamrank
+    run`` builds, serving ``checkpoint``.
 
     Returns:
-        ``(events per second of busy time, the stage clock)``.
+        ``(events per second of busy time, the stage clock, the pipeline)``.
     """
-    pipeline = ScoringPipeline(settings, scorer)
+    pipeline = bench_pipeline_of(settings, checkpoint)
     clock = StageClock()
     _instrument(pipeline, clock)
     clock.start()
@@ -194,7 +201,7 @@ def pipeline_run(settings: Settings, scorer: Scorer, events: int) -> tuple[float
     clock.stop()
     if summary.events_out != events:
         raise RuntimeError(f"overhead run scored {summary.events_out} of {events} events")
-    return summary.events_per_s, clock
+    return summary.events_per_s, clock, pipeline
 
 
 def bench_overhead(
@@ -222,8 +229,12 @@ def bench_overhead(
         bench_overhead(settings, events=20_000)["stages_us"]["decode"]
     """
     world = seeded_world(settings)
-    with BenchTopics(settings, keep_topics) as topics:
-        run = _run_settings(settings, topics)
+    with (
+        bench_checkpoint(settings) as (settings, checkpoint, notes),
+        tempfile.TemporaryDirectory(prefix="streamrank-overhead-") as scratch,
+        BenchTopics(settings, keep_topics) as topics,
+    ):
+        run = _run_settings(serving(settings, tiny_checkpoint(checkpoint, Path(scratch))), topics)
         produce_events(run, world, events)
         own_group = run.kafka.model_copy(update={"group_id": f"{run.kafka.group_id}-passthrough"})
         pass_eps, pass_cpu = passthrough(
@@ -233,7 +244,7 @@ def bench_overhead(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # a tiny forward gains nothing from intra-op threads spinning
         try:
-            pipe_eps, clock = pipeline_run(run, tiny_scorer(settings), events)
+            pipe_eps, clock, pipeline = pipeline_run(run, run.model.checkpoint, events)
         finally:
             torch.set_num_threads(threads)
     stages_us = {k: round(v / events * 1e6, 2) for k, v in clock.seconds.items()}
@@ -250,4 +261,5 @@ def bench_overhead(
         "cpu_us_per_event": round(total, 2),
         "non_model_cpu_us_per_event": round(non_model, 2),
         "stages_us": stages_us,
+        "pipeline": describe(pipeline, [*notes, *TINY_MODEL]),
     }

@@ -1,31 +1,31 @@
 """``streamrank bench pipeline``: bare forward vs the whole pipeline on the real stack.
 
 Alternates, in one process, rounds of (bare forward, end-to-end batched, end-to-end one event
-per batch) so the ratios are not skewed by a noisy machine drifting between separate runs.
+per batch) so the ratios are not skewed by a noisy machine drifting between separate runs. The
+pipeline is the one ``streamrank run`` builds (:mod:`pipeline.tools.bench.served`: the report's
+``pipeline`` entry says what it ran and what it left out). Each batched run's batches are
+replayed alone afterwards and its CPU is accounted per thread and per process (``replay``,
+``cpu``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model.serving import Scorer
 from model.synthetic import SyntheticWorld
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
-from pipeline.tools.bench.common import (
-    BenchTopics,
-    delete_run_topics,
-    fresh_topics,
-    load_or_build_scorer,
-    seeded_world,
-)
+from pipeline.tools.bench.common import BenchTopics, seeded_world
+from pipeline.tools.bench.cpu_account import CpuAccount
 from pipeline.tools.bench.model import bench_model
+from pipeline.tools.bench.replay import Recording, RecordingScorer, replay
+from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
 from pipeline.tools.synthetic_io import produce_events
 
 
@@ -50,6 +50,15 @@ class PipelineBench:
     bare_same_batch_rows_per_s: list[float] = field(default_factory=list)
     e2e_rows_per_s: list[float] = field(default_factory=list)
     per_event_rows_per_s: list[float] = field(default_factory=list)
+    replays: list[dict[str, Any]] = field(default_factory=list)
+    """Per round: the batched run's batches replayed alone (:mod:`.replay`)."""
+    cpu_accounts: list[dict[str, Any]] = field(default_factory=list)
+    """Per round: the batched run's CPU per thread and process (:mod:`.cpu_account`)."""
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    """What the end-to-end runs ran (:func:`~pipeline.tools.bench.served.describe`)."""
+    variant: list[str] = field(default_factory=list)
+    """Settings changed in the variant run of each round (``--variant``)."""
+    variant_rows_per_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Medians over the rounds and the per-round ratios end-to-end / bare."""
@@ -69,59 +78,105 @@ class PipelineBench:
             "per_event_over_bare": _rounded(
                 _ratios(self.per_event_rows_per_s, self.bare_rows_per_s)
             ),
+            "variant": self.variant,
+            "variant_rows_per_s": _median(self.variant_rows_per_s),
+            "variant_over_e2e": _rounded(_ratios(self.variant_rows_per_s, self.e2e_rows_per_s)),
+            "replay": self.replays,
+            "cpu": self.cpu_accounts,
+            "pipeline": self.pipeline,
         }
 
 
-def drain_backlog(
+def backlog(
     settings: Settings,
-    scorer: Scorer,
     world: SyntheticWorld,
     events: int,
     max_batch_rows: int,
-    topics_of_bench: BenchTopics | None = None,
-) -> RunSummary:
-    """Produce ``events`` to fresh topics first, then score them all (the topics are deleted:
-    by ``topics_of_bench`` when the benchmark ends, or here).
+    topics_of_bench: BenchTopics,
+) -> Settings:
+    """Produce ``events`` to fresh topics; the settings of a run that drains them.
+
+    Args:
+        settings: the stack and the pipeline's configuration.
+        world: where the events come from (its features already in Redis).
+        events: the backlog.
+        max_batch_rows: ``batching.max_batch_rows`` of the run.
+        topics_of_bench: makes the topics (and deletes them when the benchmark ends).
+
+    Returns:
+        ``settings`` on the new topics, with a fresh consumer group and that batch size.
+    """
+    topics, tag = topics_of_bench.fresh()
+    run_settings = settings.model_copy(
+        update={
+            "topics": topics,
+            "batching": settings.batching.model_copy(update={"max_batch_rows": max_batch_rows}),
+            "kafka": settings.kafka.model_copy(update={"group_id": f"bench-{tag}"}),
+        }
+    )
+    produce_events(run_settings, world, events)
+    return run_settings
+
+
+def drain(pipeline: ScoringPipeline, events: int) -> RunSummary:
+    """Score the backlog already on the pipeline's input topic, until idle for 2 s.
 
     The backlog is in Kafka before the pipeline starts, so ``events_per_s``/``rows_per_s`` of
     the summary are sustained throughput: capacity (end-to-end latency here would only measure
     the backlog).
 
+    Raises:
+        RuntimeError: not every event was scored.
+    """
+    summary = pipeline.run(exit_when_idle_s=2.0, max_events=None)
+    if summary.events_out != events:
+        raise RuntimeError(f"bench run scored {summary.events_out} of {events} events")
+    return summary
+
+
+def drain_backlog(
+    settings: Settings,
+    checkpoint: Path,
+    world: SyntheticWorld,
+    events: int,
+    max_batch_rows: int,
+) -> tuple[RunSummary, ScoringPipeline]:
+    """Produce ``events`` to fresh topics, then score them all with the pipeline ``streamrank
+    run`` builds (:func:`~pipeline.tools.bench.served.bench_pipeline_of`); the topics are
+    deleted after.
+
     Args:
         settings: the stack and the pipeline's configuration.
-        scorer: the model.
+        checkpoint: the checkpoint served (:func:`~pipeline.tools.bench.served.bench_checkpoint`).
         world: where the events come from (its features already in Redis).
         events: the backlog.
         max_batch_rows: ``batching.max_batch_rows`` of this run.
 
     Returns:
-        The run's summary.
+        The run's summary, and the pipeline that ran.
 
     Raises:
         RuntimeError: not every event was scored.
 
     Example::
 
-        drain_backlog(settings, scorer, seeded_world(settings), 5000, 4096).events_per_s
+        summary, _ = drain_backlog(settings, checkpoint, seeded_world(settings), 5000, 4096)
     """
-    topics, tag = topics_of_bench.fresh() if topics_of_bench else fresh_topics(settings)
-    run_settings = settings.model_copy(
-        update={
-            "topics": topics,
-            "batching": settings.batching.model_copy(update={"max_batch_rows": max_batch_rows}),
-            "metrics": MetricsSettings(enabled=False),
-            "kafka": settings.kafka.model_copy(update={"group_id": f"bench-{tag}"}),
-        }
-    )
-    try:
-        produce_events(run_settings, world, events)
-        summary = ScoringPipeline(run_settings, scorer).run(exit_when_idle_s=2.0, max_events=None)
-    finally:
-        if topics_of_bench is None:
-            delete_run_topics(run_settings)
-    if summary.events_out != events:
-        raise RuntimeError(f"bench run scored {summary.events_out} of {events} events")
-    return summary
+    with BenchTopics(settings) as topics:
+        run = backlog(settings, world, events, max_batch_rows, topics)
+        pipeline = bench_pipeline_of(run, checkpoint)
+        return drain(pipeline, events), pipeline
+
+
+def _recorded_drain(
+    pipeline: ScoringPipeline, events: int, settings: Settings
+) -> tuple[RunSummary, Recording, dict[str, Any]]:
+    """:func:`drain` with the scorer's batches recorded and the CPU accounted per thread."""
+    recording = Recording()
+    pipeline.scorer = RecordingScorer(pipeline.scorer, recording)
+    with CpuAccount.of_stack(settings) as account:
+        summary = drain(pipeline, events)
+    return summary, recording, account.result()
 
 
 def bench_pipeline(
@@ -133,19 +188,32 @@ def bench_pipeline(
     model_seconds: float,
     report: Callable[[str], None] = print,
     keep_topics: bool = False,
+    record: Path | None = None,
+    variant: Settings | None = None,
+    variant_changes: tuple[str, ...] = (),
 ) -> PipelineBench:
     """Interleaved rounds of bare forward / batched pipeline / per-event pipeline.
 
-    Seeds the world's features into Redis first (same prefix as ``settings.redis``).
+    Seeds the world's features into Redis first (same prefix as ``settings.redis``). Each
+    end-to-end run is the pipeline ``streamrank run`` builds
+    (:mod:`pipeline.tools.bench.served`); the bare forward of a round times that run's own
+    scorer on this thread (the one a CPU model's forward runs on in the pipeline), before the
+    run. The batched run records its batches: after it, they are replayed alone on the same
+    scorer and thread (:mod:`pipeline.tools.bench.replay`); its CPU is accounted per thread and
+    per process of the stack (:mod:`pipeline.tools.bench.cpu_account`).
 
     Args:
         settings: the stack, the model and ``batching.max_batch_rows``.
         events: events per batched end-to-end run.
         per_event_events: events per one-event-per-batch run (0 skips those runs).
         rounds: interleaved rounds.
-        model_seconds: bare forward timing per round.
+        model_seconds: bare forward timing (and replay) per round.
         report: called with one line of progress per measurement.
         keep_topics: keep the topics of the end-to-end runs (default: deleted at the end).
+        record: save the first round's recorded batches here (``bench model --replay``).
+        variant: other settings (e.g. retrieval off): each round also drains the same backlog
+            with them, right after the batched run (``variant_over_e2e``: interleaved pairs).
+        variant_changes: what ``variant`` changes (for the report).
 
     Returns:
         The :class:`PipelineBench` numbers of every round.
@@ -154,12 +222,18 @@ def bench_pipeline(
 
         bench_pipeline(settings, events=5000, per_event_events=500, rounds=3, model_seconds=3)
     """
-    scorer = load_or_build_scorer(settings)
     world = seeded_world(settings)
     batch_rows = settings.batching.max_batch_rows
-    result = PipelineBench(batch_rows=batch_rows)
-    with BenchTopics(settings, keep_topics) as topics:
+    result = PipelineBench(batch_rows=batch_rows, variant=list(variant_changes))
+    with (
+        bench_checkpoint(settings) as (settings, checkpoint, notes),
+        BenchTopics(settings, keep_topics) as topics,
+    ):
         for r in range(rounds):
+            run = backlog(settings, world, events, batch_rows, topics)
+            pipeline = bench_pipeline_of(run, checkpoint)
+            result.pipeline = describe(pipeline, notes)
+            scorer = pipeline.scorer
             bare = bench_model(scorer, world, batch_rows, model_seconds)
             result.bare_rows_per_s.append(bare.rows_per_s)
             result.bare_same_batch_rows_per_s.append(bare.same_batch_rows_per_s)
@@ -168,15 +242,35 @@ def bench_pipeline(
                 f"{bare.distinct_batches} distinct batches, {bare.same_batch_rows_per_s:,.0f} "
                 f"on one batch repeated ({bare.batch_rows} rows)"
             )
-            rows_per_s = drain_backlog(
-                settings, scorer, world, events, batch_rows, topics
-            ).rows_per_s
-            result.e2e_rows_per_s.append(rows_per_s)
-            report(f"round {r + 1}: end-to-end batched {rows_per_s:,.0f} rows/s")
+            summary, recording, account = _recorded_drain(pipeline, events, settings)
+            result.e2e_rows_per_s.append(summary.rows_per_s)
+            result.cpu_accounts.append(account)
+            report(
+                f"round {r + 1}: end-to-end batched {summary.rows_per_s:,.0f} rows/s; "
+                f"CPU cores used: {_cores_line(account)}"
+            )
+            if r == 0 and record is not None:
+                recording.save(record, {"model_version": scorer.model_version, **summary.as_dict()})
+                report(f"recorded {len(recording.batches)} batches to {record}")
+            alone = replay(scorer, recording, model_seconds).as_dict()
+            result.replays.append({**recording.summary(), **alone})
+            report(
+                f"round {r + 1}: the drain's {len(recording.batches)} batches replayed alone: "
+                f"{alone['replay_rows_per_s']:,.0f} rows/s; forward in the pipeline / alone "
+                f"{alone['pipeline_over_replay']}"
+            )
+            if variant is not None:
+                run = backlog(variant, world, events, batch_rows, topics)
+                rows_per_s = drain(bench_pipeline_of(run, checkpoint), events).rows_per_s
+                result.variant_rows_per_s.append(rows_per_s)
+                report(f"round {r + 1}: variant {list(variant_changes)} {rows_per_s:,.0f} rows/s")
             if per_event_events:
-                rows_per_s = drain_backlog(
-                    settings, scorer, world, per_event_events, 1, topics
-                ).rows_per_s
+                run = backlog(settings, world, per_event_events, 1, topics)
+                rows_per_s = drain(bench_pipeline_of(run, checkpoint), per_event_events).rows_per_s
                 result.per_event_rows_per_s.append(rows_per_s)
                 report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")
     return result
+
+
+def _cores_line(account: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {cores:.2f}" for name, cores in account["cores"].items() if cores)

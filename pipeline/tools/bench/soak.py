@@ -13,11 +13,19 @@ stay flat and nothing may be lost.
    scored or the lag is 0 (at most ``drain_s``); the pipeline gets SIGTERM (it commits what it
    scored); the lag is measured once more; every event id on the input topic must have a
    Recommendation on the output topic.
-4. **checks**: RSS growth from the first sample after ``warmup_s`` to the last one under load
-   below ``max_rss_growth``; lag after warm-up at most ``max_lag_s`` seconds of input; lag 0
-   after the pipeline stopped; nothing missing; both children exit 0. The lag of the last
+4. **checks**: RSS after ``warmup_s`` under load fitted with a line (:mod:`.soak_trend`: MiB per
+   hour, projected growth over 24 h under ``max_growth_24h`` from the later half's fit, and
+   whether the climb is ``flat``, ``filling`` toward a plateau or ``growing``); lag after
+   warm-up at most ``max_lag_s`` seconds of input; lag 0 after the pipeline stopped; nothing
+   missing; both children exit 0. The lag of the last
    sample before the stop (``idle_lag``: offsets still uncommitted while the input is idle) is
    reported, not checked.
+
+Each sample also reads the CPU used by the pipeline's main thread and its other threads, the
+broker, Redis and the producer (:mod:`.soak_sampler`); ``windows`` sets the windows whose p99
+jumped against the median window (cores per process, RSS step). With ``trace`` the pipeline runs
+under :mod:`.soak_trace` (GC pauses, glibc's allocator, RSS every second; ``trace`` in the
+report).
 
 Writes ``soak.json`` (plan, samples, checks), ``soak.png`` (:mod:`~.soak_plot`) and the
 children's logs to ``out_dir``.
@@ -35,6 +43,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -50,6 +59,7 @@ from pipeline.connectors.avro.reference import (
 from pipeline.connectors.kafka.clients import ensure_topics
 from pipeline.settings.loading import Settings
 from pipeline.settings.topics import TopicsSettings
+from pipeline.tools.bench import soak_trace
 from pipeline.tools.bench.common import (
     child_env,
     fresh_topics,
@@ -58,17 +68,19 @@ from pipeline.tools.bench.common import (
     streamrank_command,
 )
 from pipeline.tools.bench.soak_plot import plot_soak
-from pipeline.tools.bench.soak_probe import (
-    MetricsScrape,
-    consumer_lag,
-    rss_bytes,
-    topic_event_ids,
-    window_quantile,
+from pipeline.tools.bench.soak_probe import consumer_lag, topic_event_ids
+from pipeline.tools.bench.soak_sampler import (
+    Sample,
+    Sampler,
+    first_scrape,
+    sample_until,
+    spike_windows,
 )
+from pipeline.tools.bench.soak_trace import summarise
+from pipeline.tools.bench.soak_trend import rss_trend
 from pipeline.tools.synthetic_io import produce_events
 
-START_TIMEOUT_S = 300.0
-"""How long the pipeline may take to serve metrics (model load, group join)."""
+TRACE_FILE = "trace.jsonl"
 
 
 @dataclass(frozen=True)
@@ -84,23 +96,13 @@ class SoakPlan:
     sample_s: float = 30.0
     warmup_s: float = 60.0
     """Samples before this are not checked (model, caches and allocator warming up)."""
-    max_rss_growth: float = 0.05
+    max_growth_24h: float = 0.10
+    """Bound on RSS growth projected over 24 h by the slope after warm-up (a fraction)."""
     max_lag_s: float = 10.0
     """Lag bound after warm-up, in seconds of input at the offered rate."""
     drain_s: float = 120.0
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sample: seconds since the producer started, and what was measured."""
-
-    t_s: float
-    phase: str
-    """``load`` while the producer runs, ``drain`` after."""
-    rss_bytes: int
-    lag: int
-    p99_ms: float | None
-    recommendations: float
+    trace: bool = False
+    """Run the pipeline under :mod:`.soak_trace` (GC pauses, allocator, RSS every second)."""
 
 
 @dataclass
@@ -114,6 +116,8 @@ class SoakRun:
     pipeline_exit: int | None = None
     producer_exit: int | None = None
     lag_after_stop: int | None = None
+    started_at: float = 0.0
+    """``time.monotonic()`` when the producer started (``t_s = 0``)."""
 
 
 def evaluate(plan: SoakPlan, rate: float, run: SoakRun) -> dict[str, Any]:
@@ -125,22 +129,26 @@ def evaluate(plan: SoakPlan, rate: float, run: SoakRun) -> dict[str, Any]:
         run: the samples and the audit.
 
     Returns:
-        ``rss_*``, ``max_lag_after_warmup``, ``lag_bound``, ``idle_lag``, ``lag_after_stop``,
-        ``p99_ms_max_after_warmup``, ``checks`` (name -> bool) and ``passed``.
+        ``rss`` (:class:`~.soak_trend.RssTrend`: MiB per hour, projected 24 h growth, shape,
+        the fits), ``rss_base_bytes`` / ``rss_end_bytes`` / ``rss_growth`` (first and last
+        sample after warm-up, reported only), ``max_lag_after_warmup``, ``lag_bound``,
+        ``idle_lag``, ``lag_after_stop``, ``p99_ms_max_after_warmup``, ``checks`` (name ->
+        bool) and ``passed``.
 
     Example::
 
-        evaluate(SoakPlan(warmup_s=60), 500.0, run)["checks"]["rss_growth"]
+        evaluate(SoakPlan(warmup_s=60), 500.0, run)["checks"]["rss_slope"]
     """
     loaded = [s for s in run.samples if s.phase == "load" and s.t_s >= plan.warmup_s]
     base = loaded[0].rss_bytes if loaded else None
     end = loaded[-1].rss_bytes if loaded else None
     growth = (end - base) / base if base and end is not None else None
+    trend = rss_trend([s.t_s for s in loaded], [s.rss_bytes for s in loaded], plan.max_growth_24h)
     lag_bound = plan.max_lag_s * rate
     max_lag = max((s.lag for s in loaded), default=None)
     p99s = [s.p99_ms for s in loaded if s.p99_ms is not None]
     checks = {
-        "rss_growth": growth is not None and growth < plan.max_rss_growth,
+        "rss_slope": trend.passed,
         "lag_bounded": max_lag is not None and max_lag <= lag_bound,
         "drained": run.lag_after_stop == 0,
         "nothing_lost": run.events_on_input > 0 and run.missing == 0,
@@ -148,6 +156,7 @@ def evaluate(plan: SoakPlan, rate: float, run: SoakRun) -> dict[str, Any]:
     }
     return {
         "samples_after_warmup": len(loaded),
+        "rss": trend.as_dict(),
         "rss_base_bytes": base,
         "rss_end_bytes": end,
         "rss_growth": None if growth is None else round(growth, 4),
@@ -195,74 +204,6 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(30)
 
 
-def _first_scrape(pipeline: subprocess.Popen[bytes], port: int) -> MetricsScrape:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if pipeline.poll() is not None:
-            raise RuntimeError(f"the pipeline exited with {pipeline.returncode} at start-up")
-        try:
-            return MetricsScrape.fetch(port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no metrics after {START_TIMEOUT_S:.0f}s") from None
-            time.sleep(0.5)
-
-
-class _Sampler:
-    """Takes :class:`Sample` s of one running pipeline."""
-
-    def __init__(
-        self, settings: Settings, group_id: str, pid: int, port: int, first: MetricsScrape
-    ) -> None:
-        self._settings, self._group, self._pid, self._port = settings, group_id, pid, port
-        self._last = first
-        self.started = time.monotonic()
-
-    def take(self, phase: str) -> Sample:
-        try:
-            scrape = MetricsScrape.fetch(self._port)
-        except OSError:
-            scrape = self._last  # a missed scrape: this window folds into the next
-        p99 = window_quantile(0.99, self._last, scrape)
-        self._last = scrape
-        return Sample(
-            t_s=round(time.monotonic() - self.started, 1),
-            phase=phase,
-            rss_bytes=rss_bytes(self._pid),
-            lag=consumer_lag(self._settings.kafka, self._group, self._settings.topics.input),
-            p99_ms=None if p99 is None else round(p99 * 1000, 2),
-            recommendations=scrape.recommendations,
-        )
-
-
-def _sample_until(
-    sampler: _Sampler,
-    done: Callable[[Sample | None], bool],
-    every_s: float,
-    phase: str,
-    run: SoakRun,
-    report: Callable[[str], None],
-) -> None:
-    """Sample every ``every_s`` until ``done(last sample)`` (checked every 0.5 s too) or the
-    pipeline is gone."""
-    next_at = time.monotonic() + every_s
-    last: Sample | None = None
-    while not done(last):
-        if time.monotonic() < next_at:
-            time.sleep(min(0.5, max(0.0, next_at - time.monotonic())))
-            continue
-        next_at += every_s
-        try:
-            last = sampler.take(phase)
-        except ProcessLookupError:
-            return
-        run.samples.append(last)
-        report(
-            f"{phase} t={last.t_s:.0f}s rss={last.rss_bytes / 2**20:.1f} MiB lag={last.lag} "
-            f"p99={last.p99_ms} ms"
-        )
-
-
 def _soak(
     settings: Settings,
     plan: SoakPlan,
@@ -287,24 +228,26 @@ def _soak(
         (out_dir / "pipeline.log").open("wb") as plog,
         (out_dir / "producer.log").open("wb") as log,
     ):
-        pipeline = _start(
-            streamrank_command("run", "--summary-json", str(summary)),
-            child_env(topics, group, **metrics_env),
-            plog,
+        run_args = ("run", "--summary-json", str(summary))
+        command = (
+            [sys.executable, "-m", soak_trace.__name__, str(out_dir / TRACE_FILE), *run_args]
+            if plan.trace
+            else streamrank_command(*run_args)
         )
+        pipeline = _start(command, child_env(topics, group, **metrics_env), plog)
         producer: subprocess.Popen[bytes] | None = None
         try:
-            first = _first_scrape(pipeline, port)
-            sampler = _Sampler(settings, group, pipeline.pid, port, first)
+            sampler = Sampler(settings, group, pipeline.pid, port, first_scrape(pipeline, port))
             report(f"soak: {events} events at {rate:,.1f} events/s for {plan.minutes:g} min")
             produce = ("produce", "--events", str(events), "--rate", f"{rate:.3f}")
             producer = _start(streamrank_command(*produce), child_env(topics, f"{group}-p"), log)
-            sampler.started = time.monotonic()
+            sampler.others["producer"] = producer.pid
+            run.started_at = sampler.started = time.monotonic()
 
             def loaded(_: Sample | None, producer: subprocess.Popen[bytes] = producer) -> bool:
                 return producer.poll() is not None or pipeline.poll() is not None
 
-            _sample_until(sampler, loaded, plan.sample_s, "load", run, report)
+            sample_until(sampler, loaded, plan.sample_s, "load", run.samples, report)
             drain_until = time.monotonic() + plan.drain_s
 
             def drained(last: Sample | None) -> bool:
@@ -315,7 +258,7 @@ def _soak(
                 scored = last.recommendations >= events
                 return scored or last.lag == 0 or time.monotonic() > drain_until
 
-            _sample_until(sampler, drained, min(plan.sample_s, 5.0), "drain", run, report)
+            sample_until(sampler, drained, min(plan.sample_s, 5.0), "drain", run.samples, report)
             if pipeline.poll() is None:
                 pipeline.send_signal(signal.SIGTERM)
             run.pipeline_exit = pipeline.wait(settings.shutdown.timeout_s + 60)
@@ -381,6 +324,8 @@ def bench_soak(
         "events": events,
         **evaluate(plan, rate, run),
         "pipeline_summary": json.loads(summary_path.read_text()) if summary_path.exists() else None,
+        "windows": spike_windows(run.samples, plan.warmup_s),
+        "trace": summarise(out_dir / TRACE_FILE, run.started_at) if plan.trace else None,
         "samples": [asdict(s) for s in run.samples],
         "json": str(out_dir / "soak.json"),
         "plot": str(out_dir / "soak.png"),

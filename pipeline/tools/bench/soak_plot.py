@@ -1,5 +1,5 @@
-"""The soak's PNG: RSS, consumer lag and p99 latency over time, the warm-up shaded, the end of
-the load dotted.
+"""The soak's PNG: RSS (on an axis that shows its climb, with the fitted lines of the check),
+consumer lag and p99 latency over time, the warm-up shaded, the end of the load dotted.
 
 Rendered with matplotlib's Agg canvas (no display needed), like :mod:`pipeline.tools.report`.
 
@@ -14,8 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from pipeline.tools.bench.soak_trend import MIB, rss_trend
 
 if TYPE_CHECKING:
     from pipeline.tools.bench.soak import Sample, SoakPlan
@@ -39,11 +42,17 @@ def plot_soak(
     figure = Figure(figsize=(9, 9), dpi=100)
     FigureCanvasAgg(figure)
     rss, lag, p99 = figure.subplots(3, 1, sharex=True)
-    growth = result.get("rss_growth")
-    shown_growth = "n/a" if growth is None else f"{growth * 100:+.1f}%"
-    rss.plot(minutes, [s.rss_bytes / 2**20 for s in samples], marker="o", color="tab:blue")
+    rss.plot(minutes, [s.rss_bytes / MIB for s in samples], marker="o", color="tab:blue")
+    _fitted_lines(rss, samples, plan)
     rss.set_ylabel("RSS (MiB)")
-    rss.set_title(f"pipeline process RSS (growth after warm-up {shown_growth})")
+    trend = result.get("rss") or {}
+    slope = trend.get("mib_per_hour")
+    rss.set_title(
+        "pipeline process RSS (axis not from 0): n/a"
+        if slope is None
+        else f"pipeline process RSS (axis not from 0): {slope:+.1f} MiB/h after warm-up, "
+        f"{trend['growth_24h']:+.1%} in 24 h projected ({trend['shape']})"
+    )
     lag.plot(minutes, [s.lag for s in samples], marker="o", color="tab:orange")
     lag.axhline(result["lag_bound"], color="tab:red", linestyle="--", label="bound")
     lag.set_ylabel("messages")
@@ -60,8 +69,10 @@ def plot_soak(
         if loaded:  # the producer's end: the drain follows
             axes.axvline(loaded[-1], color="0.5", linestyle=":", label="_load end")
         axes.grid(True, color="0.85")
+    for axes in (lag, p99):
         axes.set_ylim(bottom=0)
     verdict = "passed" if result.get("passed") else "FAILED"
+    rss.legend(loc="upper left")
     figure.suptitle(
         f"soak: {result['rate']:,.0f} events/s for {plan.minutes:g} min, {verdict} "
         f"(missing {result['missing']}, duplicates {result['duplicates']})"
@@ -70,3 +81,24 @@ def plot_soak(
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     return path
+
+
+def _fitted_lines(axes: Axes, samples: Sequence[Sample], plan: SoakPlan) -> None:
+    """The fitted lines of the RSS check (:mod:`.soak_trend`): over the whole span after
+    warm-up, and its later half (the one checked)."""
+    loaded = [s for s in samples if s.phase == "load" and s.t_s >= plan.warmup_s]
+    trend = rss_trend([s.t_s for s in loaded], [s.rss_bytes for s in loaded], plan.max_growth_24h)
+    for fit, style, label in (
+        (trend.whole, "--", "fit after warm-up"),
+        (trend.later, "-", "later half (checked)"),
+    ):
+        if fit is None:
+            continue
+        ends = [fit.start_s, fit.end_s]
+        axes.plot(
+            [t / 60 for t in ends],
+            [fit.at(t) / MIB for t in ends],
+            linestyle=style,
+            color="tab:red",
+            label=f"{label}: {fit.mib_per_hour:+.1f} MiB/h",
+        )

@@ -31,6 +31,7 @@ from pipeline.settings.kafka import KafkaSettings
 
 LATENCY_METRIC = "streamrank_end_to_end_latency_seconds"
 OUTPUT_METRIC = "streamrank_produced_recommendations_total"
+BATCH_ROWS_METRIC = "streamrank_batch_rows"
 
 
 def rss_bytes(pid: int) -> int:
@@ -87,23 +88,28 @@ class MetricsScrape:
         latency_buckets: ``(upper bound, cumulative count)`` of the end-to-end latency
             histogram, ascending, ``+Inf`` last.
         recommendations: ``streamrank_produced_recommendations_total``.
+        batch_rows_buckets: ``(upper bound, cumulative count)`` of the rows per batch.
     """
 
     latency_buckets: tuple[tuple[float, float], ...] = ()
     recommendations: float = 0.0
+    batch_rows_buckets: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> MetricsScrape:
         """Read a Prometheus text exposition."""
         buckets: list[tuple[float, float]] = []
+        rows: list[tuple[float, float]] = []
         recommendations = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == f"{LATENCY_METRIC}_bucket":
                     buckets.append((float(sample.labels["le"]), sample.value))
+                elif sample.name == f"{BATCH_ROWS_METRIC}_bucket":
+                    rows.append((float(sample.labels["le"]), sample.value))
                 elif sample.name == OUTPUT_METRIC:
                     recommendations = sample.value
-        return cls(tuple(sorted(buckets)), recommendations)
+        return cls(tuple(sorted(buckets)), recommendations, tuple(sorted(rows)))
 
     @classmethod
     def fetch(cls, port: int, host: str = "127.0.0.1", timeout_s: float = 5.0) -> MetricsScrape:
@@ -161,6 +167,20 @@ def window_quantile(q: float, earlier: MetricsScrape, later: MetricsScrape) -> f
     if any(count < 0 for _, count in window):
         return None
     return bucket_quantile(q, window)
+
+
+def window_max_bound(earlier: MetricsScrape, later: MetricsScrape) -> float | None:
+    """The upper bound of the highest batch-rows bucket that counted a batch between two
+    scrapes (``inf``: a batch above the last finite bound; ``None``: no batch)."""
+    before = dict(earlier.batch_rows_buckets)
+    highest = None
+    below = 0.0
+    for bound, count in later.batch_rows_buckets:
+        in_bucket = (count - before.get(bound, 0.0)) - below
+        below = count - before.get(bound, 0.0)
+        if in_bucket > 0:
+            highest = bound
+    return highest
 
 
 @dataclass

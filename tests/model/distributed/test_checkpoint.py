@@ -49,6 +49,7 @@ from tests.model.distributed.ranks import (
     spawn_ranks,
     start_rank,
 )
+from tests.support.foreign_checkpoint import hide_in_real_index
 
 TOLERANCE = 1e-5
 SEED = 5
@@ -243,3 +244,32 @@ def test_a_single_process_checkpoint_stays_mapped_on_the_host(
         if tensor.numel():
             address = tensor.data_ptr()
             assert any(start <= address < end for start, end in mapped), f"{name} was copied"
+
+
+def _foreign_worker(rank: int, world_size: int, port: int, src: str, out_dir: str) -> None:
+    device = start_rank(rank, world_size, port)
+    spec = load_spec(src)
+    plan = plan_sharding(spec, world_size, config=ShardingConfig.parse("table_wise"))
+    dmp = shard_ranker(spec, plan, device)
+    try:
+        load_sharded(dmp, src)
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    Path(out_dir, f"foreign-{rank}.txt").write_text(refused)
+    finish_rank()
+
+
+def test_ranks_refuse_an_index_that_would_run_code_and_it_never_runs(tmp_path: Path) -> None:
+    """A sharded job's start-up (every rank loads the shards): a real DCP index with a pickle
+    inside is refused by each rank before any collective read, and its payload never runs."""
+    spec = small_spec()
+    src = tmp_path / "sharded"
+    save_sharded(build_ranker(spec, seed=SEED), spec, src)
+    marker = tmp_path / "payload-ran"
+    hide_in_real_index(src, marker)
+    spawn_ranks(_foreign_worker, 2, str(src), str(tmp_path))
+    for rank in range(2):
+        refused = (tmp_path / f"foreign-{rank}.txt").read_text()
+        assert "refused sharded checkpoint index" in refused, (rank, refused)
+    assert not marker.exists()

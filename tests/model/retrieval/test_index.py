@@ -163,3 +163,24 @@ def test_config_and_sizing_rules() -> None:
             RetrievalConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="query_features"):
         RetrievalConfig(query_features=(SparseFeature.ITEM_ID,))
+
+
+@pytest.mark.parametrize("kind", [IndexKind.FLAT, IndexKind.IVFPQ])
+def test_faiss_threads_never_change_torch_threads(
+    tables: EmbeddingTables, spec: FeatureSpec, kind: IndexKind
+) -> None:
+    # torch is imported before faiss here, as in the pipeline: both share torch's libgomp, whose
+    # thread count is per thread. A build or search with threads=1 must leave this thread's
+    # torch thread count as it was (3, whatever the machine's cores).
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        items = distinct_row_items(spec, 2000)
+        index = build_index(tables, items, RetrievalConfig(index=kind, threads=1))
+        assert torch.get_num_threads() == 3
+        index.search(index.queries(Events(user_ids=np.arange(5, dtype=np.int64))), 10)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -4,6 +4,7 @@ warm-up the scoring thread runs before the consumer joins."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,10 @@ def test_batches_padded_to_graph_shapes_score_their_rows_as_before(checkpoint: P
     want = plain.forward(prepared.staged.ready_input())
     got = padded.forward(staged, rows=8)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-    assert padded.warm_up([]) >= 0  # every shape, three times (eager, record, replay)
+    calls = _count_forwards(padded)
+    _assert_timed(padded, [])
+    # every graph shape, three times (eager warm-up, recording, one replay), padded to it
+    assert calls == [s.padded_rows for s in shapes for _ in range(3)]
 
 
 @pytest.mark.parametrize(("option", "value"), [("quantize", QuantDtype.INT8), ("compile", True)])
@@ -91,13 +95,26 @@ def test_several_ranks_refuse_what_they_cannot_serve(
 
 def test_warm_up_runs_a_forward_per_size(checkpoint: Path) -> None:
     scorer = ScorerFactory(ServingOptions(checkpoint, device="cpu", batch_rows=8)).create_scorer()
+    calls = _count_forwards(scorer)
+    _assert_timed(scorer, [64, 32])
+    assert calls == [64, 32]
+
+
+def _count_forwards(scorer: Scorer) -> list[int]:
+    """The row count of every forward ``scorer`` runs from now on."""
     calls: list[int] = []
     forward = scorer.forward
-    scorer.forward = lambda inp, pad_to=None, rows=None: (
+    scorer.forward = lambda inp, pad_to=None, rows=None: (  # type: ignore[method-assign]
         calls.append(inp.num_rows) or forward(inp, pad_to, rows)
-    )  # type: ignore[method-assign]
-    assert scorer.warm_up([64, 32]) >= 0
-    assert calls == [64, 32]
+    )
+    return calls
+
+
+def _assert_timed(scorer: Scorer, rows: list[int]) -> None:
+    """``warm_up`` returns the seconds it took: more than nothing, at most the wall time."""
+    started = time.perf_counter()
+    seconds = scorer.warm_up(rows)
+    assert 0 < seconds <= time.perf_counter() - started
 
 
 def test_on_a_cpu_staging_hands_over_the_input_as_built() -> None:

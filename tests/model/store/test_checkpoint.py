@@ -23,6 +23,7 @@ from model.store.checkpoint import (
     save_checkpoint,
     weights_digest,
 )
+from tests.support.foreign_checkpoint import CreatesFile, payload_runs
 
 
 @pytest.fixture()
@@ -132,3 +133,18 @@ def test_load_errors(tmp_path: Path, ranker: Ranker, spec: FeatureSpec) -> None:
     (path / META_FILE).write_text(json.dumps(data))
     with pytest.raises(ValueError, match="model_version"):
         load_meta(path)
+
+
+def test_weights_that_would_run_code_are_refused_and_never_run(
+    tmp_path: Path, ranker: Ranker, spec: FeatureSpec
+) -> None:
+    """``model.pt`` is read with ``torch.load(weights_only=True)``: a pickled object whose
+    loading creates a file is refused, and the file never appears."""
+    path = tmp_path / "ckpt"
+    save_checkpoint(ranker, spec, path)
+    marker = tmp_path / "payload-ran"
+    torch.save({"weight": CreatesFile(marker)}, path / WEIGHTS_FILE)
+    with pytest.raises(ValueError, match="corrupt checkpoint weights"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    assert payload_runs(tmp_path)  # the same payload, unpickled plainly, does run

@@ -1,5 +1,5 @@
-"""What the README smoke test needs: README's command table, the CLI's commands, and a
-workspace on the real stack (a tiny trained model, its features in Redis, a config file)."""
+"""What the command smoke test needs: docs/commands.md's command table, and a workspace on the
+real stack (a tiny trained model, its features in Redis, a config file)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,12 @@ from typing import Any
 
 import pytest
 import redis
-import typer.core
-import typer.main
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from model.store.checkpoint import save_checkpoint
 from model.synthetic import SyntheticWorld
 from model.synthetic.train import train_ranker
-from pipeline.cli import app
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
@@ -40,12 +37,13 @@ from tests.conftest import LocalStack
 from tests.integration.conftest import TABLE_ROWS, WORLD
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+COMMANDS_PAGE = REPO_ROOT / "docs" / "commands.md"
 
 
-def readme_commands() -> dict[str, set[str]]:
-    """README's command table: ``{"bench model": {"--batch-rows", "--json"}, ...}``."""
+def command_table() -> dict[str, set[str]]:
+    """docs/commands.md's table: ``{"bench model": {"--batch-rows", "--json"}, ...}``."""
     commands: dict[str, set[str]] = {}
-    for line in (REPO_ROOT / "README.md").read_text().splitlines():
+    for line in COMMANDS_PAGE.read_text().splitlines():
         match = re.match(r"^\| `streamrank ([^`]+)` \|", line)
         if match is None:
             continue
@@ -54,21 +52,8 @@ def readme_commands() -> dict[str, set[str]]:
             (i for i, w in enumerate(words) if w.startswith(("-", "[")) or w.isupper()), len(words)
         )  # options, or an argument in capitals (``model promote VERSION``)
         name = " ".join(words[:first_argument])
-        commands[name] = set(re.findall(r"--[a-z][a-z-]*", match.group(1)))
+        commands[name] = set(re.findall(r"--[a-z][a-z0-9-]*", match.group(1)))
     return commands
-
-
-def cli_commands() -> dict[str, typer.core.TyperCommand]:
-    """Every command of the ``streamrank`` app, by its name (``"bench model"``)."""
-    root = typer.main.get_command(app)
-    assert isinstance(root, typer.core.TyperGroup)
-    found: dict[str, typer.core.TyperCommand] = {}
-    for name, command in root.commands.items():
-        if isinstance(command, typer.core.TyperGroup):
-            found.update({f"{name} {sub}": c for sub, c in command.commands.items()})
-        else:
-            found[name] = command
-    return found
 
 
 def _no_constant(name: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.pipeline.cli.conftest import CliRunner
 from tests.pipeline.cli.test_user_errors import _assert_one_line_user_error
+from tests.support.foreign_checkpoint import payload_runs, write_foreign_index
 
 TINY_MODEL = """
 [model]
@@ -165,3 +166,19 @@ def test_run_with_nothing_promoted(run_cli: CliRunner, tmp_path: Path) -> None:
     )
     result = run_cli("run", env={"STREAMRANK_MODEL__CHECKPOINT": str(models)})
     _assert_one_line_user_error(result, "no current model version", "model promote")
+
+
+def test_import_refuses_a_sharded_checkpoint_whose_index_runs_code(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "meta.json").write_text(json.dumps({"format_version": 1, "model_version": "f1"}))
+    marker = tmp_path / "payload-ran"
+    write_foreign_index(foreign, marker)
+    assert payload_runs(tmp_path)  # what DCP's own reader (plain pickle) would do with it
+    models = tmp_path / "models"
+    result = run_cli("model", "import", str(foreign), "--dir", str(models))
+    _assert_one_line_user_error(result, "refused sharded checkpoint index", "io.open")
+    assert not marker.exists()
+    assert not (models / "f1").exists()

@@ -1,9 +1,12 @@
-"""Every command of README's command table, run as a user runs it against the real stack.
+"""Every command of docs/commands.md's table, run as a user runs it against the real stack; and
+every ``streamrank`` command shown in README.md, docs/, BENCHMARKS.md and RELIABILITY.md parsed.
 
 Small sizes throughout (a tiny model, tens of events, fractions of a second of timing): each
-command must finish and print what README says it prints, so none can silently break again.
+command must finish and print what the docs say it prints, so none can silently break again.
 The table itself is checked against the CLI (every command and option shown exists) and against
-this file (every command has a smoke test here).
+this file (every command has a smoke test here). A command shown elsewhere is parsed by the
+CLI's own parser without running (a synopsis such as ``[--events N]``: its command and option
+names), so every one of them runs as written.
 """
 
 from __future__ import annotations
@@ -29,16 +32,24 @@ from pipeline.tools.bench.swap import NEW, OLD
 from pipeline.tools.synthetic_io import produce_events
 from pipeline.tools.synthetic_settings import synthetic_settings
 from tests.conftest import LocalStack
+from tests.pipeline.cli.documented_commands import (
+    DocumentedCommand,
+    check_options,
+    cli_commands,
+    documented_commands,
+    is_mention,
+    parse,
+)
 from tests.pipeline.cli.readme_workspace import (
     Workspace,
     bench_topics,
     build_workspace,
-    cli_commands,
+    command_table,
     messages_in,
-    readme_commands,
     running_prometheus,
     strict_json,
 )
+from tests.pipeline.tools.test_capacity import H200, OVERHEAD
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+: ")
@@ -350,9 +361,12 @@ def _versions_dir(ws: Workspace) -> Path:
 def check_bench_soak(ws: Workspace) -> None:
     out = ws.directory / "soak"
     args = ["--minutes", "0.2", "--sample-s", "2", "--warmup-s", "4", "--capacity-events", "300"]
+    # 8 s of samples cannot project a day's growth: the slope check is tested in test_soak.py
+    args += ["--max-growth-24h", "1000"]
     result = ws.cli("bench", "soak", *args, "--out", str(out), "--json")
     report = strict_json(result.stdout.splitlines()[-1])
     assert report["passed"] and report["checks"]["nothing_lost"]
+    assert report["rss"]["mib_per_hour"] is not None and report["rss"]["shape"] is not None
     assert strict_json((out / "soak.json").read_text()) == report
     assert (out / "soak.png").read_bytes().startswith(PNG_MAGIC)
     assert (out / "pipeline.log").stat().st_size > 0 and (out / "producer.log").exists()
@@ -393,6 +407,17 @@ def check_bench_swap(ws: Workspace) -> None:
     assert report["pipeline_exit"] == 0
 
 
+@smoke("plan-capacity")
+def check_plan_capacity(ws: Workspace) -> None:
+    reports = {"overhead.json": OVERHEAD, "model.json": H200}
+    args = []
+    for name, report in reports.items():
+        (ws.directory / name).write_text(json.dumps(report) + "\n")
+        args += ["--from", str(ws.directory / name)]
+    text = ws.cli("plan-capacity", *args).stdout
+    assert "gpus = ceil(rows_per_s / (gpu_rows_per_s x u)) = 8" in text
+
+
 @smoke("bench latency")
 def check_bench_latency(ws: Workspace) -> None:
     args = ["--capacity-only", "--capacity-events", "100", "--json"]
@@ -400,13 +425,30 @@ def check_bench_latency(ws: Workspace) -> None:
     assert report["capacity_events_per_s"] > 0 and report["loads"] == []
 
 
-def test_readme_table_lists_every_command_and_each_has_a_smoke_test() -> None:
-    readme, cli = readme_commands(), cli_commands()
-    assert set(readme) == set(cli), "README's command table and the CLI disagree"
+def test_the_table_lists_every_command_and_each_has_a_smoke_test() -> None:
+    table, cli = command_table(), cli_commands()
+    assert set(table) == set(cli), "docs/commands.md's table and the CLI disagree"
     assert set(SMOKE) == set(cli), "a command without a smoke test here"
-    for name, options in readme.items():
+    for name, options in table.items():
         known = {opt for param in cli[name].params for opt in param.opts}
-        assert options <= known, f"README shows {options - known} for `streamrank {name}`"
+        assert options <= known, f"docs/commands.md shows {options - known} for `{name}`"
+
+
+DOCUMENTED = documented_commands()
+
+
+def test_the_documents_show_commands() -> None:
+    where = {c.where.split(":")[0] for c in DOCUMENTED}
+    assert {"README.md", "docs/commands.md", "BENCHMARKS.md"} <= where, where
+    assert any(c.words[:2] == ("bench", "latency") for c in DOCUMENTED)
+
+
+@pytest.mark.parametrize("command", DOCUMENTED, ids=str)
+def test_every_documented_command_runs_as_written(command: DocumentedCommand) -> None:
+    if is_mention(command):
+        check_options(command)
+    else:
+        parse(command)
 
 
 @pytest.mark.parametrize("name", sorted(cli_commands()))
@@ -432,5 +474,5 @@ _SLOW = {
         for name in sorted(SMOKE)
     ],
 )
-def test_readme_command(name: str, workspace: Workspace) -> None:
+def test_documented_command(name: str, workspace: Workspace) -> None:
     SMOKE[name](workspace)

@@ -76,6 +76,13 @@ def test_bad_config_value_names_the_field(run_cli: CliRunner, toml: Path) -> Non
     _assert_one_line_user_error(result, "batching.max_batch_rows", "must be >= 1")
 
 
+def test_settings_that_contradict_each_other_name_both(run_cli: CliRunner) -> None:
+    result = run_cli("consume", env={"STREAMRANK_CODEC__MAX_MESSAGE_BYTES": "2000000"})
+    _assert_one_line_user_error(
+        result, "bad config: topics.input_max_message_bytes", "codec.max_message_bytes"
+    )
+
+
 def test_config_file_that_is_not_toml(run_cli: CliRunner, toml: Path) -> None:
     toml.write_text("[kafka\n")
     _assert_one_line_user_error(run_cli("consume", "-c", str(toml)), "not valid TOML")

@@ -20,6 +20,7 @@ from pipeline.ingest.transport import (
     WorkerLink,
 )
 from pipeline.ingest.workers import Channel, IngestWorkers
+from pipeline.observability.latency_sketch import LatencySketch
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
 from tests.pipeline.factories import TINY_SPEC
@@ -95,7 +96,7 @@ class ThreadWorkers(IngestWorkers):
                             "rows_scored": 10 * (index + 1),
                             "batches": 1,
                         },
-                        latencies_s=np.full(index + 1, 0.01 * (index + 1)),
+                        latencies=_latencies(np.full(index + 1, 0.01 * (index + 1))),
                         first_input_at=100.0 + index,
                         last_output_at=110.0 + index,
                         metrics=[],
@@ -105,3 +106,9 @@ class ThreadWorkers(IngestWorkers):
                 link.close()
 
         return run
+
+
+def _latencies(values: np.ndarray) -> LatencySketch:
+    sketch = LatencySketch()
+    sketch.add(values)
+    return sketch

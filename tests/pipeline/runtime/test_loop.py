@@ -74,6 +74,8 @@ def test_every_event_scored_once_rejects_dead_lettered_and_all_offsets_committed
     assert len(producer.on_topic(DLQ)) == 2
     assert summary.events_in == 40 and summary.events_out == 38 and summary.dead_lettered == 2
     assert summary.batches == enricher.calls > 1  # several batches, one enrichment each
+    budget = pipeline.policy.budget  # every batch closed by the loop charged to its budget
+    assert (budget.batches, budget.unmatched) == (summary.batches, 0)
     assert consumer.committed == {(IN, 0): 40}
     assert consumer.closed
     steps = pipeline.metrics.registry.get_sample_value(

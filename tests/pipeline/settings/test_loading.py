@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 
 import pydantic
 import pytest
+import redis
 from pydantic import SecretStr
 
 from pipeline.settings.batching import BatchingSettings
@@ -417,12 +419,28 @@ def test_redis_tls_ca_reaches_the_client_only_for_a_tls_url(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert RedisSettings().client_kwargs() == {}
+    assert RedisSettings(url="unix:///run/redis.sock").client_kwargs() == {}
     monkeypatch.setenv("STREAMRANK_REDIS__URL", "rediss://:pw@127.0.0.1:6380/0")
     monkeypatch.setenv("STREAMRANK_REDIS__SSL_CA_CERTS", "/stack/tls/ca.pem")
     redis_settings = load_settings().redis
-    assert redis_settings.client_kwargs() == {"ssl_ca_certs": "/stack/tls/ca.pem"}
+    assert redis_settings.client_kwargs() == {
+        "ssl_ca_certs": "/stack/tls/ca.pem",
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": True,
+    }
     with pytest.raises(pydantic.ValidationError, match="needs a TLS URL"):
         RedisSettings(url="redis://127.0.0.1:6379/0", ssl_ca_certs="/stack/tls/ca.pem")
+
+
+def test_a_tls_redis_client_checks_the_certificate_and_the_host_name() -> None:
+    """Set explicitly, not left to redis-py's defaults (redis-py 5 skipped the host name)."""
+    settings = RedisSettings(url="rediss://:pw@127.0.0.1:6380/0")
+    assert settings.client_kwargs() == {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    client = redis.Redis.from_url(settings.url, **settings.client_kwargs())
+    connection = client.connection_pool.make_connection()  # built, not connected
+    assert connection.check_hostname is True
+    assert connection.cert_reqs == ssl.CERT_REQUIRED
+    client.close()
 
 
 @pytest.mark.parametrize(

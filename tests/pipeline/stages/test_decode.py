@@ -15,6 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.connectors.avro import kernels
 from pipeline.connectors.avro.reference import (
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
@@ -203,3 +204,35 @@ def test_an_event_without_candidates_is_valid_only_with_retrieval() -> None:
     assert events.candidate_counts.tolist() == [0, 2]
     assert events.recent_counts.tolist() == [2, 2]
     assert events.retrieved.tolist() == [False, False]  # retrieval comes after decoding
+
+
+def test_an_oversized_value_is_refused_without_being_copied(monkeypatch: Any) -> None:
+    """The kernel's buffer holds the other values only: 10 MB over the limit cost nothing."""
+    event = {
+        "event_id": "ev-1",
+        "user_id": 5,
+        "event_time": _NOW_MS,
+        "context": {"device": "ios", "country": "DE"},
+        "candidate_item_ids": [1, 2],
+        "recent_item_ids": None,
+        "num_results": 3,
+    }
+    good = _encode(event)
+    just_over = good + b"\x00" * (LIMITS.max_message_bytes + 1 - len(good))
+    huge = b"\x02" * 10_000_000
+    decoder = MessageDecoder(LIMITS, RECENT_CAP)
+    seen: list[int] = []
+    kernel = kernels.decode_user_events
+
+    def spy(buf: np.ndarray, *args: Any) -> Any:
+        seen.append(len(buf))
+        return kernel(buf, *args)
+
+    monkeypatch.setattr(kernels, "decode_user_events", spy)
+    events, accepted, rejections = decoder.decode_values([good, huge, just_over, good])
+    assert seen == [2 * len(good)]
+    assert accepted.tolist() == [0, 3] and events.user_ids.tolist() == [5, 5]
+    assert [(i, r.reason) for i, r in rejections] == [
+        (1, RejectReason.OVERSIZED),
+        (2, RejectReason.OVERSIZED),
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from model.serving import Scorer
 from model.serving.graph_shapes import GraphShape
 from pipeline.observability.metrics import Metrics
 from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
-from tests.pipeline.factories import prepared_batch, tiny_scorer, user_event
+from tests.pipeline.factories import columns, prepared_batch, tiny_scorer, user_event
 
 
 class GatedScorer(Scorer):
@@ -159,3 +160,48 @@ def test_a_swapped_scorer_is_warmed_up_on_the_scoring_thread_and_serves_next() -
         assert done is not None and done[1].model_version == "v2"
     finally:
         executor.shutdown()
+
+
+class ThreadCountingScorer(Scorer):
+    """A tiny scorer that records torch's intra-op thread count inside each forward."""
+
+    def __init__(self) -> None:
+        base = tiny_scorer()
+        super().__init__(base.module, base.spec, base.model_version, base.device)
+        self.torch_threads: list[int] = []
+
+    def forward(
+        self, inp: object, pad_to: int | None = None, rows: int | None = None
+    ) -> torch.Tensor:
+        self.torch_threads.append(torch.get_num_threads())
+        return super().forward(inp, pad_to, rows)  # type: ignore[arg-type]
+
+
+def test_a_retrieval_index_built_and_queried_leaves_the_forward_its_torch_threads() -> None:
+    # The loop's thread builds the index at start-up and queries it per poll (retrieval.threads
+    # = 1, the default), then scores batches itself (CPU, no overlap) or hands them to the
+    # scoring thread: both forwards must run with torch's configured thread count.
+    from model.retrieval.candidates import fill_candidates
+    from model.retrieval.index import build_index, needed_tables
+    from model.store.tables import EmbeddingTables
+    from pipeline.settings.retrieval import RetrievalSettings
+
+    config = RetrievalSettings().to_config()  # the defaults: threads = 1
+    scorer = ThreadCountingScorer()
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the machine's default, whatever its cores
+    executor = ForwardExecutor(scorer, Metrics())
+    try:
+        tables = EmbeddingTables.from_ranker(scorer.module, needed_tables(config), "tiny-1")
+        index = build_index(tables, np.arange(100, 400, dtype=np.int64), config)
+        asking = columns([user_event(0), user_event(0, user_id=8)])
+        assert fill_candidates(asking, index).candidate_counts.tolist() == [100, 100]
+        prepared = prepared_batch([user_event(3)], scorer)
+        executor.start(prepared, here=True)  # the loop's thread
+        assert executor.take(wait=True) is not None
+        executor.start(prepared)  # the scoring thread
+        assert executor.take(wait=True) is not None
+        assert scorer.torch_threads == [3, 3]
+    finally:
+        executor.shutdown()
+        torch.set_num_threads(before)

@@ -14,7 +14,7 @@ import redis
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter, item_key, user_key
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.redis import RedisSettings
-from pipeline.stages import enrich as enrich_mod
+from pipeline.stages.enrich import enricher as enricher_mod
 from pipeline.stages.enrich.enricher import FeatureEnricher
 from pipeline.types import Enrichment
 from tests.pipeline.connectors.redis.redis_spy import spy_on_every_connection
@@ -43,7 +43,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(enrich_mod, "time", fake)
+    monkeypatch.setattr(enricher_mod, "time", fake)
     return fake
 
 
@@ -383,6 +383,36 @@ def test_malformed_values_fall_back_without_exception(
     assert_enrichment(out, feats, users, items)
     assert out.user_missing.tolist() == [True, False, True]
     assert out.item_missing.tolist() == [True, False, True, False, True]
+
+
+def test_a_value_over_the_cap_is_a_miss_and_never_joined(
+    feats: Features,
+    make_enricher: Any,
+    redis_client: redis.Redis,
+    redis_settings: RedisSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A well-formed user value (dense vector and 2,000 recent items) over
+    ``redis.max_value_bytes`` falls back to the defaults like a miss, is logged, and takes
+    no room in the buffer the values are parsed from."""
+    prefix = redis_settings.key_prefix
+    long_user = feats.user_dense[0].tobytes() + np.arange(2000, dtype="<i8").tobytes()
+    redis_client.set(user_key(prefix, 902), long_user)
+    enricher, _ = make_enricher(max_value_bytes=len(long_user) - 1)
+    joined: list[int] = []
+    join = enricher_mod._joined_words
+    monkeypatch.setattr(
+        enricher_mod, "_joined_words", lambda v, g: joined.append(int(g.sum())) or join(v, g)
+    )
+    users = [902, 1]
+    out = _enrich(enricher, users, [100])
+    assert out.user_missing.tolist() == [True, False]
+    assert_enrichment(out, feats, users, [100])
+    assert joined[0] == 1  # the users' join held user 1's value only
+    assert "1 user feature values over redis.max_value_bytes" in caplog.text
+    enricher, _ = make_enricher(max_value_bytes=len(long_user))  # at the cap: served
+    assert _enrich(enricher, [902], [100]).user_missing.tolist() == [False]
 
 
 def test_user_without_recent_items_is_not_malformed(
