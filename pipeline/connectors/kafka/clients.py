@@ -114,6 +114,8 @@ class SubscribingConsumer(CommittingConsumer, Protocol):
 
     def resume(self, partitions: list[TopicPartition]) -> None: ...
 
+    def seek(self, partition: TopicPartition) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -222,6 +224,9 @@ class KafkaClients:
     producer: RecordProducer
     commit_results: CommitResults | None = None
     """Where the consumer reports commit results (``None``: commits are taken as done)."""
+    new_producer: Callable[[], Any] | None = None
+    """Makes another producer configured as :attr:`producer` (exactly-once replaces one whose
+    transactional call never came back; ``None``: it cannot)."""
 
 
 ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
@@ -266,4 +271,5 @@ def connect(
         ),
         producer=make_producer(settings),
         commit_results=results,
+        new_producer=lambda: make_producer(settings),
     )
