@@ -10,8 +10,7 @@ several ranks, each one also:
 
 1. joins the process group (``cuda:{LOCAL_RANK}`` + NCCL with GPUs, else CPU + gloo), plans
    and loads its shards (inside the factory);
-2. steps with the others (:class:`~pipeline.runtime.stepping.CollectiveStepper` on a gloo group of
-  its
+2. steps with the others (:class:`~pipeline.runtime.stepping.ProcessGroup`, a gloo group of its
    own, so control traffic never syncs the GPU);
 3. is a member of the Kafka consumer group, and commits its own partitions' offsets.
 
@@ -41,7 +40,7 @@ from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.runtime.model_swap import ModelSwap
-from pipeline.runtime.stepping import CollectiveStepper, LocalStepper, Stepper
+from pipeline.runtime.stepping import ProcessGroup, StepAgreement, Stepper
 from pipeline.settings.loading import Settings, check_ingest_workers
 from pipeline.stages.enrich.enricher import BatchEnricher
 
@@ -238,9 +237,9 @@ def _model_metrics(metrics: Metrics, scorer: Scorer) -> None:
 def _stepper(rank: RankContext, metrics: Metrics) -> Stepper:
     """When to score: alone, or agreed with the other ranks."""
     if not rank.distributed:
-        return LocalStepper(metrics)
+        return StepAgreement(metrics=metrics)
     import torch.distributed as dist
 
     # The step agreement runs on the loop's thread while the forward's collectives run on the
     # scoring thread: separate groups keep their message orders apart.
-    return CollectiveStepper(dist.new_group(backend="gloo"), metrics=metrics)
+    return StepAgreement(ProcessGroup(dist.new_group(backend="gloo")), metrics)

@@ -71,7 +71,7 @@ def serve_with_workers(
     Example::
 
         summary = serve_with_workers(settings, RankContext(), scorer, Metrics(),
-                                     LocalStepper(), serve_ingest_worker, exit_when_idle_s=5)
+                                     StepAgreement(), serve_ingest_worker, exit_when_idle_s=5)
     """
     merged = MergedMetrics(metrics.registry)
     if settings.metrics.enabled:

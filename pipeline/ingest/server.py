@@ -9,13 +9,11 @@ One loop on the rank's main thread (the thread that bound the device and warmed 
    must be ready (with several ranks: every rank's, agreed in one step), then all of them are
    told to join the consumer group at once;
 2. **agree**: the rank's :class:`~pipeline.runtime.stepping.Stepper` decides the step as the loop
-  of one
-   process does: alone, score whenever a request waits and stop once every worker is done
-   (:class:`~pipeline.runtime.stepping.LocalStepper`); with several ranks of a sharded model
-   (:class:`~pipeline.runtime.stepping.CollectiveStepper`), every rank takes part in every forward,
-   padded
-   to the largest request of the step (a rank without one joins with padding), and the ranks stop
-   together when every worker of every rank is done;
+   of one process does: alone, score whenever a request waits and stop once every worker is
+   done; with several ranks of a sharded model (the
+   :class:`~pipeline.runtime.stepping.ProcessGroup` transport), every rank takes part in every
+   forward, padded to the largest request of the step (a rank without one joins with padding),
+   and the ranks stop together when every worker of every rank is done;
 3. **score**: the oldest request's slot is read in place, staged to the device
    (:meth:`~model.serving.Scorer.stage_input`), scored, and its probabilities written back into
    the slot; the worker is answered. A forward that raises for reasons the events may cause is
@@ -24,7 +22,7 @@ One loop on the rank's main thread (the thread that bound the device and warmed 
 
 Example::
 
-    server = ScoringServer(scorer, LocalStepper(metrics), merged)
+    server = ScoringServer(scorer, StepAgreement(metrics=metrics), merged)
     server.run(workers)   # until every worker is done
 """
 
@@ -47,7 +45,7 @@ from pipeline.ingest.transport import (
 )
 from pipeline.ingest.workers import Channel, IngestWorkerFailed
 from pipeline.runtime.isolation import is_isolatable
-from pipeline.runtime.stepping import LocalStepper, Stepper
+from pipeline.runtime.stepping import LocalStep, Stepper
 
 __all__ = ["RemoteForwardError", "ScoringServer", "WorkerPool"]
 
@@ -102,7 +100,7 @@ class ScoringServer:
         self._scorer = scorer
         self._stepper = stepper
         self._metrics = metrics
-        self._collective = not isinstance(stepper, LocalStepper)
+        self._collective = stepper.collective
         self._keys = list(scorer.spec.feature_names)
         self._pending: deque[tuple[Channel, ScoreRequest]] = deque()
         self.scored = 0
@@ -129,7 +127,7 @@ class ScoringServer:
                 raise IngestWorkerFailed(workers.failure)
             # agree
             rows = pending[0][1].rows if pending else 0
-            step = self._stepper.agree(bool(pending), rows, False, workers.finished)
+            step = self._stepper.agree(LocalStep(bool(pending), rows, False, workers.finished))
             # score
             if step.run:
                 self._score(pending.popleft() if pending else None, step.rows)
@@ -146,7 +144,7 @@ class ScoringServer:
             workers.check()
             if workers.failure is not None and workers.finished:
                 raise IngestWorkerFailed(workers.failure)
-        self._stepper.agree(False, 0, False, False)
+        self._stepper.agree(LocalStep(False, 0, False, False))
         workers.release()
 
     def _dispatch(self, channel: Channel, message: object) -> None:

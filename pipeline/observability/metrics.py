@@ -72,8 +72,8 @@ STAGES = ("decode", "retrieve", "enrich", "features", "forward", "produce")
 FALLBACK_FEATURES = ("user_features", "item_features")
 """Values of :class:`pipeline.types.FallbackFeature`."""
 STEP_AGREE = "step_agree"
-"""``op`` label of :class:`~pipeline.runtime.stepping.CollectiveStepper`'s per-iteration
-all_reduce."""
+"""``op`` label of the ranks' per-iteration all_reduce
+(:class:`~pipeline.runtime.stepping.StepAgreement` over a process group)."""
 
 # fmt: off
 _LATENCY_BUCKETS = (

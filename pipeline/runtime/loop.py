@@ -8,22 +8,27 @@ Follow one message through :meth:`ScoringPipeline.run`, in the order the data fl
    get retrieved ones right away (:mod:`pipeline.runtime.retrieve`, with ``[retrieval]`` on).
 3. **batch** (:mod:`pipeline.stages.batch`): the events that fit join the open micro-batch;
    the admitted messages' offsets join the open checkpoint (:mod:`pipeline.stages.commit`)
-   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`). Whether
-   the batch is ready is the batch policy's call (:mod:`pipeline.runtime.batch_policy`: as soon
-   as the scorer is free, within a latency budget); when to score is the stepper's decision
-   (:mod:`pipeline.runtime.stepping`, agreed across ranks).
-4. **process** (:class:`~pipeline.runtime.processor.BatchProcessor`): enrich -> features -> forward
-  ->
-   top-K -> publish for the closed batch and the checkpoint cut for it.
-5. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
+   and their rejects go to the dead-letter topic (:mod:`pipeline.stages.dead_letter`).
+4. **decide**: the loop sums up its state in one :class:`~pipeline.runtime.stepping.LocalStep`
+   (is the batch ready, by the batch policy of :mod:`pipeline.runtime.batch_policy`: as soon as
+   the scorer is free, within a latency budget; was a stop requested; is the member idle; its
+   model swap offer) and its stepper turns it into one
+   :class:`~pipeline.runtime.stepping.StepDecision` (:mod:`pipeline.runtime.stepping`: alone,
+   or agreed across ranks), which the rest of the iteration acts on.
+5. **process** (:class:`~pipeline.runtime.processor.BatchProcessor`): enrich -> features ->
+   forward -> top-K -> publish for the closed batch and the checkpoint cut for it.
+6. **commit** (:mod:`pipeline.stages.commit`): offsets are committed once every record they
    guard is acknowledged.
 
-Between two steps the served model version may change (:mod:`pipeline.runtime.model_swap`: agreed in
-the step, carried out here when nothing decoded waits for a batch and no forward is in flight).
+The loop is the one owner of "finish, publish, commit": its :class:`~pipeline.runtime.drain.Drain`
+ends the open work at the stop step, and, called by the rebalance handler
+(:mod:`pipeline.runtime.rebalance`) from inside ``poll()``, for partitions being revoked. One
+:class:`~pipeline.runtime.pausing.InputPause` is the one owner of pausing the input.
 
-Rebalances are handled by :mod:`pipeline.runtime.rebalance`; Kafka clients come from a
-:data:`~pipeline.connectors.kafka.clients.ClientFactory` (the real broker by default, fakes in unit
-tests). Nothing below calls back into this module.
+Between two steps the served model version may change (:mod:`pipeline.runtime.model_swap`:
+agreed in the step, carried out here when nothing decoded waits for a batch and no forward is in
+flight). Kafka clients come from a :data:`~pipeline.connectors.kafka.clients.ClientFactory` (the
+real broker by default, fakes in unit tests). Nothing below calls back into this module.
 """
 
 from __future__ import annotations
@@ -44,15 +49,23 @@ from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.batch_policy import BatchPolicy
-from pipeline.runtime.model_swap import ModelSwap, SwapAction
+from pipeline.runtime.drain import Drain
+from pipeline.runtime.idle import IdleClock
+from pipeline.runtime.model_swap import ModelSwap
+from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
 from pipeline.runtime.rebalance import RebalanceHandler
 from pipeline.runtime.retrieve import CandidateRetriever
-from pipeline.runtime.stepping import NO_SWAP, LocalStepper, StepDecision, Stepper
+from pipeline.runtime.stepping import NO_SWAP, LocalStep, StepAgreement, StepDecision, Stepper
 from pipeline.settings.delivery import Guarantee
 from pipeline.settings.loading import Settings
 from pipeline.stages.batch import MicroBatcher
-from pipeline.stages.commit import Checkpointer, make_checkpointer, transactional_kafka
+from pipeline.stages.commit import (
+    Checkpointer,
+    TransactionFailed,
+    make_checkpointer,
+    transactional_kafka,
+)
 from pipeline.stages.dead_letter import DeadLetterSink
 from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.stages.publish import RecommendationSink
@@ -68,13 +81,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Run:
-    """The stages that need the Kafka clients (built when a run starts)."""
+    """What needs the Kafka clients (built when a run starts)."""
 
     source: KafkaSource
     dead_letters: DeadLetterSink
     checkpointer: Checkpointer
     processor: BatchProcessor
-    rebalance: RebalanceHandler
+    drain: Drain
 
 
 class ScoringPipeline:
@@ -85,8 +98,8 @@ class ScoringPipeline:
         scorer: the model to serve (:class:`~model.serving.ScorerFactory` builds it).
         metrics: where to count (a fresh registry by default).
         enricher: the feature source; built from ``settings.redis`` by default.
-        stepper: when to score: :class:`~pipeline.runtime.stepping.LocalStepper` for one process,
-            :class:`~pipeline.runtime.stepping.CollectiveStepper` for the ranks of a sharded model.
+        stepper: when to score (:class:`~pipeline.runtime.stepping.StepAgreement`: alone by
+            default, over a process group for the ranks of a sharded model).
         clients: builds the Kafka clients (default
         :func:`pipeline.connectors.kafka.clients.connect`).
         rank: this process's place in the job (the transactional id of exactly-once).
@@ -129,8 +142,8 @@ class ScoringPipeline:
         self.features = inputs.features
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
         self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
-        self.stepper: Stepper = stepper or LocalStepper(self.metrics)
-        self.collective = not isinstance(self.stepper, LocalStepper)
+        self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
+        self.collective = self.stepper.collective
         overlap = batching.overlap_forward
         self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
@@ -139,8 +152,9 @@ class ScoringPipeline:
         self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
-        self._busy_at = 0.0
-        """Monotonic time the loop last had events to batch or score."""
+        self._rewinding = False
+        """A transaction failed: the next step rewinds (exactly-once)."""
+        self._idle = IdleClock()
 
     @property
     def assignment(self) -> set[tuple[str, int]]:
@@ -179,9 +193,9 @@ class ScoringPipeline:
             self.models.start()
         try:
             self._loop(run, exit_when_idle_s, max_events)
-            run.checkpointer.flush_and_commit(self.settings.shutdown.timeout_s)
+            run.drain.commit()
         except BaseException:
-            run.rebalance.failed = True  # closing must not score or commit more
+            run.drain.failed = True  # closing must not score or commit more
             raise
         finally:
             self.summary.seconds = time.monotonic() - started
@@ -202,7 +216,8 @@ class ScoringPipeline:
         source = KafkaSource(
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
-        producer = BackpressuredProducer(clients.producer, source, self.shutdown)
+        pause = InputPause(source)
+        producer = BackpressuredProducer(clients.producer, pause, self.shutdown)
         dead_letters = DeadLetterSink(producer, settings.topics.dlq, metrics)
         codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
         processor = BatchProcessor(
@@ -221,68 +236,134 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
+            kafka,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
-        rebalance = RebalanceHandler(source, self.batcher, checkpointer, processor, self.collective)
+        drain = Drain(
+            self.batcher,
+            checkpointer,
+            processor,
+            source,
+            producer,
+            pause,
+            self.stepper,
+            self.shutdown,
+        )
+        rebalance = RebalanceHandler(source, drain)
         source.subscribe(rebalance.on_assign, rebalance.on_revoke, rebalance.on_lost)
-        return _Run(source, dead_letters, checkpointer, processor, rebalance)
+        return _Run(source, dead_letters, checkpointer, processor, drain)
 
     def _loop(self, run: _Run, exit_when_idle_s: float | None, max_events: int | None) -> None:
-        """One step per iteration. Every rank runs the same number of iterations."""
-        batcher, source, checkpointer = self.batcher, run.source, run.checkpointer
-        processor, policy = run.processor, self.policy
-        poll_s = self.stepper.poll_timeout_s
+        """One step per iteration: this member's step state, one agreed decision, acted on in
+        data-flow order. Every rank runs the same number of iterations."""
+        batcher, checkpointer, processor = self.batcher, run.checkpointer, run.processor
         while True:
-            # consume: what is queued at once; block only while there is nothing to do
-            if not (source.backlog or batcher.waiting or batcher.is_complete or batcher.full):
-                free, now = not processor.busy, time.monotonic()
-                _, wait_s = policy.decide(batcher.rows, batcher.oldest, now, free, source.drained)
-                source.poll(min(poll_s, wait_s))
-            # decode -> batch
-            self._fill_batch(run, max_events)
+            try:
+                # consume: what is queued at once; block only while there is nothing to do
+                if not self._has_work(run.source):
+                    run.source.poll(self._poll_wait_s(run.source, processor.busy))
+                # decode -> batch (nothing new while a failed transaction waits to be aborted)
+                if not self._rewinding:
+                    self._fill_batch(run, max_events)
+            except TransactionFailed:  # raised in a rebalance callback, or by a dead letter
+                self._rewinding = True
             # when to score (agreed across ranks)
-            drained = source.drained and not source.backlog and not batcher.waiting
-            score_now, _ = policy.decide(
-                batcher.rows, batcher.oldest, time.monotonic(), not processor.busy, drained
-            )
-            ready = batcher.full or batcher.is_complete or score_now
-            idle = self._idle(source.last_activity, exit_when_idle_s, source.backlog)
-            stop_requested = self.shutdown.requested or (
-                max_events is not None and self.summary.events_in >= max_events
-            )
-            holding = self.models is not None and self.models.holding
-            ready = ready or (holding and len(batcher) > 0)  # a swap waits for it
-            offer = self.models.offer(not batcher.waiting) if self.models else NO_SWAP
-            step = self.stepper.agree(
-                ready, batcher.rows, stop_requested, idle, processor.needs_isolation, offer
-            )
-            # process
-            if step.isolate:  # a rank's batch failed after the collective forward
-                run.processor.isolate_together(self.stepper)
-            if step.run or step.stop:
-                policy.closed(batcher.rows, batcher.oldest, time.monotonic())
-                closed = batcher.close()
-                batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
-                run.processor.submit(batch, pad_rows=step.rows)
-            elif not len(batcher):
-                checkpointer.seal_open()  # offsets of dead-lettered messages alone
-            run.processor.collect(wait=step.stop)
-            for rows, seconds in run.processor.take_costs():
-                policy.observe(rows, seconds, time.monotonic())
-            if self.models is not None and not step.stop:
-                self._follow_models(run, step)
-            # commit
-            checkpointer.commit_ready()
+            local = self._local_step(run, exit_when_idle_s, max_events)
+            step = self.stepper.agree(local)
+            if step.rewind:  # a transaction failed, here or on another rank: all go back
+                run.drain.rewind()
+                self._rewinding = False
+                self._idle.busy()
+                continue
+            try:
+                # process
+                if step.isolate:  # a rank's batch failed after the collective forward
+                    processor.isolate_together(self.stepper)
+                if step.run or step.stop:
+                    self.policy.closed(batcher.rows, batcher.oldest, time.monotonic())
+                if step.stop:
+                    run.drain.finish(step.rows)  # the open batch and the one in flight
+                elif step.run:
+                    closed = batcher.close()
+                    batch = Batch(*closed, checkpointer.cut()) if closed is not None else None
+                    processor.submit(batch, pad_rows=step.rows)
+                elif not len(batcher):
+                    checkpointer.seal_open()  # offsets of dead-lettered messages alone
+                processor.collect(wait=False)
+                for rows, seconds in processor.take_costs():
+                    self.policy.observe(rows, seconds, time.monotonic())
+                if self.models is not None and not step.stop:
+                    self._follow_models(run, step)
+                # commit
+                checkpointer.commit_ready()
+            except TransactionFailed:  # aborted and rewound at the next step
+                self._rewinding = True
             if step.stop:
-                # One last agreement: a batch that failed in this last step is bisected by every
-                # rank before they leave (a single process has bisected it already).
-                last = self.stepper.agree(False, 0, True, idle, run.processor.needs_isolation)
-                if last.isolate:
-                    run.processor.isolate_together(self.stepper)
-                    checkpointer.commit_ready()
-                if idle:
+                self._isolate_last(run, local.idle)
+                if local.idle:
                     log.info("no input for %.1fs: stopping", exit_when_idle_s)
                 return
+
+    def _has_work(self, source: KafkaSource) -> bool:
+        """Whether polled, decoded or batched events wait (then the poll does not block)."""
+        batcher = self.batcher
+        return bool(source.backlog or batcher.waiting or batcher.is_complete or batcher.full)
+
+    def _poll_wait_s(self, source: KafkaSource, busy: bool) -> float:
+        """How long the poll may block: the stepper's poll timeout, or less when the open
+        batch is due sooner (the batch policy)."""
+        batcher = self.batcher
+        now = time.monotonic()
+        _, wait_s = self.policy.decide(batcher.rows, batcher.oldest, now, not busy, source.drained)
+        return min(self.stepper.poll_timeout_s, wait_s)
+
+    def _local_step(
+        self, run: _Run, exit_when_idle_s: float | None, max_events: int | None
+    ) -> LocalStep:
+        """This member's step state, from the batcher, the source, the batch policy, the stop
+        request, its idleness and the model swap."""
+        batcher, source, processor = self.batcher, run.source, run.processor
+        drained = source.drained and not source.backlog and not batcher.waiting
+        score_now, _ = self.policy.decide(
+            batcher.rows, batcher.oldest, time.monotonic(), not processor.busy, drained
+        )
+        holding = self.models is not None and self.models.holding
+        ready = batcher.full or batcher.is_complete or score_now
+        ready = ready or (holding and len(batcher) > 0)  # a swap waits for it
+        stop_requested = self.shutdown.requested or (
+            max_events is not None and self.summary.events_in >= max_events
+        )
+        return LocalStep(
+            ready=ready,
+            rows=batcher.rows,
+            stop_requested=stop_requested,
+            idle=self._idle.idle(
+                bool(len(batcher) or batcher.waiting or source.backlog),
+                source.last_activity,
+                exit_when_idle_s,
+            ),
+            isolate=processor.needs_isolation,
+            offer=self.models.offer(not batcher.waiting) if self.models else NO_SWAP,
+            rewind=self._rewinding,
+        )
+
+    def _follow_models(self, run: _Run, step: StepDecision) -> None:
+        """After a step: the agreed model version, once it is swapped in, scores the next
+        batch and its index retrieves the next events' candidates
+        (:meth:`~pipeline.runtime.model_swap.ModelSwap.follow`)."""
+        assert self.models is not None
+        served = self.models.follow(step, run.processor, self.stepper, self.collective)
+        if served is not None:
+            self.scorer = served.scorer
+            self.retriever.index = served.index
+
+    def _isolate_last(self, run: _Run, idle: bool) -> None:
+        """One last agreement: a batch that failed in the stop step is bisected by every rank
+        before they leave (a single process has bisected it already)."""
+        last = LocalStep(False, 0, True, idle, isolate=run.processor.needs_isolation)
+        if self.stepper.agree(last).isolate:
+            run.processor.isolate_together(self.stepper)
+            run.checkpointer.commit_ready()
 
     def _fill_batch(self, run: _Run, max_events: int | None) -> None:
         """Decode polled messages and admit what fits into the open batch: their offsets join
@@ -312,47 +393,3 @@ class ScoringPipeline:
             with self.metrics.stage("decode"):
                 decoded = self.decoder.decode(source.topic, messages)
             batcher.queue(self.retriever.fill(decoded), arrived)
-
-    def _follow_models(self, run: _Run, step: StepDecision) -> None:
-        """After a step: swap in the agreed model version once every batcher is empty.
-
-        The scorer of the processor and executor and the retriever's index switch together,
-        between two batches (the batch in flight is published first), so every event of a
-        batch is scored by one version, with candidates retrieved by that version.
-        """
-        assert self.models is not None
-        action = self.models.decide(step.swap, batches_empty=step.run or step.rows == 0)
-        if action is not SwapAction.SWAP:
-            return
-        run.processor.collect(wait=True)  # no forward in flight from here on
-        served = self.models.complete(self.stepper)
-        if served is None:
-            return
-        start = time.perf_counter()
-        try:
-            run.processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
-        except Exception as exc:
-            if self.collective:  # a collective warm-up failed: the ranks cannot go on apart
-                raise
-            self.models.failed(served, exc)
-            return
-        self.scorer = served.scorer
-        self.retriever.index = served.index
-        self.models.swapped(served, warm_up_s=time.perf_counter() - start)
-
-    def _idle(
-        self, last_activity: float | None, exit_when_idle_s: float | None, backlog: int
-    ) -> bool:
-        """No input and nothing to do for ``exit_when_idle_s`` (counted once in the group): a
-        loop that spent longer than that scoring what one poll brought is not idle when it is
-        done (a rebalance may be what keeps the next poll empty)."""
-        batcher = self.batcher
-        now = time.monotonic()
-        if len(batcher) or batcher.waiting or backlog:
-            self._busy_at = now
-            return False
-        return (
-            exit_when_idle_s is not None
-            and last_activity is not None
-            and now - max(last_activity, self._busy_at) >= exit_when_idle_s
-        )

@@ -2,7 +2,8 @@
 
 A :class:`~pipeline.models.watch.ModelWatcher` loads a promoted version on its thread
 (:meth:`~pipeline.models.loader.ModelLoader.load_local`). :class:`ModelSwap` decides, at each
-step of the loop, what happens to it; the loop (:mod:`pipeline.runtime.loop`) carries it out:
+step of the loop, what happens to it, and carries it out after the step
+(:meth:`ModelSwap.follow`; the loop, :mod:`pipeline.runtime.loop`, then serves what it returns):
 
 1. **offer** (before the step's agreement): the loaded version's generation (or that of a
    failed load) and whether this process's decoded events are all batched. The stepper
@@ -43,7 +44,8 @@ from typing import TYPE_CHECKING
 
 from pipeline.models.loader import ModelLoader, PendingModel, ServedModel
 from pipeline.models.watch import LoadedModel, ModelWatcher
-from pipeline.runtime.stepping import Stepper, SwapOffer
+from pipeline.runtime.processor import BatchProcessor
+from pipeline.runtime.stepping import StepDecision, Stepper, SwapOffer
 
 if TYPE_CHECKING:
     from pipeline.observability.metrics import Metrics
@@ -77,7 +79,7 @@ class ModelSwap:
 
         swap = ModelSwap(ModelWatcher(root, loader.load_local, version), loader)
         offer = swap.offer(drained=not batcher.waiting)
-        step = stepper.agree(..., offer)
+        step = stepper.agree(LocalStep(..., offer=offer))
         if swap.decide(step.swap, batches_empty) is SwapAction.SWAP:
             served = swap.complete(stepper)
     """
@@ -137,6 +139,42 @@ class ModelSwap:
         if failed > self._resolved:
             return SwapOffer(failed, ok=False, drained=drained)
         return SwapOffer(drained=drained)
+
+    def follow(
+        self, step: StepDecision, processor: BatchProcessor, stepper: Stepper, collective: bool
+    ) -> ServedModel | None:
+        """After a step: swap in the agreed version once every batcher is empty.
+
+        The processor's scorer (and, by the caller, the retriever's index) switch between two
+        batches (the batch in flight is published first), so every event of a batch is scored
+        by one version, with candidates retrieved by that version.
+
+        Args:
+            step: the step's agreed decision.
+            processor: publishes the batch in flight, then warms the new scorer up and switches.
+            stepper: agrees that the build worked on every rank.
+            collective: ranks of a sharded model (a failed warm-up cannot be survived apart).
+
+        Returns:
+            The version serving from now on; ``None`` when nothing changed.
+        """
+        action = self.decide(step.swap, batches_empty=step.run or step.rows == 0)
+        if action is not SwapAction.SWAP:
+            return None
+        processor.collect(wait=True)  # no forward in flight from here on
+        served = self.complete(stepper)
+        if served is None:
+            return None
+        start = time.perf_counter()
+        try:
+            processor.swap_scorer(served.scorer)  # warmed up on the scoring thread
+        except Exception as exc:
+            if collective:  # a collective warm-up failed: the ranks cannot go on apart
+                raise
+            self.failed(served, exc)
+            return None
+        self.swapped(served, warm_up_s=time.perf_counter() - start)
+        return served
 
     def decide(self, agreed: SwapOffer, batches_empty: bool) -> SwapAction:
         """What to do after this step, from what every rank offered.

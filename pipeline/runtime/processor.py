@@ -1,53 +1,41 @@
 """One batch's path after batching: enrich -> features -> forward -> top-K -> publish.
 
-:class:`BatchProcessor` is the one place that runs these steps, in this order, for a closed
-batch and its checkpoint; the loop (:mod:`pipeline.runtime.loop`), the revocation handler
-(:mod:`pipeline.runtime.rebalance`) and poison isolation all go through it.
+:class:`BatchProcessor` is the one place that runs these steps
+(:class:`~pipeline.runtime.steps.BatchSteps`), in this order, for a closed batch and its
+checkpoint; the loop (:mod:`pipeline.runtime.loop`) and its drain (:mod:`pipeline.runtime.drain`,
+at the stop step and on a revocation) go through it.
 
-- **prepare** (the loop's thread): one Redis round trip (:mod:`pipeline.stages.enrich.enricher`),
-  the
-  feature columns (:mod:`pipeline.stages.features`) and the model input on its way to the
-  device (:meth:`model.serving.Scorer.stage`).
+- **prepare** (the loop's thread): enrich and featurise the batch; its model input starts on its
+  way to the device.
 - **score** (the scoring thread, :mod:`pipeline.stages.score`): one forward and the top-K.
   With ``overlap`` the forward of batch n runs while the loop consumes and prepares batch
   n+1; batches are always published in order, one forward in flight at most.
-- **publish** (the loop's thread, :mod:`pipeline.stages.publish`): one Recommendation per
-  event; then the batch's checkpoint is sealed (the commit stage commits it once delivered).
+- **publish** (the loop's thread): one Recommendation per event; then the batch's checkpoint is
+  sealed (the commit stage commits it once delivered).
 
-A batch whose steps fail with an error that may come from its events is bisected
-(:mod:`pipeline.runtime.isolation`): the events that fail alone are dead-lettered with
-``processing_error``, the rest are scored. Ranks of a sharded model bisect the steps before the
-forward on their own (no collective is involved); a batch that fails after the collective
-forward (its local compute, top-K, encode) is bisected by every rank together
-(:meth:`BatchProcessor.isolate_together`: each attempt is one collective forward, the other
-ranks join it with padding), so a poison event never crashes the ranks. An exception raised
-before a rank's part of a collective is not recoverable this way (the others wait in the
-collective): like device and communication errors, it stops the ranks uncommitted.
+A batch whose steps fail with an error that may come from its events is handed to poison
+isolation (:mod:`pipeline.runtime.isolation`): the events that fail alone are dead-lettered with
+``processing_error``, the rest are scored.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
-
-import numpy as np
 
 from model.serving import Scorer
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
-from pipeline.runtime.isolation import bisect, is_isolatable
+from pipeline.runtime.isolation import PoisonIsolation, is_isolatable
 from pipeline.runtime.stepping import IsolationRounds
+from pipeline.runtime.steps import BatchSteps
 from pipeline.stages.dead_letter import DeadLetterSink
 from pipeline.stages.enrich.enricher import BatchEnricher
-from pipeline.stages.features import BuiltinFeatures, FeatureStager
-from pipeline.stages.publish import EncodedBatch, RecommendationSink
-from pipeline.stages.score import ForwardExecutor, ForwardFailed, score_batch
-from pipeline.types import Batch, PreparedBatch, RejectedMessage, RejectReason, ScoredBatch
+from pipeline.stages.features import FeatureStager
+from pipeline.stages.publish import RecommendationSink
+from pipeline.stages.score import ForwardExecutor, ForwardFailed
+from pipeline.types import Batch, PreparedBatch, ScoredBatch
 
 __all__ = ["BatchProcessor"]
-
-log = logging.getLogger(__name__)
 
 
 class BatchProcessor:
@@ -85,19 +73,12 @@ class BatchProcessor:
         collective: bool = False,
         features: FeatureStager | None = None,
     ) -> None:
-        self._enricher = enricher
-        self._features = features or BuiltinFeatures()
+        self._steps = BatchSteps(enricher, executor, sink, metrics, summary, features)
         self._executor = executor
-        self._sink = sink
-        self._dead_letters = dead_letters
-        self._metrics = metrics
-        self._summary = summary
+        self._isolation = PoisonIsolation(self._steps, executor, dead_letters, summary)
         self._overlap = overlap
         self._collective = collective
         self._costs: list[tuple[int, float]] = []
-        self._failed: list[tuple[Batch, Exception]] = []
-        """Ranks of a sharded model: batches whose collective forward went through but whose
-        scoring failed, waiting for :meth:`isolate_together`."""
 
     def submit(self, batch: Batch | None, pad_rows: int | None = None) -> None:
         """Prepare a batch and start its forward, after publishing the one in flight.
@@ -134,10 +115,9 @@ class BatchProcessor:
             if failed.prepared is None or not is_isolatable(failed.error):
                 raise failed.error from None
             if self._collective:  # bisected together, at the next agreed step
-                log.warning("batch failed after the collective forward (%s)", failed.error)
-                self._failed.append((failed.prepared.batch, failed.error))
+                self._isolation.hold(failed.prepared.batch, failed.error)
             else:
-                self._isolate(failed.prepared.batch, failed.error)
+                self._isolation.alone(failed.prepared.batch, failed.error)
             return
         if done is not None:
             self._publish_or_isolate(*done)
@@ -145,39 +125,38 @@ class BatchProcessor:
     @property
     def needs_isolation(self) -> bool:
         """Whether a batch of this rank waits to be bisected by all ranks together."""
-        return bool(self._failed)
+        return self._isolation.waiting
 
     def isolate_together(self, rounds: IsolationRounds) -> None:
-        """Every rank of a sharded model, in lockstep: bisect this rank's failed batches, each
-        attempt one collective forward that the other ranks join with padding, until no rank
-        has anything left to try. Events that fail alone are dead-lettered.
+        """Every rank of a sharded model, in lockstep: publish the batch in flight (collective
+        too), then bisect this rank's failed batches with every rank
+        (:meth:`~pipeline.runtime.isolation.PoisonIsolation.together`).
 
         Args:
             rounds: agrees, per attempt, whether some rank still needs one and the rows to pad
-                to (:meth:`pipeline.runtime.stepping.CollectiveStepper.agree_attempt`).
+                to (:meth:`pipeline.runtime.stepping.StepAgreement.agree_attempt`).
         """
-        self.collect(wait=True)  # the batch in flight (collective too) is published first
-        failed, self._failed = self._failed, []
-        for batch, error in failed:
-            log.warning("bisecting a batch of %d events with every rank", batch.events.num_events)
+        self.collect(wait=True)
+        self._isolation.together(rounds)
 
-            def attempt(group: list[int], batch: Batch = batch) -> None:
-                prepared = self._prepare(_take(batch, group))  # local: may fail alone
-                pad = rounds.agree_attempt(prepared.batch.events.num_rows)
-                self._executor.start(prepared, pad)
-                done = self._executor.take(wait=True)
-                if done is not None:
-                    self._publish(done[0], self._sink.encode_batch(*done))
+    def discard(self) -> int:
+        """Drop the batch in flight once its forward is done (a collective forward ends on
+        every rank) and the batches waiting to be bisected, publishing nothing (their
+        transaction was aborted: their events are consumed again).
 
-            found = bisect(list(range(batch.events.num_events)), _unwrapped(attempt), error)
-            self._dead_letter(batch, found.failed)
-            batch.checkpoint.seal()
-        while (pad := rounds.agree_attempt(None)) is not None:
-            self._executor.start(None, pad)  # another rank's attempt: join it with padding
-            self._executor.take(wait=True)
+        Returns:
+            How many events were dropped.
+        """
+        try:
+            done = self._executor.take(wait=True)
+            dropped = done[0].batch.events.num_events if done is not None else 0
+        except ForwardFailed as failed:
+            dropped = failed.prepared.batch.events.num_events if failed.prepared else 0
+        self._costs.clear()
+        return dropped + self._isolation.drop()
 
     def process(self, batch: Batch) -> None:
-        """The whole path for ``batch`` now, on this thread (e.g. before a revocation)."""
+        """The whole path for ``batch`` now, on this thread."""
         self.submit(batch)
         self.collect(wait=True)
 
@@ -211,41 +190,18 @@ class BatchProcessor:
         """Whether a forward is in flight (``overlap``)."""
         return self._executor.busy
 
-    def _prepare(self, batch: Batch) -> PreparedBatch:
-        """Enrich and featurise a batch; its model input starts on its way to the device."""
-        start = time.perf_counter()
-        events, metrics = batch.events, self._metrics
-        with metrics.stage("enrich"):
-            enrichment = self._enricher.enrich(events.user_ids, events.candidate_ids)
-        with metrics.stage("features"):
-            staged = self._features.stage(events, enrichment, self._executor.scorer)
-        return PreparedBatch(batch, enrichment, staged, time.perf_counter() - start)
-
-    def _publish(self, prepared: PreparedBatch, encoded: EncodedBatch) -> None:
-        """Produce the batch's Recommendations (encoded: nothing can fail for an event now)."""
-        with self._metrics.stage("produce"):
-            latency_s = self._sink.send(prepared, encoded)
-        events = prepared.batch.events
-        self._summary.record_batch(events.num_events, events.num_rows, latency_s)
-
-    def _run(self, batch: Batch) -> None:
-        """The whole path for ``batch`` on this thread, raising what fails (for bisection)."""
-        prepared = self._prepare(batch)
-        scored = score_batch(self._executor.scorer, prepared)
-        self._publish(prepared, self._sink.encode_batch(prepared, scored))
-
     def _prepare_or_isolate(self, batch: Batch) -> PreparedBatch | None:
-        """:meth:`_prepare`; when it fails for some events, what is left to score (``None``:
-        nothing is left for the executor, or the batch was handled synchronously)."""
+        """Enrich and featurise; when that fails for some events, what is left to score
+        (``None``: nothing is left for the executor, or the batch was handled synchronously)."""
         try:
-            return self._prepare(batch)
+            return self._steps.prepare(batch)
         except Exception as exc:
             if not is_isolatable(exc):
                 raise
             if not self._collective:
-                self._isolate(batch, exc)
+                self._isolation.alone(batch, exc)
                 return None
-            return self._isolate_before_forward(batch, exc)
+            return self._isolation.before_forward(batch, exc)
 
     def _publish_or_isolate(self, prepared: PreparedBatch, scored: ScoredBatch) -> None:
         """Encode the batch (bisected when that fails for some events), then produce it and
@@ -253,60 +209,13 @@ class BatchProcessor:
         already sent would be sent twice; it propagates and the batch stays uncommitted."""
         start = time.perf_counter()
         try:
-            encoded = self._sink.encode_batch(prepared, scored)
+            encoded = self._steps.encode(prepared, scored)
         except Exception as exc:
             if self._collective or not is_isolatable(exc):
                 raise
-            self._isolate(prepared.batch, exc)
+            self._isolation.alone(prepared.batch, exc)
             return
-        self._publish(prepared, encoded)
+        self._steps.publish(prepared, encoded)
         prepared.batch.checkpoint.seal()
         seconds = prepared.prepare_s + scored.forward_s + time.perf_counter() - start
         self._costs.append((prepared.batch.events.num_rows, seconds))
-
-    def _isolate(self, batch: Batch, error: Exception) -> None:
-        """Bisect the whole path on this thread: dead-letter the events that fail alone, score
-        the rest, seal the checkpoint (single process)."""
-        log.warning("batch of %d events failed (%s): isolating", batch.events.num_events, error)
-        found = bisect(
-            list(range(batch.events.num_events)), lambda g: self._run(_take(batch, g)), error
-        )
-        self._dead_letter(batch, found.failed)
-        batch.checkpoint.seal()
-
-    def _isolate_before_forward(self, batch: Batch, error: Exception) -> PreparedBatch | None:
-        """Ranks of a sharded model: bisect the local steps before the forward, dead-letter the
-        events that fail alone; the good ones join the agreed forward (``None``: none left)."""
-        log.warning("batch of %d events failed (%s): isolating", batch.events.num_events, error)
-        indices = list(range(batch.events.num_events))
-        found = bisect(indices, lambda g: self._prepare(_take(batch, g)), error)
-        self._dead_letter(batch, found.failed)
-        good = found.good_items
-        if good:
-            return self._prepare(_take(batch, good))
-        batch.checkpoint.seal()
-        return None
-
-    def _dead_letter(self, batch: Batch, failed: list[tuple[int, Exception]]) -> None:
-        for index, exc in failed:
-            rejection = RejectedMessage(
-                RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
-            )
-            self._dead_letters.publish(batch.messages[index], rejection, batch.checkpoint)
-            self._summary.dead_lettered += 1
-
-
-def _take(batch: Batch, group: list[int]) -> Batch:
-    return batch.take(np.asarray(group, dtype=np.int64))
-
-
-def _unwrapped(attempt: Callable[[list[int]], None]) -> Callable[[list[int]], None]:
-    """``attempt`` raising the forward's own error instead of :class:`ForwardFailed`."""
-
-    def run(group: list[int]) -> None:
-        try:
-            attempt(group)
-        except ForwardFailed as failed:
-            raise failed.error from None
-
-    return run

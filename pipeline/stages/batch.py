@@ -191,6 +191,14 @@ class MicroBatcher:
         """Whether the oldest event has waited ``max_delay_ms``."""
         return bool(self._messages) and self.time_left(now) <= 0.0
 
+    def clear(self) -> int:
+        """Drop the open batch and the waiting events (their outputs will not be published:
+        an aborted transaction is consumed again). Returns how many events were dropped."""
+        dropped = len(self._messages) + self.waiting
+        self._parts, self._messages, self._rows, self._complete = [], [], 0, False
+        self._waiting, self._arrivals = [], []
+        return dropped
+
     def close(self) -> tuple[EventColumns, list[Message]] | None:
         """Take the open batch: its events and their messages (``None`` when empty)."""
         self._complete = False

@@ -3,8 +3,10 @@
 :class:`KafkaSource` wraps the consumer for the loop: it polls a bounded number of messages
 into a backlog that the loop takes from in runs (to decode them together), keeps the assignment
 the rebalance callbacks report (:mod:`pipeline.runtime.rebalance`), and remembers when input last
-arrived (for ``--exit-when-idle``). Client errors carried by messages are handled here:
-end-of-partition is ignored, a fatal error raises, anything else is logged.
+arrived (for ``--exit-when-idle``) and, per partition, the first offset taken since it was
+assigned (so that :meth:`KafkaSource.rewind` can go back to where a run started it). Client
+errors carried by messages are handled here: end-of-partition is ignored, a fatal error raises,
+anything else is logged.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
@@ -68,8 +68,12 @@ class KafkaSource:
         self.first_input_at: float | None = None
         """Monotonic time the first message arrived."""
         self.pauses = 0
-        """Times fetching was paused for backpressure (:meth:`held_back`)."""
-        self._paused = False
+        """Times fetching was paused (:meth:`pause` while nothing was paused)."""
+        self._paused: set[Partition] = set()
+        self._starts: dict[Partition, int] = {}
+        """Per assigned partition, the first offset taken since its assignment."""
+        self._unstarted: set[Partition] = set()
+        """Assigned partitions nothing was taken of yet."""
 
     def subscribe(
         self,
@@ -156,7 +160,20 @@ class KafkaSource:
             else:
                 self._client_error(err)
         self._forget_arrivals(popped)
+        if self._unstarted:
+            self._note_starts(out)
         return out
+
+    def _note_starts(self, messages: list[Message]) -> None:
+        """The first offsets taken of partitions that had none yet (in poll order)."""
+        unstarted = self._unstarted
+        for message in messages:
+            key, offset = (message.topic(), message.partition()), message.offset()
+            if key in unstarted and offset is not None:
+                self._starts[key] = offset
+                unstarted.discard(key)
+                if not unstarted:
+                    return
 
     def _forget_arrivals(self, popped: int) -> None:
         """``popped`` messages left the head of the backlog."""
@@ -173,6 +190,9 @@ class KafkaSource:
         """Partitions were added to this member (incremental, cooperative-sticky)."""
         self.assignment |= partitions
         self.last_activity = time.monotonic()
+        for key in partitions:
+            self._starts.pop(key, None)
+        self._unstarted |= partitions
 
     def revoked(self, partitions: set[Partition]) -> int:
         """Partitions left this member: drop their polled messages (never registered for commit;
@@ -182,6 +202,10 @@ class KafkaSource:
             How many messages were dropped.
         """
         self.assignment -= partitions
+        self._paused -= partitions
+        self._unstarted -= partitions
+        for key in partitions:
+            self._starts.pop(key, None)
         kept = deque(m for m in self._backlog if (m.topic(), m.partition()) not in partitions)
         dropped = len(self._backlog) - len(kept)
         if dropped:  # the arrival times of what is left: the oldest one stands for all
@@ -190,29 +214,54 @@ class KafkaSource:
         self._backlog = kept
         return dropped
 
-    @contextmanager
-    def held_back(self) -> Iterator[None]:
-        """Pause fetching of the assigned partitions for the duration (backpressure: the
-        producer queue or the in-flight limit is full), then resume them.
+    def pause(self) -> int:
+        """Pause fetching of every assigned partition not paused yet (the loop's
+        :class:`~pipeline.runtime.pausing.InputPause` decides when).
 
-        Example::
-
-            with source.held_back():
-                producer.poll(0.05)
+        Returns:
+            How many partitions were paused now.
         """
-        if self._paused or not self.assignment:
-            yield
-            return
-        partitions = [TopicPartition(t, p) for t, p in sorted(self.assignment)]
-        self._consumer.pause(partitions)
-        self._paused = True
-        self.pauses += 1
-        log.debug("backpressure: paused %d partitions", len(partitions))
-        try:
-            yield
-        finally:
-            self._paused = False
-            self._consumer.resume(partitions)
+        new = sorted(self.assignment - self._paused)
+        if not new:
+            return 0
+        if not self._paused:
+            self.pauses += 1
+        self._consumer.pause([TopicPartition(t, p) for t, p in new])
+        self._paused.update(new)
+        log.debug("paused %d partitions", len(new))
+        return len(new)
+
+    def resume(self) -> None:
+        """Resume fetching of the paused partitions (those still assigned)."""
+        partitions = sorted(self._paused & self.assignment)
+        self._paused.clear()
+        if partitions:
+            self._consumer.resume([TopicPartition(t, p) for t, p in partitions])
+
+    def rewind(self, committed: dict[Partition, int]) -> int:
+        """Drop the polled backlog and seek every assigned partition back: to its ``committed``
+        offset, else to the first offset taken since it was assigned (or, when none was
+        taken, the first one polled). Partitions nothing was polled of keep their position.
+
+        Args:
+            committed: the offsets last committed, per partition (this run's commits).
+
+        Returns:
+            How many polled messages were dropped.
+        """
+        targets = {key: offset for key, offset in self._starts.items() if key in self.assignment}
+        for message in self._backlog:
+            key, offset = (message.topic(), message.partition()), message.offset()
+            if message.error() is None and key in self.assignment and offset is not None:
+                targets.setdefault(key, offset)
+        targets.update({k: o for k, o in committed.items() if k in self.assignment})
+        dropped = len(self._backlog)
+        self._backlog.clear()
+        self._arrivals.clear()
+        for (topic, partition), offset in sorted(targets.items()):
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+        log.info("rewound %d partitions to %s", len(targets), dict(sorted(targets.items())))
+        return dropped
 
     def close(self) -> None:
         """Leave the group (commits are the checkpointer's; nothing is committed here)."""

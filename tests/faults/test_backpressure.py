@@ -1,6 +1,6 @@
 """Backpressure on the real stack: with a producer queue of 20 records that librdkafka holds for
 1.5 s before sending (``linger.ms``), a record waits longer than
-:data:`~pipeline.runtime.backpressure.PAUSE_AFTER_S` for room, the pipeline pauses its input
+:data:`~pipeline.runtime.pausing.PAUSE_AFTER_S` for room, the pipeline pauses its input
 partitions
 instead of spinning, and still scores every event exactly once."""
 

@@ -7,8 +7,10 @@ transactions that were aborted (proof that the faults hit open transactions):
 - 2 ranks, each with its own transactional producer: kill -9 of a rank mid-transaction
   (torchrun restarts the ranks; the new producer with the same ``transactional.id`` fences the
   dead one's transaction), then SIGTERM to the launcher alone, then a restart;
-- 2 ranks across a broker SIGKILL and restart (the ranks recover, or exit and are restarted
-  by torchrun);
+- one process across a broker SIGKILL and restart 10 s later: the transaction open at the
+  kill is aborted, the run goes back to its last committed offsets and finishes by itself;
+- 2 ranks across a broker SIGKILL and restart, a transaction open at the kill and aborted
+  after it (the ranks recover, or exit and are restarted by torchrun);
 - zombie fencing: a second producer with the same ``transactional.id`` fences the first.
 """
 
@@ -120,6 +122,53 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     assert aborted > 0  # the restart fenced the killed run's transaction: it was aborted
 
 
+def _across_a_broker_outage(
+    stack: LocalStack, settings: Settings, sent: SentEvents, run: subprocess.Popen, log: Path
+) -> tuple[int, int, int, float]:
+    """Kill the broker with SIGKILL while a transaction holds records, start it again 10 s
+    later (same data dir), and wait for ``run`` to finish by itself with exit 0.
+
+    The outage outlasts the consumers' sessions (``kafka.session_timeout_ms``, 10 s): the
+    transaction open at the kill can only be aborted after it, its records left in the log.
+
+    Returns:
+        (missing, duplicates, aborted) of :func:`audit_exactly_once`, and the seconds from the
+        broker's return to the run's exit.
+    """
+    wait_until(lambda: open_transaction_records(settings) > 0, "an open transaction")
+    assert produced_count(settings) < len(sent.ids), "the broker kill came too late"
+    try:
+        kafka_ctl("kill", stack)  # a crashed broker, mid-transaction
+        time.sleep(10)  # the outage
+    finally:
+        kafka_ctl("start", stack)  # even when the test fails: the session needs it
+    back = time.monotonic()
+    assert run.wait(480) == 0, log.read_text()[-4000:]
+    recover_s = time.monotonic() - back
+    return (*audit_exactly_once(log.stem, settings, sent.ids, recover_s), recover_s)
+
+
+def test_one_process_rides_out_a_broker_kill_9_and_restart_each_event_once(
+    local_stack: LocalStack,
+    pipeline_settings: Settings,
+    send_events: Callable[..., SentEvents],
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    # As Kafka Streams does: the open transaction is retried or aborted, the run goes back to
+    # its last committed offsets and goes on; nobody restarts it.
+    sent = send_events(pipeline_settings, 6000)
+    log = tmp_path / "broker-kill-9-one-process.log"
+    proc = start_run(cli, pipeline_settings, log, EXACTLY_ONCE, "--exit-when-idle", "20")
+    missing, duplicates, aborted, _ = _across_a_broker_outage(
+        local_stack, pipeline_settings, sent, proc, log
+    )
+    assert missing == 0, log.read_text()[-4000:]
+    assert duplicates == 0
+    assert aborted > 0  # the transaction open at the kill was aborted after it
+    assert "transaction aborted" in log.read_text()  # by this run, which went on
+
+
 def test_two_ranks_kill_9_of_a_rank_then_sigterm_to_the_launcher_each_event_once(
     pipeline_settings: Settings,
     send_events: Callable[..., SentEvents],
@@ -170,25 +219,18 @@ def test_two_ranks_across_a_broker_kill_9_and_restart_each_event_once(
     cli: Cli,
 ) -> None:
     sent = send_events(pipeline_settings, 3000)
-    log = tmp_path / "ranks.log"
+    log = tmp_path / "broker-kill-9-2-ranks.log"
     args = ("--nproc", "2", "--max-restarts", "6", "--exit-when-idle", "8")
     launcher = start_run(cli, pipeline_settings, log, LONG_TRANSACTIONS, *args)
-    assert produced_count(pipeline_settings) < 3000, "the broker kill came too late"
-    try:
-        kafka_ctl("kill", local_stack)  # a crashed broker, mid-transaction
-        time.sleep(10)  # the outage
-    finally:
-        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
-    back = time.monotonic()
-    # The ranks resume their transactions, or give up, exit non-zero and are restarted by
-    # torchrun (then fence their predecessors' transactions); either way the job finishes.
-    assert launcher.wait(480) == 0, log.read_text()[-4000:]
-    recover_s = time.monotonic() - back
-    missing, duplicates, _aborted = audit_exactly_once(
-        "broker-kill-9-2-ranks", pipeline_settings, sent.ids, recover_s
+    # The ranks go back to their last committed offsets and go on, or give up, exit non-zero
+    # and are restarted by torchrun (then fence their predecessors' transactions); either way
+    # the job finishes.
+    missing, duplicates, aborted, _ = _across_a_broker_outage(
+        local_stack, pipeline_settings, sent, launcher, log
     )
     assert missing == 0
     assert duplicates == 0
+    assert aborted > 0  # the transaction open at the kill was aborted after it
 
 
 def test_a_second_producer_with_the_same_transactional_id_fences_the_first(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,22 +141,23 @@ def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    sent = send_events(pipeline_settings, 3500)
+    ids = send_events(pipeline_settings, 3500).ids
     log = tmp_path / "killed.log"
     proc = start_run(cli, pipeline_settings, log, EXACTLY_ONCE)
     workers = both_workers_consuming(proc, pipeline_settings)
-    wait_until(
-        lambda: open_transaction_records(pipeline_settings) > 0,
-        "an open transaction",
-        timeout_s=300.0,
-    )
-    assert produced_count(pipeline_settings) < 3500, "the kill came too late"
+    # A fast machine may have scored the first events by now: keep the input flowing until a
+    # transaction is seen open, so the kill lands inside one.
+    deadline = time.monotonic() + 300.0
+    while open_transaction_records(pipeline_settings) == 0:
+        assert time.monotonic() < deadline, "never happened: an open transaction"
+        assert proc.poll() is None, log.read_text()[-3000:]
+        ids |= send_events(pipeline_settings, 100).ids
     os.kill(workers[1], signal.SIGKILL)  # its open transaction stays open
     assert proc.wait(60) == 1, log.read_text()[-3000:]
 
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
     missing, duplicates, aborted = audit_exactly_once(
-        "ingest-exactly-once-worker-kill-9", pipeline_settings, sent.ids, run_s
+        "ingest-exactly-once-worker-kill-9", pipeline_settings, ids, run_s
     )
     assert missing == 0
     assert duplicates == 0

@@ -66,6 +66,7 @@ class FakeConsumer:
     closed: bool = False
     paused: list[list[tuple[str, int]]] = field(default_factory=list)
     resumed: list[list[tuple[str, int]]] = field(default_factory=list)
+    seeks: list[tuple[str, int, int]] = field(default_factory=list)
     consume_calls: list[tuple[int, float]] = field(default_factory=list)
     """(num_messages, timeout) of every ``consume`` call."""
     _assigned: bool = False
@@ -104,6 +105,9 @@ class FakeConsumer:
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         self.resumed.append([(tp.topic, tp.partition) for tp in partitions])
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.seeks.append((partition.topic, partition.partition, partition.offset))
 
     def close(self) -> None:
         self.closed = True

@@ -114,6 +114,8 @@ class SubscribingConsumer(CommittingConsumer, Protocol):
 
     def resume(self, partitions: list[TopicPartition]) -> None: ...
 
+    def seek(self, partition: TopicPartition) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -190,7 +192,8 @@ def ensure_topics(
     if not topics.create_missing:
         return
     wanted = list(names or (topics.input, topics.output, topics.dlq))
-    admin = AdminClient(settings.admin_config())
+    # its log lines (e.g. BGQUEUE at destruction) in the run's log format, never raw on stderr
+    admin = AdminClient({**settings.admin_config(), "logger": CLIENT_LOGGER})
     existing = set(admin.list_topics(timeout=15).topics)
     input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [
@@ -222,6 +225,9 @@ class KafkaClients:
     producer: RecordProducer
     commit_results: CommitResults | None = None
     """Where the consumer reports commit results (``None``: commits are taken as done)."""
+    new_producer: Callable[[], Any] | None = None
+    """Makes another producer configured as :attr:`producer` (exactly-once replaces one whose
+    transactional call never came back; ``None``: it cannot)."""
 
 
 ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
@@ -266,4 +272,5 @@ def connect(
         ),
         producer=make_producer(settings),
         commit_results=results,
+        new_producer=lambda: make_producer(settings),
     )

@@ -7,6 +7,7 @@ module             job
                    each result checked)
 ``transactions``   :class:`TransactionalCheckpointer`: the same protocol, exactly-once
                    (records and offsets in one Kafka transaction)
+``calls``          librdkafka's transactional calls, each within a budget the loop can rely on
 =================  ========================================================================
 
 ``delivery.guarantee`` picks one (:func:`make_checkpointer`); everything else uses the
@@ -17,11 +18,23 @@ from __future__ import annotations
 
 from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.settings.delivery import DeliverySettings, Guarantee
+from pipeline.settings.kafka import KafkaSettings
 from pipeline.stages.commit.protocol import Checkpointer
-from pipeline.stages.commit.transactions import TransactionalCheckpointer, transactional_kafka
+from pipeline.stages.commit.transactions import (
+    TransactionalCheckpointer,
+    TransactionFailed,
+    transaction_budget_s,
+    transactional_kafka,
+)
 from pipeline.types import Shutdown
 
-__all__ = ["Checkpointer", "TransactionalCheckpointer", "make_checkpointer", "transactional_kafka"]
+__all__ = [
+    "Checkpointer",
+    "TransactionFailed",
+    "TransactionalCheckpointer",
+    "make_checkpointer",
+    "transactional_kafka",
+]
 
 
 def make_checkpointer(
@@ -29,6 +42,7 @@ def make_checkpointer(
     clients: KafkaClients,
     max_in_flight: int,
     shutdown: Shutdown,
+    kafka: KafkaSettings | None = None,
 ) -> Checkpointer:
     """The commit protocol ``delivery.guarantee`` asks for, over the loop's clients.
 
@@ -38,6 +52,8 @@ def make_checkpointer(
             :func:`transactional_kafka`).
         max_in_flight: ``batching.max_in_flight_batches``.
         shutdown: the run's stop request (every wait ends by its deadline).
+        kafka: the Kafka settings (exactly-once: the transaction's budget,
+            :func:`~pipeline.stages.commit.transactions.transaction_budget_s`).
 
     Returns:
         A :class:`TransactionalCheckpointer` for exactly-once, else a :class:`Checkpointer`.
@@ -52,7 +68,9 @@ def make_checkpointer(
             clients.producer,
             delivery.commit_interval_ms / 1000,
             max_in_flight,
+            timeout_s=transaction_budget_s(kafka or KafkaSettings()),
             shutdown=shutdown,
+            renew=clients.new_producer,
         )
     return Checkpointer(
         clients.consumer,

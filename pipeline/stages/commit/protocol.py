@@ -25,7 +25,10 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
 Commit results are checked: with :class:`~pipeline.connectors.kafka.clients.CommitResults` wired to
 the consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
 a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its
-offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later).
+offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later);
+:attr:`Checkpointer.commit_error` says why it failed, so that a drain can tell a group that is
+rebalancing (wait and commit again: :mod:`pipeline.runtime.drain`) from a refusal, and
+:meth:`Checkpointer.uncommitted_events` how many consumed events are not committed.
 
 A failed delivery poisons its checkpoint: :meth:`commit_ready` raises :class:`DeliveryFailed`
 and nothing at or after that checkpoint is committed, so a restart reprocesses those messages.
@@ -101,10 +104,19 @@ class Checkpointer:
         self._retry_at = 0.0
         self.committed: dict[tuple[str, int], int] = {}
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
+        self._resume: dict[tuple[str, int], int] = {}
+        """Per partition consumed since it was assigned, where to go back to: its last offset
+        committed since then, else the first one consumed (:meth:`abort`)."""
         self.commit_failures = 0
+        self.commit_error: KafkaError | None = None
+        """Why the latest failed commit failed, while its offsets wait for another one."""
         self._shutdown = shutdown
         self._commit_interval_s = commit_interval_s
         self._next_commit_at = 0.0
+
+    @property
+    def producer(self) -> PollingProducer:
+        return self._producer  # the producer whose records the checkpoints guard
 
     @property
     def deadline(self) -> float | None:
@@ -125,7 +137,11 @@ class Checkpointer:
         """
         if not len(partitions):
             return
-        # The last message of each partition sets its next offset (poll order is offset order).
+        # The first message of each partition is where it started, the last one sets its next
+        # offset (poll order is offset order).
+        heads, first = np.unique(partitions, return_index=True)
+        for partition, index in zip(heads.tolist(), first.tolist(), strict=True):
+            self._resume.setdefault((topic, partition), int(offsets[index]))
         last = len(partitions) - 1 - np.unique(partitions[::-1], return_index=True)[1]
         for partition, offset in zip(
             partitions[last].tolist(), offsets[last].tolist(), strict=True
@@ -248,6 +264,56 @@ class Checkpointer:
         """
         self._flush_and_commit(timeout_s)
 
+    def commit_now(self) -> None:
+        """Commit synchronously what is acknowledged, with the offsets of failed commits (e.g.
+        again, once the group has settled after a rebalance)."""
+        self._commit_done(asynchronous=False)
+
+    def uncommitted_events(self, partitions: set[tuple[str, int]] | None = None) -> int:
+        """How many consumed events are not committed: per partition, the furthest offset
+        consumed minus where it would go back to (:meth:`abort`)
+
+        Args:
+            partitions: count only these (default: all).
+        """
+        furthest: dict[tuple[str, int], int] = dict(self._retry)
+        for checkpoint in (*self._checkpoints, self._open):
+            for key, offset in checkpoint.next_offsets.items():
+                furthest[key] = max(offset, furthest.get(key, -1))
+        count = 0
+        for key, offset in furthest.items():
+            if partitions is not None and key not in partitions:
+                continue
+            count += max(0, offset - self._resume.get(key, offset))
+        return count
+
+    def abort(self) -> dict[tuple[str, int], int]:
+        """Drop every checkpoint not committed: the loop goes back and consumes their messages
+        again (:meth:`pipeline.runtime.drain.Drain.rewind`).
+
+        Returns:
+            Per partition consumed since it was assigned, where to go back to: its last offset
+            committed since then, else the first one consumed.
+        """
+        offsets = dict(self._resume)
+        self._checkpoints.clear()
+        self._open = self._new_checkpoint()
+        self._retry.clear()
+        self.commit_error = None
+        return offsets
+
+    def handed_over(self, partitions: set[tuple[str, int]]) -> int:
+        """``partitions`` moved to another member after their revocation's commit: what of
+        theirs is still uncommitted stays so (committing it later could move the new owner's
+        offsets back; the new owner resumes from the last commit).
+
+        Returns:
+            How many consumed events of theirs were left uncommitted.
+        """
+        left = self.uncommitted_events(partitions)
+        self._drop(partitions)
+        return left
+
     def forget_open(self, partitions: list[tuple[str, int]]) -> None:
         """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced
         and will be consumed again by the partitions' next owner)."""
@@ -256,12 +322,19 @@ class Checkpointer:
 
     def forget(self, partitions: list[tuple[str, int]]) -> None:
         """Drop uncommitted offsets of partitions we no longer own (after a lost assignment)."""
-        lost = set(partitions)
+        self._drop(set(partitions))
+
+    def _drop(self, partitions: set[tuple[str, int]]) -> None:
+        """Forget ``partitions``' uncommitted offsets and where they would go back to (a later
+        assignment starts afresh)."""
         for checkpoint in (*self._checkpoints, self._open):
-            for key in lost & checkpoint.next_offsets.keys():
+            for key in partitions & checkpoint.next_offsets.keys():
                 del checkpoint.next_offsets[key]
-        for key in lost & self._retry.keys():
-            del self._retry[key]
+        for table in (self._retry, self._resume):
+            for key in partitions & table.keys():
+                del table[key]
+        if not self._retry:
+            self.commit_error = None
 
     @property
     def in_flight(self) -> int:
@@ -273,22 +346,30 @@ class Checkpointer:
         the next commit."""
         offsets = {(tp.topic, tp.partition): tp.offset for tp in partitions}
         if err is not None:
-            self._failed(offsets, str(err))
+            self._failed(offsets, str(err), err)
             return
+        errors = [tp.error for tp in partitions if tp.error]
         failed = {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.error}
         if failed:
-            self._failed(failed, "; ".join(str(tp.error) for tp in partitions if tp.error))
+            self._failed(failed, "; ".join(str(e) for e in errors), errors[0])
         self._advance({k: v for k, v in offsets.items() if k not in failed})
 
     def _advance(self, offsets: dict[tuple[str, int], int]) -> None:
         for key, offset in offsets.items():
             if offset >= 0 and offset > self.committed.get(key, -1):
                 self.committed[key] = offset
+            if key in self._resume:
+                self._resume[key] = max(self._resume[key], offset)
             if self._retry.get(key, -1) <= offset:
                 self._retry.pop(key, None)
+        if not self._retry:
+            self.commit_error = None
 
-    def _failed(self, offsets: dict[tuple[str, int], int], reason: str) -> None:
+    def _failed(
+        self, offsets: dict[tuple[str, int], int], reason: str, error: KafkaError | None
+    ) -> None:
         self.commit_failures += 1
+        self.commit_error = error
         log.warning("offset commit failed (%s): will retry %s", reason, offsets)
         for key, offset in offsets.items():
             if offset > max(self.committed.get(key, -1), self._retry.get(key, -1)):
@@ -311,7 +392,8 @@ class Checkpointer:
         try:
             result = self._consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
-            self._failed(offsets, str(exc))
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            self._failed(offsets, str(exc), error)
             return
         self.on_commit(None, result if result is not None else tps)
         log.debug("committed %s", offsets)

@@ -17,31 +17,36 @@ the same way); it changes *how* sealed checkpoints are committed:
    (shutdown, revocation, too many sealed checkpoints) does not wait: after a crash such a
    dead letter may be written again (the output topic is not affected).
 4. Errors are handled by librdkafka's class (``KafkaError.retriable()``,
-   ``txn_requires_abort()``, ``fatal()``). A *retriable* one (the coordinator unreachable, a
-   call timed out) is retried: librdkafka resumes the call where it stopped, so a broker that
-   comes back in time lets the transaction commit. An *abortable* one aborts the transaction,
-   and a *fatal* one (the producer was fenced by a newer one with the same
-   ``transactional.id``) leaves the producer unusable; both raise
-   :class:`~pipeline.types.DeliveryFailed`, as does a retriable error that outlasts the
-   call's budget (``timeout_s``, the shutdown deadline): the run stops non-zero, and the next
-   run (or torchrun's restart) resumes from the committed offsets; a ``read_committed`` reader
-   never sees the aborted records. A transaction left open (the broker unreachable) is aborted
-   by its coordinator after ``transaction.timeout.ms``, or when the next run with the same
-   ``transactional.id`` fences its predecessor (``init_transactions``); a member whose
-   partitions were taken over is fenced by the group generation in its offsets (KIP-447).
-5. No Kafka call blocks the loop past its budget: librdkafka's ``send_offsets_to_transaction``
-   ignores its timeout while the coordinator is unreachable (it waits for the request's
-   ``socket.timeout.ms``, 60 s by default), so every transactional call runs on a helper thread
-   while the loop's thread waits in short slices. SIGTERM/SIGINT during such a wait are
-   honoured: the stop sets the shutdown deadline at once
-   (:class:`~pipeline.types.Shutdown`),
-   and the call is given up when it passes.
+   ``txn_requires_abort()``, ``fatal()``), as Kafka Streams does. A *retriable* one (the
+   coordinator unreachable, a call timed out) is retried, the same call again: librdkafka
+   resumes it where it stopped, so a broker that comes back in time lets the transaction
+   commit. An *abortable* one, a retriable one that outlasts the transaction's budget
+   (``timeout_s``: ``transaction.timeout.ms``, after which the coordinator aborts it anyway),
+   or partitions lost while it is open, make the transaction fail
+   (:class:`TransactionFailed`): the loop then aborts it (:meth:`abort`, once any call still
+   in flight has returned), drops what it had not committed, goes back to the offsets last
+   committed and goes on (:meth:`pipeline.runtime.drain.Drain.rewind`); a ``read_committed``
+   reader never sees the aborted records. Only a *fatal* error (the producer was fenced by a
+   newer one with the same ``transactional.id``), or the shutdown deadline passing first, ends
+   the run: :class:`~pipeline.types.DeliveryFailed`, exit non-zero, and the next run (or
+   torchrun's restart) resumes from the committed offsets. A transaction left open by a run
+   that died is aborted by its coordinator after ``transaction.timeout.ms``, or when the next
+   run with the same ``transactional.id`` fences its predecessor (``init_transactions``); a
+   member whose partitions were taken over is fenced by the group generation in its offsets
+   (KIP-447).
+5. No Kafka call blocks the loop past its budget (:mod:`.calls`: each call on a helper thread,
+   the loop's thread waiting in short slices; SIGTERM/SIGINT during such a wait set the
+   shutdown deadline at once, :class:`~pipeline.types.Shutdown`, and the call is given up when
+   it passes). A call that never comes back (librdkafka's ``send_offsets_to_transaction`` may
+   not, after a broker restart) cannot be followed by an abort on its producer: the producer is
+   replaced by a new one with the same ``transactional.id`` (given a way to make one,
+   ``renew``), whose ``init_transactions`` fences the old one, and its coordinator aborts the
+   transaction the old one left open.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,10 +56,26 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from model.rank import RankContext
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
+from pipeline.stages.commit.calls import GaveUp, TransactionCalls
 from pipeline.stages.commit.protocol import Checkpointer
 from pipeline.types import Checkpoint, DeliveryFailed, Shutdown
 
 log = logging.getLogger(__name__)
+
+TRANSACTION_TIMEOUT_S = 60.0
+"""librdkafka's default ``transaction.timeout.ms``, in seconds."""
+
+
+class TransactionFailed(DeliveryFailed):
+    """The open transaction cannot be committed: it is to be aborted, and the loop goes back to
+    the offsets last committed (:meth:`TransactionalCheckpointer.abort`)."""
+
+
+def transaction_budget_s(kafka: KafkaSettings) -> float:
+    """How long a transaction may take: the producer's ``transaction.timeout.ms`` (after it
+    the coordinator aborts the transaction anyway)."""
+    configured = kafka.producer_extra.get("transaction.timeout.ms")
+    return float(str(configured)) / 1000 if configured is not None else TRANSACTION_TIMEOUT_S
 
 
 class TransactionalCheckpointer(Checkpointer):
@@ -65,10 +86,13 @@ class TransactionalCheckpointer(Checkpointer):
         producer: a producer configured with ``transactional.id``.
         commit_interval_s: how long a transaction may span batches.
         max_sealed: sealed checkpoints allowed before :meth:`commit_ready` forces a commit.
-        timeout_s: budget of each transactional call, retries of retriable errors included
-            (and never past :attr:`deadline`).
+        timeout_s: the transaction's budget: how long each transactional call may take,
+            retries of retriable errors included (and never past :attr:`deadline`);
+            :func:`transaction_budget_s`.
         shutdown: once a stop is requested, every call ends by its deadline.
         clock: seconds, monotonic (tests pass a fake).
+        renew: makes a new producer with the same configuration (to replace one whose call
+            never came back); ``None``: wait for such a call instead.
 
     Example::
 
@@ -80,49 +104,46 @@ class TransactionalCheckpointer(Checkpointer):
         ckpt.commit_ready()  # commits the transaction once 0.1 s have passed
     """
 
-    WAIT_SLICE_S = 0.1
-    """How often the loop's thread looks up (deadline, signals) while a transactional call
-    runs."""
-    RETRY_BACKOFF_S = 0.2
-    """Pause between attempts of a call that failed with a retriable error (callbacks are
-    served meanwhile)."""
-
-    class _GaveUp(Exception):
-        """A call did not succeed within its budget (``in_flight``: it still runs)."""
-
-        def __init__(self, what: str, reason: str, in_flight: bool) -> None:
-            super().__init__(f"{what}: {reason}")
-            self.in_flight = in_flight
-
     def __init__(
         self,
         consumer: Any,
         producer: Any,
         commit_interval_s: float,
         max_sealed: int = 4,
-        timeout_s: float = 30.0,
+        timeout_s: float = TRANSACTION_TIMEOUT_S,
         shutdown: Shutdown | None = None,
         clock: Callable[[], float] = time.monotonic,
+        renew: Callable[[], Any] | None = None,
     ) -> None:
-        self._txn_producer = producer
         self._txn_consumer = consumer
         self._interval_s = commit_interval_s
-        self._timeout_s = timeout_s
         self._clock = clock
+        self._renew = renew
         self._in_transaction = False
         self._began = 0.0
-        self._call_end = 0.0
-        self._in_flight: str | None = None
+        self._failure: str | None = None
+        """Why the open transaction cannot be committed (until :meth:`abort`)."""
+        self._abandoned: list[Any] = []
+        """Producers replaced while a call of theirs still ran (kept: never destroyed under
+        it)."""
         super().__init__(consumer, producer, max_sealed, shutdown=shutdown)
+        self._calls = TransactionCalls(producer, timeout_s, lambda: self.deadline, clock)
         self.transactions = 0
         """Transactions committed."""
         self.aborts = 0
         """Transactions aborted."""
+        self._init_transactions()
+
+    @property
+    def producer(self) -> Any:
+        """The transactional producer serving now (a new one after :meth:`abort` may have
+        replaced it)."""
+        return self._calls.producer
+
+    def _init_transactions(self) -> None:
         try:
-            self._call("init_transactions", producer.init_transactions)
-        except self._GaveUp as exc:
-            raise DeliveryFailed(f"could not initialise transactions: {exc}") from exc
-        except KafkaException as exc:
+            self._calls.call("init_transactions", self.producer.init_transactions)
+        except (GaveUp, KafkaException) as exc:
             raise DeliveryFailed(f"could not initialise transactions: {exc}") from exc
 
     def _new_checkpoint(self) -> Checkpoint:
@@ -130,7 +151,7 @@ class TransactionalCheckpointer(Checkpointer):
 
     def _begin(self) -> None:
         if not self._in_transaction:
-            self._txn_producer.begin_transaction()
+            self.producer.begin_transaction()
             self._in_transaction = True
             self._began = self._clock()
 
@@ -142,14 +163,17 @@ class TransactionalCheckpointer(Checkpointer):
             How many checkpoints were committed.
 
         Raises:
-            DeliveryFailed: the transaction failed (aborted, or left to its coordinator).
+            TransactionFailed: the transaction cannot be committed (to abort, then rewind).
+            DeliveryFailed: the producer is unusable, or the shutdown deadline passed.
         """
-        self._txn_producer.poll(0)
+        self.producer.poll(0)
         return self._commit_done(asynchronous=self._waiting() <= self._max_sealed)
 
     def _commit_done(self, asynchronous: bool) -> int:
         """Commit the leading sealed checkpoints in one transaction (when ``asynchronous``,
         only once ``commit_interval_s`` has passed and the open checkpoint produced nothing)."""
+        if self._failure is not None:
+            raise TransactionFailed(self._failure)
         if asynchronous and (
             self._clock() - self._began < self._interval_s
             or self._open.pending  # its dead letters' offsets are not committable yet
@@ -168,12 +192,12 @@ class TransactionalCheckpointer(Checkpointer):
         self._commit_transaction(offsets)
         for _ in range(leading):
             self._checkpoints.popleft()
-        self.committed.update(offsets)
+        self._advance(offsets)
         self.transactions += 1
         return leading
 
     def _commit_transaction(self, offsets: dict[tuple[str, int], int]) -> None:
-        producer = self._txn_producer
+        producer = self.producer
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
             if tps:
@@ -181,100 +205,114 @@ class TransactionalCheckpointer(Checkpointer):
                 # on a client, so from the helper thread this would wait for a consume() in
                 # progress (this commit may run inside its rebalance callback).
                 group = self._txn_consumer.consumer_group_metadata()
-                self._call(
+                self._calls.call(
                     "send_offsets_to_transaction",
                     lambda timeout_s: producer.send_offsets_to_transaction(tps, group, timeout_s),
                 )
-            self._call("commit_transaction", producer.commit_transaction)
-        except self._GaveUp as exc:
-            self._in_transaction = False
-            raise DeliveryFailed(
-                f"transaction not committed ({exc}); its records are left to be aborted by "
-                "the coordinator (transaction.timeout.ms) or by the next run's fencing"
-            ) from exc
+            self._calls.call("commit_transaction", producer.commit_transaction)
+        except GaveUp as exc:
+            if self._calls.past_deadline():
+                raise DeliveryFailed(
+                    f"transaction not committed ({exc}); its records are left to be aborted "
+                    "by the coordinator (transaction.timeout.ms) or by the next run's fencing"
+                ) from exc
+            raise self._fail(f"transaction not committed within its budget ({exc})") from exc
         except KafkaException as exc:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.fatal():
                 self._in_transaction = False
                 raise DeliveryFailed(f"transaction failed, producer unusable: {err}") from exc
-            self._abort(f"transaction commit failed: {err}")
+            raise self._fail(f"transaction commit failed: {err}") from exc
         self._in_transaction = False
         failed = next((c.error for c in self._checkpoints if c.sealed and c.error), None)
         if failed is not None:  # cannot happen after a successful commit; guard anyway
             raise DeliveryFailed(failed)
 
-    def _abort(self, reason: str) -> None:
-        log.error("%s: aborting the transaction", reason)
-        try:
-            self._call("abort_transaction", self._txn_producer.abort_transaction)
-            self.aborts += 1
-        except (KafkaException, self._GaveUp) as exc:
-            log.error("abort failed too (the coordinator aborts it in the end): %s", exc)
-        self._in_transaction = False
-        raise DeliveryFailed(reason)
+    def _fail(self, reason: str) -> TransactionFailed:
+        """The open transaction cannot be committed any more: :meth:`abort` is next."""
+        log.warning("%s: the transaction is to be aborted", reason)
+        self._failure = reason
+        return TransactionFailed(reason)
 
-    def _call(self, what: str, call: Callable[[float], object]) -> None:
-        """Run one transactional call until it succeeds, retrying retriable errors.
+    def abort(self) -> dict[tuple[str, int], int]:
+        """Abort the open transaction, never while a transactional call is in flight (one that
+        does not come back: its producer is replaced, which fences it and makes the
+        coordinator abort), and drop every checkpoint not committed
+        (:meth:`Checkpointer.abort`). Deliveries purged by the abort fail nobody.
+
+        Returns:
+            Per partition, the offset to go back to (the last committed one, tracked here: the
+            coordinator may be down).
 
         Raises:
-            KafkaException: an abortable, fatal or unclassified error.
-            :class:`_GaveUp`: retriable errors, or a call still running, past the call's budget.
+            DeliveryFailed: the producer is unusable, or the shutdown deadline passed first.
         """
-        if self._in_flight is not None:
-            raise self._GaveUp(what, f"{self._in_flight} still in progress", in_flight=True)
-        self._call_end = self._clock() + self._timeout_s
+        reason = self._failure or "another member's transaction failed"
+        left = self.uncommitted_events()
+        if self._in_transaction:
+            if self._renew is not None and not self._calls.wait(limit_s=0.0):
+                self._replace_producer()
+            else:
+                self._abort_transaction()
+            self.aborts += 1
+        self._in_transaction, self._failure = False, None
+        log.error(
+            "transaction aborted (%s): the outputs of %d consumed events are dropped; going "
+            "back to the last committed offsets",
+            reason,
+            left,
+        )
+        return super().abort()
+
+    def _abort_transaction(self) -> None:
+        """``abort_transaction`` once no call is in flight, until it succeeds."""
         while True:
+            self._calls.wait()
             try:
-                self._attempt(what, call)
+                self._calls.call("abort_transaction", self.producer.abort_transaction)
                 return
+            except GaveUp as exc:
+                if self._calls.past_deadline():
+                    raise DeliveryFailed(f"transaction not aborted: {exc}") from exc
+                log.warning("%s: trying again", exc)
             except KafkaException as exc:
                 err = exc.args[0]
-                if not isinstance(err, KafkaError) or not err.retriable():
-                    raise
-                if err.fatal() or err.txn_requires_abort():
-                    raise
-                if self._clock() >= self._end():
-                    raise self._GaveUp(what, str(err), in_flight=False) from exc
-                log.warning("%s: %s (retriable): retrying", what, err)
-                self._txn_producer.poll(self.RETRY_BACKOFF_S)
+                unusable = isinstance(err, KafkaError) and err.fatal()
+                what = "producer unusable" if unusable else "abort_transaction failed"
+                raise DeliveryFailed(f"{what}: {err}") from exc
 
-    def _end(self) -> float:
-        """When the call in progress must give up: its budget, or the shutdown deadline (set
-        the moment a stop is requested, e.g. by SIGTERM)."""
-        deadline = self.deadline
-        return self._call_end if deadline is None else min(self._call_end, deadline)
-
-    def _attempt(self, what: str, call: Callable[[float], object]) -> None:
-        """One call on a helper thread; the loop's thread waits in slices until it returns
-        or the call's end passes (then the call is left running: :class:`_GaveUp`)."""
-        outcome: list[BaseException | None] = []
-        done = threading.Event()
-        timeout_s = max(0.1, min(self._timeout_s, self._end() - self._clock()))
-
-        def run() -> None:
+    def _replace_producer(self) -> None:
+        """A new producer with the same ``transactional.id``, whose ``init_transactions`` fences
+        the old one (its call still in flight is abandoned; the coordinator aborts its open
+        transaction)."""
+        assert self._renew is not None
+        log.warning("%s never came back: replacing the producer", self._calls.in_flight)
+        self._abandoned.append(self._calls.producer)
+        fresh = self._renew()
+        self._calls.renewed(fresh)
+        self._producer = fresh
+        while True:
             try:
-                call(timeout_s)
-                outcome.append(None)
-            except BaseException as exc:  # handed to the waiting thread
-                outcome.append(exc)
-            finally:
-                self._in_flight = None
-                done.set()
-
-        self._in_flight = what
-        threading.Thread(target=run, name=f"txn-{what}", daemon=True).start()
-        while not done.wait(self.WAIT_SLICE_S):
-            if self._clock() >= self._end():
-                raise self._GaveUp(what, "no answer from the broker", in_flight=True)
-        if outcome[0] is not None:
-            raise outcome[0]
+                self._calls.call("init_transactions", fresh.init_transactions)
+                return
+            except GaveUp as exc:
+                if self._calls.past_deadline():
+                    raise DeliveryFailed(f"no new producer: {exc}") from exc
+                log.warning("%s: trying again", exc)
+                self._calls.wait()
+            except KafkaException as exc:
+                raise DeliveryFailed(f"no new producer: {exc}") from exc
 
     def forget(self, partitions: list[tuple[str, int]]) -> None:
-        """Partitions were lost: the open transaction holds their records, so it is aborted
-        and the run stops (a restart resumes from the committed offsets)."""
+        """Partitions were lost: the open transaction holds their records, so it fails (the
+        loop aborts it and goes back to the last committed offsets).
+
+        Raises:
+            TransactionFailed: a transaction was open.
+        """
         super().forget(partitions)
         if self._in_transaction:
-            self._abort(f"partitions {sorted(partitions)} lost mid-transaction")
+            raise self._fail(f"partitions {sorted(partitions)} lost mid-transaction")
 
 
 def transactional_kafka(settings: Settings, rank: RankContext) -> KafkaSettings:

@@ -181,9 +181,10 @@ def _instrument(pipeline: ScoringPipeline, clock: StageClock) -> None:
     def start_timed() -> Any:
         run = start()
         clock.wrap(run.source, "poll", "consume")
-        clock.wrap(run.processor, "_prepare", "features")
-        clock.wrap(run.processor._sink, "encode_batch", "encode")
-        clock.wrap(run.processor._sink, "send", "produce")
+        steps = run.processor._steps
+        clock.wrap(steps, "prepare", "features")
+        clock.wrap(steps._sink, "encode_batch", "encode")
+        clock.wrap(steps._sink, "send", "produce")
         clock.wrap(run.dead_letters, "publish", "produce")
         clock.wrap(run.checkpointer, "commit_ready", "commit")
         clock.wrap(run.checkpointer, "flush_and_commit", "commit")

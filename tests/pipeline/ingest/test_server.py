@@ -18,7 +18,7 @@ from pipeline.ingest.server import ScoringServer
 from pipeline.ingest.workers import IngestWorkerFailed
 from pipeline.observability.latency_sketch import RELATIVE_ERROR
 from pipeline.observability.metrics import Metrics
-from pipeline.runtime.stepping import LocalStepper, StepDecision
+from pipeline.runtime.stepping import LocalStep, StepAgreement, StepDecision
 from pipeline.stages import score as score_stage
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import ForwardExecutor
@@ -61,7 +61,7 @@ def test_every_batch_of_every_worker_is_scored_as_the_local_model_scores_it() ->
 
     workers = ThreadWorkers(2, body)
     workers.start()
-    server = ScoringServer(scorer, LocalStepper())
+    server = ScoringServer(scorer, StepAgreement())
     server.run(workers)
     workers.close()
 
@@ -111,7 +111,7 @@ def test_a_forward_error_the_events_may_cause_goes_back_to_its_worker_and_servin
 
     workers = ThreadWorkers(2, body)
     workers.start()
-    ScoringServer(scorer, LocalStepper()).run(workers)
+    ScoringServer(scorer, StepAgreement()).run(workers)
     workers.close()
 
     error, after = outcomes[1]
@@ -135,7 +135,7 @@ def test_an_error_of_the_device_or_memory_stops_the_server() -> None:
     workers = ThreadWorkers(1, body)
     workers.start()
     with pytest.raises(MemoryError):
-        ScoringServer(scorer, LocalStepper()).run(workers)
+        ScoringServer(scorer, StepAgreement()).run(workers)
     workers.close()  # the worker reads end-of-file: ServerGone, no event's fault
     workers.channels[0].process.join(10)
     assert type(raised[0]).__name__ == "ServerGone"
@@ -154,7 +154,7 @@ def test_a_failed_worker_fails_the_rank_once_the_others_are_done() -> None:
 
     workers = ThreadWorkers(2, body)
     workers.start()
-    server = ScoringServer(tiny_scorer(), LocalStepper())
+    server = ScoringServer(tiny_scorer(), StepAgreement())
     timer = threading.Timer(0.5, release.set)
     timer.start()
     with pytest.raises(IngestWorkerFailed, match="ingest worker 0 exited with code 1"):
@@ -186,7 +186,7 @@ def test_no_worker_starts_before_every_worker_is_ready() -> None:
 
     workers._runner = runner  # type: ignore[method-assign]
     workers.start()
-    ScoringServer(tiny_scorer(), LocalStepper()).run(workers)
+    ScoringServer(tiny_scorer(), StepAgreement()).run(workers)
     workers.close()
     assert seen == [True, True]
 
@@ -215,11 +215,10 @@ class _AgreedStepper:
     """Stands in for the ranks' agreement: another rank always has 5 rows more to score."""
 
     poll_timeout_s = 0.01
+    collective = True
 
-    def agree(
-        self, ready: bool, rows: int, stop_requested: bool, idle: bool, isolate: bool = False
-    ) -> StepDecision:
-        return StepDecision(run=True, rows=rows + 5, stop=idle)
+    def agree(self, local: LocalStep) -> StepDecision:
+        return StepDecision(run=True, rows=local.rows + 5, stop=local.idle)
 
     def agree_attempt(self, rows: int | None) -> int | None:
         return None
@@ -284,7 +283,7 @@ def test_a_workers_forward_time_is_its_round_trip_to_the_rank(
 
     workers = ThreadWorkers(1, body)
     workers.start()
-    ScoringServer(_ClockScorer(clock), LocalStepper()).run(workers)
+    ScoringServer(_ClockScorer(clock), StepAgreement()).run(workers)
     workers.close()
     assert len(scored) == 1 and scored[0].forward_s == 1.0
     assert scored[0].counts.tolist() == [2, 2, 2, 2]

@@ -11,6 +11,7 @@ import pytest
 from model.rank import RankContext
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.ingest.workers import share_of, worker_settings
+from pipeline.runtime.stepping import LocalStep
 from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings, load_settings
@@ -60,17 +61,18 @@ def test_max_events_is_shared_out_never_more_in_all(
 def test_a_worker_stops_on_idleness_only_when_every_worker_is_idle() -> None:
     flags = IdleFlags.allocate(2)
     first, second = WorkerStepper(flags, 0), WorkerStepper(flags, 1)
-    assert not first.agree(False, 0, False, idle=True).stop  # the other one is busy
-    assert not second.agree(True, 10, False, idle=False).stop
-    assert second.agree(False, 0, False, idle=True).stop  # now both are idle
-    assert first.agree(False, 0, False, idle=True).stop
-    assert first.agree(False, 0, stop_requested=True, idle=False).stop  # a signal: at once
-    assert first.agree(True, 7, False, idle=False).run  # scores as a local stepper does
+    assert not first.agree(LocalStep(False, 0, False, idle=True)).stop  # the other one is busy
+    assert not second.agree(LocalStep(True, 10, False, idle=False)).stop
+    assert second.agree(LocalStep(False, 0, False, idle=True)).stop  # now both are idle
+    assert first.agree(LocalStep(False, 0, False, idle=True)).stop
+    # a signal: at once
+    assert first.agree(LocalStep(False, 0, stop_requested=True, idle=False)).stop
+    assert first.agree(LocalStep(True, 7, False, idle=False)).run  # scores as a local stepper does
 
 
 def test_a_worker_that_left_does_not_hold_the_others_back() -> None:
     flags = IdleFlags.allocate(2)
     first, second = WorkerStepper(flags, 0), WorkerStepper(flags, 1)
-    first.agree(False, 0, False, idle=False)
+    first.agree(LocalStep(False, 0, False, idle=False))
     first.leave()
-    assert second.agree(False, 0, False, idle=True).stop
+    assert second.agree(LocalStep(False, 0, False, idle=True)).stop

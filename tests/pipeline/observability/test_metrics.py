@@ -16,7 +16,7 @@ import model.serving.device
 from model.rank import RankContext
 from pipeline.connectors.kafka.clients import CommitResults
 from pipeline.observability.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
-from pipeline.runtime.stepping import CollectiveStepper
+from pipeline.runtime.stepping import LocalStep, ProcessGroup, StepAgreement
 from pipeline.stages.commit import Checkpointer
 from pipeline.types import FallbackFeature, RejectReason
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
@@ -176,16 +176,16 @@ def test_collective_stepper_records_collective_latency_and_step_time(
     single_rank_group: None,
 ) -> None:
     metrics = Metrics()
-    stepper = CollectiveStepper(metrics=metrics)
+    stepper = StepAgreement(ProcessGroup(), metrics)
     get = metrics.registry.get_sample_value
     labels = {"rank": "0", "op": STEP_AGREE}
-    assert stepper.agree(ready=True, rows=8, stop_requested=False, idle=False).run
+    assert stepper.agree(LocalStep(ready=True, rows=8, stop_requested=False, idle=False)).run
     assert get("streamrank_collective_duration_seconds_count", labels) == 1
     assert get("streamrank_rank_step_duration_seconds_count", {"rank": "0"}) is None
     # The next agreement closes the step started by the run decision...
-    assert not stepper.agree(ready=False, rows=0, stop_requested=False, idle=False).run
+    assert not stepper.agree(LocalStep(ready=False, rows=0, stop_requested=False, idle=False)).run
     assert get("streamrank_rank_step_duration_seconds_count", {"rank": "0"}) == 1
     # ...and one after a no-run decision records no step.
-    stepper.agree(ready=False, rows=0, stop_requested=False, idle=False)
+    stepper.agree(LocalStep(ready=False, rows=0, stop_requested=False, idle=False))
     assert get("streamrank_rank_step_duration_seconds_count", {"rank": "0"}) == 1
     assert get("streamrank_collective_duration_seconds_count", labels) == 3

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.runtime.backpressure import BackpressuredProducer
+from pipeline.runtime.pausing import InputPause
 from pipeline.stages.commit import Checkpointer
 from pipeline.stages.source import KafkaSource
 from pipeline.types import DeliveryFailed, Shutdown
@@ -39,7 +40,7 @@ def _source(consumer: FakeConsumer) -> KafkaSource:
 def test_a_short_wait_for_room_does_not_pause_the_input() -> None:
     consumer, producer = FakeConsumer(), FullProducer(full_for=3)
     source = _source(consumer)
-    wrapped = BackpressuredProducer(producer, source, Shutdown(10.0), pause_after_s=60.0)
+    wrapped = BackpressuredProducer(producer, InputPause(source, 60.0), Shutdown(10.0))
     wrapped.produce("out", b"v", b"k")
     assert len(producer.records) == 1 and len(producer.polls) == 3 and wrapped.waits == 1
     assert consumer.paused == [] and source.pauses == 0 and not wrapped.paused
@@ -48,7 +49,7 @@ def test_a_short_wait_for_room_does_not_pause_the_input() -> None:
 def test_a_long_wait_for_room_pauses_the_input_until_the_record_fits() -> None:
     consumer, producer = FakeConsumer(), FullProducer(full_for=3)
     source = _source(consumer)
-    wrapped = BackpressuredProducer(producer, source, Shutdown(10.0), pause_after_s=0.0)
+    wrapped = BackpressuredProducer(producer, InputPause(source, 0.0), Shutdown(10.0))
     wrapped.produce("out", b"v", b"k")
     assert len(producer.records) == 1
     assert consumer.paused == [[("in", 0), ("in", 1)]] == consumer.resumed
@@ -64,7 +65,7 @@ def test_a_queue_full_past_the_shutdown_deadline_gives_up_and_resumes() -> None:
     started = time.monotonic()
     shutdown = Shutdown(0.2)
     shutdown.request()
-    wrapped = BackpressuredProducer(producer, source, shutdown, pause_after_s=0.0)
+    wrapped = BackpressuredProducer(producer, InputPause(source, 0.0), shutdown)
     with pytest.raises(DeliveryFailed, match="queue still full"):
         wrapped.produce("out", b"v")
     assert time.monotonic() - started < 2.0

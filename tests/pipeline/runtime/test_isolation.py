@@ -15,7 +15,7 @@ from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, Recor
 from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.isolation import bisect, is_isolatable
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.runtime.stepping import NO_SWAP, StepDecision, Stepper, SwapOffer
+from pipeline.runtime.stepping import LocalStep, StepDecision, Stepper
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.metrics import MetricsSettings
@@ -139,28 +139,21 @@ def test_device_and_communication_errors_are_not_poison() -> None:
 
 
 class _RankStepper:
-    """A one-rank stand-in for CollectiveStepper (the loop takes the multi-rank paths)."""
+    """A one-rank stand-in for the ranks' stepper (the loop takes the multi-rank paths)."""
 
     poll_timeout_s = 0.01
+    collective = True
 
     def __init__(self) -> None:
         self.rounds: list[int | None] = []
 
-    def agree(
-        self,
-        ready: bool,
-        rows: int,
-        stop_requested: bool,
-        idle: bool,
-        isolate: bool = False,
-        offer: SwapOffer = NO_SWAP,
-    ) -> StepDecision:
+    def agree(self, local: LocalStep) -> StepDecision:
         return StepDecision(
-            run=ready or stop_requested,
-            rows=rows,
-            stop=stop_requested or idle,
-            isolate=isolate,
-            swap=offer,
+            run=local.ready or local.stop_requested,
+            rows=local.rows,
+            stop=local.stop_requested or local.idle,
+            isolate=local.isolate,
+            swap=local.offer,
         )
 
     def agree_attempt(self, rows: int | None) -> int | None:
@@ -169,6 +162,9 @@ class _RankStepper:
 
     def all_ok(self, ok: bool) -> bool:
         return ok
+
+    def all_drained(self, done: bool) -> bool:
+        return done
 
 
 def test_a_rank_isolates_failures_before_the_forward_and_joins_it_with_the_rest() -> None:

@@ -14,7 +14,7 @@ from model.store.versions import ModelVersions
 from pipeline.models.loader import PendingModel, ServedModel
 from pipeline.models.watch import ModelWatcher
 from pipeline.runtime.model_swap import ModelSwap, SwapAction
-from pipeline.runtime.stepping import LocalStepper, StepDecision, SwapOffer
+from pipeline.runtime.stepping import LocalStep, StepAgreement, StepDecision, SwapOffer
 from tests.model.distributed.ranks import finish_rank, spawn_ranks, start_rank
 from tests.pipeline.models.test_watch import Recorder
 
@@ -64,7 +64,7 @@ def _rank(versions: ModelVersions, loader: FakeLoader) -> tuple[ModelSwap, Recor
 
 
 def _agree(offers: list[SwapOffer]) -> SwapOffer:
-    """What CollectiveStepper computes from the ranks' offers."""
+    """What the ranks' stepper computes from their offers."""
     gens = [o.generation for o in offers]
     return SwapOffer(
         generation=gens[0] if min(gens) == max(gens) else 0,
@@ -89,7 +89,7 @@ def test_one_process_holds_until_drained_then_swaps(versions: ModelVersions) -> 
     assert offer.generation == generation
     assert swap.decide(offer, batches_empty=False) is SwapAction.HOLD  # a batch is still open
     assert swap.decide(offer, batches_empty=True) is SwapAction.SWAP
-    served = swap.complete(LocalStepper())
+    served = swap.complete(StepAgreement())
     assert served is not None and served.version == "v2"
     swap.swapped(served, warm_up_s=0.0)
     assert not swap.holding
@@ -114,7 +114,7 @@ def test_ranks_swap_only_when_all_offer_the_same_loaded_generation(
     agreed = _agree([r.offer(drained=True) for r in ranks])
     assert agreed == SwapOffer(generation, ok=True, drained=True)
     assert [r.decide(agreed, True) for r in ranks] == [SwapAction.SWAP, SwapAction.SWAP]
-    assert [r.complete(LocalStepper()) is not None for r in ranks] == [True, True]
+    assert [r.complete(StepAgreement()) is not None for r in ranks] == [True, True]
     assert [loader.completed for loader in loaders] == [["v2"], ["v2"]]
 
 
@@ -153,7 +153,7 @@ def test_a_rollback_before_the_agreement_drops_the_loaded_version(
     assert swap.offer(drained=True).generation == 0
 
 
-class _FailingStepper(LocalStepper):
+class _FailingStepper(StepAgreement):
     """Another rank failed to build it."""
 
     def all_ok(self, ok: bool) -> bool:
@@ -171,15 +171,18 @@ def test_a_build_that_failed_anywhere_keeps_the_old_version(versions: ModelVersi
 
 
 def _agree_on_gloo(rank: int, world_size: int, port: int) -> None:
-    from pipeline.runtime.stepping import CollectiveStepper
+    from pipeline.runtime.stepping import ProcessGroup
 
     start_rank(rank, world_size, port)
-    stepper = CollectiveStepper()
-    same = stepper.agree(rank == 0, 10 * (rank + 1), False, False, offer=SwapOffer(7, True, True))
+    stepper = StepAgreement(ProcessGroup())
+    offer = SwapOffer(7, True, True)
+    same = stepper.agree(LocalStep(rank == 0, 10 * (rank + 1), False, False, offer=offer))
     assert same == StepDecision(run=True, rows=20, stop=False, swap=SwapOffer(7, True, True))
-    differ = stepper.agree(False, 0, False, False, offer=SwapOffer(7 + rank, rank == 0, rank == 1))
+    offer = SwapOffer(7 + rank, rank == 0, rank == 1)
+    differ = stepper.agree(LocalStep(False, 0, False, False, offer=offer))
     assert differ.swap == SwapOffer(0, ok=False, drained=False)
-    failed = stepper.agree(False, 0, False, True, offer=SwapOffer(9, rank == 1, True))
+    offer = SwapOffer(9, rank == 1, True)
+    failed = stepper.agree(LocalStep(False, 0, False, True, offer=offer))
     assert failed.swap == SwapOffer(9, ok=False, drained=True) and failed.stop
     assert stepper.all_ok(True) is True
     assert stepper.all_ok(rank == 0) is False

@@ -20,24 +20,38 @@ def _burn(seconds: float) -> None:
         pass
 
 
+def _burn_then_wait(seconds: float, burned: threading.Event, release: threading.Event) -> None:
+    """Spend about ``seconds`` of CPU, set ``burned``, then stay alive (idle) until
+    ``release``."""
+    _burn(seconds)
+    burned.set()
+    release.wait(60)
+
+
 def test_threads_are_charged_to_their_roles_and_other_processes_in_total() -> None:
     other = subprocess.Popen(
         [sys.executable, "-c", "import time\nend = time.process_time() + 0.6\n"
          "while time.process_time() < end: pass\ntime.sleep(30)"]
     )  # fmt: skip
     try:
+        burned, release = threading.Event(), threading.Event()
+        # forward_0 is still alive at the account's last reading: all its CPU is charged to it
+        forward = threading.Thread(
+            target=_burn_then_wait, args=(0.3, burned, release), name="forward_0", daemon=True
+        )
         with CpuAccount({"child": other.pid}, every_s=0.05) as account:
-            forward = threading.Thread(target=_burn, args=(0.3,), name="forward_0")
             helper = threading.Thread(target=_burn, args=(0.2,), name="model-watch")
             forward.start()
             helper.start()
             _burn(0.3)  # the thread that opened the account: the loop
-            forward.join()
             helper.join()
             deadline = time.monotonic() + 20
             while process_cpu_s(other.pid) < 0.55 and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert burned.wait(20)
         result = account.result()
+        release.set()
+        forward.join()
     finally:
         other.kill()
         other.wait()

@@ -1,5 +1,6 @@
 """The exactly-once commit protocol against a fake transactional producer and a fake clock:
-librdkafka's error classes (retriable, abortable, fatal), calls that never answer, signals."""
+librdkafka's error classes (retriable, abortable, fatal), calls that never answer, signals, and
+the abort that lets the loop go back to the last committed offsets."""
 
 from __future__ import annotations
 
@@ -15,90 +16,18 @@ from model.rank import RankContext
 from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
-from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
+from pipeline.stages.commit import TransactionalCheckpointer, TransactionFailed, transactional_kafka
 from pipeline.types import DeliveryFailed, Shutdown
-from tests.pipeline.fakes import FakeConsumer, FakeProducer
+from tests.pipeline.stages.commit.transactional import (
+    FakeClock,
+    GroupConsumer,
+    TxnProducer,
+    abortable,
+    fatal,
+    retriable,
+)
 
 T = "events"
-
-
-class FakeClock:
-    """Seconds that pass only when a test (or a fake call) says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def retriable(code: int = KafkaError._TIMED_OUT) -> KafkaException:
-    return KafkaException(KafkaError(code, "coordinator unreachable", retriable=True))
-
-
-def abortable() -> KafkaException:
-    return KafkaException(
-        KafkaError(KafkaError.UNKNOWN_MEMBER_ID, "unknown member", txn_requires_abort=True)
-    )
-
-
-def fatal() -> KafkaException:
-    return KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer producer", fatal=True))
-
-
-Script = list[KafkaException | Callable[[], None]]
-"""What the next calls of one transactional method do: raise an error, or run a function (which
-may block); the call succeeds once the script is empty."""
-
-
-class TxnProducer(FakeProducer):
-    """Records the transactional calls in order; each call takes ``call_s`` of the fake clock
-    and follows its script."""
-
-    def __init__(self, clock: FakeClock, call_s: float = 1.0) -> None:
-        super().__init__()
-        self.clock = clock
-        self.call_s = call_s
-        self.calls: list[str] = []
-        self.sent_offsets: list[dict[tuple[str, int], int]] = []
-        self.scripts: dict[str, Script] = {}
-
-    def _run(self, name: str) -> None:
-        self.calls.append(name)
-        self.clock.advance(self.call_s)
-        script = self.scripts.get(name)
-        if script:
-            step = script.pop(0)
-            if isinstance(step, KafkaException):
-                raise step
-            step()
-
-    def init_transactions(self, timeout: float) -> None:
-        self._run("init")
-
-    def begin_transaction(self) -> None:
-        self.calls.append("begin")
-
-    def send_offsets_to_transaction(
-        self, offsets: list[Any], metadata: Any, timeout: float
-    ) -> None:
-        assert metadata == "group-metadata"
-        self._run("offsets")
-        self.sent_offsets.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
-
-    def commit_transaction(self, timeout: float) -> None:
-        self._run("commit")
-
-    def abort_transaction(self, timeout: float) -> None:
-        self._run("abort")
-
-
-class GroupConsumer(FakeConsumer):
-    def consumer_group_metadata(self) -> str:
-        return "group-metadata"
 
 
 def _checkpointer(
@@ -106,6 +35,7 @@ def _checkpointer(
     timeout_s: float = 30.0,
     clock: FakeClock | None = None,
     shutdown: Shutdown | None = None,
+    renew: Callable[[], Any] | None = None,
 ) -> tuple[TransactionalCheckpointer, TxnProducer]:
     clock = clock or FakeClock()
     producer = TxnProducer(clock)
@@ -117,6 +47,7 @@ def _checkpointer(
         timeout_s=timeout_s,
         shutdown=shutdown,
         clock=clock,
+        renew=renew,
     )
     return ckpt, producer
 
@@ -192,15 +123,25 @@ def test_retriable_errors_past_the_budget_give_up_without_aborting() -> None:
     assert ckpt.committed == {}
 
 
-def test_an_abortable_error_aborts_and_stops_the_run() -> None:
+def test_an_abortable_error_is_aborted_and_the_loop_goes_back_to_the_committed_offsets() -> None:
     ckpt, producer = _checkpointer()
     _batch(ckpt, producer, 0)
+    ckpt.commit_delivered(1.0)  # offset 0 is committed: the next one starts at 1
+    _batch(ckpt, producer, 1)
+    _batch(ckpt, producer, 2)
     producer.scripts["offsets"] = [abortable()]
-    producer.scripts["abort"] = [retriable()]  # the abort itself is retried
-    with pytest.raises(DeliveryFailed, match="unknown member"):
+    with pytest.raises(TransactionFailed, match="unknown member"):
         ckpt.commit_delivered(1.0)
-    assert producer.calls[-3:] == ["offsets", "abort", "abort"]
-    assert ckpt.aborts == 1 and ckpt.committed == {}
+    with pytest.raises(TransactionFailed):  # nothing more is committed until the abort
+        ckpt.commit_ready()
+    assert "abort" not in producer.calls
+    producer.scripts["abort"] = [retriable()]  # the abort itself is retried
+    assert ckpt.abort() == {(T, 0): 1}  # back to the last committed offset, not the first
+    assert producer.calls[-2:] == ["abort", "abort"]
+    assert ckpt.aborts == 1 and ckpt.committed == {(T, 0): 1} and ckpt.in_flight == 0
+    _batch(ckpt, producer, 1)  # consumed again: the next transaction commits it
+    ckpt.commit_delivered(1.0)
+    assert ckpt.committed == {(T, 0): 2} and producer.sent_offsets[-1] == {(T, 0): 2}
 
 
 def test_a_fenced_producer_is_fatal_and_not_aborted() -> None:
@@ -213,13 +154,22 @@ def test_a_fenced_producer_is_fatal_and_not_aborted() -> None:
     assert ckpt.aborts == 0 and ckpt.committed == {}
 
 
-def test_an_unclassified_error_aborts() -> None:
+def test_an_unclassified_error_is_aborted() -> None:
     ckpt, producer = _checkpointer()
     _batch(ckpt, producer, 0)
     producer.scripts["commit"] = [KafkaException(KafkaError(KafkaError._STATE, "bad state"))]
-    with pytest.raises(DeliveryFailed, match="bad state"):
+    with pytest.raises(TransactionFailed, match="bad state"):
         ckpt.commit_delivered(1.0)
+    assert ckpt.abort() == {(T, 0): 0}  # nothing committed: back to the first offset consumed
     assert producer.calls[-1] == "abort"
+
+
+def test_partitions_lost_mid_transaction_fail_it() -> None:
+    ckpt, producer = _checkpointer()
+    _batch(ckpt, producer, 0)
+    with pytest.raises(TransactionFailed, match="lost mid-transaction"):
+        ckpt.forget([(T, 0)])
+    assert ckpt.abort() == {} and producer.calls[-1] == "abort"
 
 
 def test_init_transactions_that_never_succeed_fail_the_start() -> None:
@@ -253,14 +203,36 @@ def test_a_call_that_never_answers_is_given_up_at_its_budget(release: threading.
         release.wait()
 
     producer.scripts["offsets"] = [hang]
-    with pytest.raises(DeliveryFailed, match="no answer from the broker"):
+    with pytest.raises(TransactionFailed, match="no answer from the broker"):
         ckpt.commit_delivered(1.0)
     assert producer.calls[-1] == "offsets" and "abort" not in producer.calls
-    # Any later call fails at once while the abandoned one still runs.
-    _batch(ckpt, producer, 1)
-    with pytest.raises(DeliveryFailed, match="still in progress"):
+    # The abort waits for the call in flight: never two transactional calls at once.
+    threading.Timer(0.3, release.set).start()
+    ckpt.abort()
+    assert producer.calls[-2:] == ["offsets", "abort"] and ckpt.aborts == 1
+
+
+def test_a_producer_whose_call_never_answers_is_replaced(release: threading.Event) -> None:
+    clock = FakeClock()
+    fresh = TxnProducer(clock)
+    ckpt, producer = _checkpointer(timeout_s=10.0, clock=clock, renew=lambda: fresh)
+
+    def hang() -> None:
+        clock.advance(20.0)
+        release.wait()
+
+    _batch(ckpt, producer, 0)
+    producer.scripts["offsets"] = [hang]
+    with pytest.raises(TransactionFailed, match="no answer from the broker"):
         ckpt.commit_delivered(1.0)
-    assert producer.calls.count("offsets") == 1
+    # The old producer is never called again; the new one's init_transactions fences it (and
+    # its coordinator aborts the transaction it left open).
+    assert ckpt.abort() == {(T, 0): 0}
+    assert "abort" not in producer.calls and fresh.calls == ["init"]
+    assert ckpt.producer is fresh and ckpt.aborts == 1
+    _batch(ckpt, fresh, 0)
+    ckpt.commit_delivered(1.0)
+    assert fresh.calls[-2:] == ["offsets", "commit"] and ckpt.committed == {(T, 0): 1}
 
 
 def test_a_call_gives_up_at_the_shutdown_deadline(release: threading.Event) -> None:

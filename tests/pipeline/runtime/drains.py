@@ -1,0 +1,79 @@
+"""A loop's drain and rebalance handler on fake Kafka clients, with an open batch of four
+events on two partitions (offsets 0 and 1 of each), for the rebalance and drain tests."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from confluent_kafka import TopicPartition
+
+from pipeline.observability.metrics import Metrics
+from pipeline.observability.summary import RunSummary
+from pipeline.runtime.backpressure import BackpressuredProducer
+from pipeline.runtime.drain import Drain
+from pipeline.runtime.pausing import InputPause
+from pipeline.runtime.processor import BatchProcessor
+from pipeline.runtime.rebalance import RebalanceHandler
+from pipeline.runtime.stepping import Alone, ProcessGroup, StepAgreement, Stepper
+from pipeline.stages.batch import MicroBatcher
+from pipeline.stages.commit import Checkpointer
+from pipeline.stages.dead_letter import DeadLetterSink
+from pipeline.stages.publish import RecommendationSink
+from pipeline.stages.score import ForwardExecutor
+from pipeline.stages.source import KafkaSource
+from pipeline.types import Shutdown
+from tests.pipeline.factories import DefaultsEnricher, columns, tiny_scorer, user_event
+from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
+
+T = "in"
+
+
+@dataclass
+class Rig:
+    handler: RebalanceHandler
+    drain: Drain
+    batcher: MicroBatcher
+    checkpointer: Checkpointer
+    source: KafkaSource
+    consumer: FakeConsumer
+    producer: FakeProducer
+
+
+def rig(
+    collective: bool = False,
+    consumer: FakeConsumer | None = None,
+    stepper: Stepper | None = None,
+    shutdown: Shutdown | None = None,
+) -> Rig:
+    """The drain of one member (a rank of a sharded model with ``collective``), assigned
+    partitions 0 and 1 of :data:`T`, its open batch holding offsets 0 and 1 of each."""
+    consumer = consumer or FakeConsumer()
+    consumer.messages = deque([FakeMessage(T, b"x", 1, 7), FakeMessage(T, b"y", 0, 3)])
+    producer = FakeProducer(ack_every_poll=True)
+    source = KafkaSource(consumer, T, 10)
+    batcher = MicroBatcher(max_rows=100, max_delay_ms=1000)
+    checkpointer = Checkpointer(consumer, producer)
+    metrics = Metrics()
+    processor = BatchProcessor(
+        DefaultsEnricher(),
+        ForwardExecutor(tiny_scorer(), metrics),
+        RecommendationSink(producer, "out", b"", metrics),
+        DeadLetterSink(producer, "dlq", metrics),
+        metrics,
+        RunSummary(),
+        collective=collective,
+    )
+    stepper = stepper or StepAgreement(ProcessGroup() if collective else Alone())
+    shutdown = shutdown or Shutdown(10.0)
+    pause = InputPause(source)
+    wrapped = BackpressuredProducer(producer, pause, shutdown)
+    drain = Drain(batcher, checkpointer, processor, source, wrapped, pause, stepper, shutdown)
+    handler = RebalanceHandler(source, drain)
+    handler.on_assign(consumer, [TopicPartition(T, 0), TopicPartition(T, 1)])
+    source.poll(0.0)
+    for partition, offset in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        checkpointer.consumed(T, np.array([partition]), np.array([offset]))
+        batcher.add(columns([user_event()]), [FakeMessage(T, b"", partition, offset)])
+    return Rig(handler, drain, batcher, checkpointer, source, consumer, producer)
