@@ -4,17 +4,16 @@ the event ids it published."""
 
 from __future__ import annotations
 
-from model.serving import Scorer
+from typing import Any
+
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
 from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.loop import ScoringPipeline
-from pipeline.runtime.stepping import Stepper
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.delivery import DeliverySettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.metrics import MetricsSettings
 from pipeline.settings.topics import TopicsSettings
-from pipeline.stages.enrich.enricher import BatchEnricher
 from tests.pipeline.factories import DefaultsEnricher, tiny_scorer
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
 
@@ -32,21 +31,18 @@ def loop_settings(batching: BatchingSettings, delivery: DeliverySettings | None 
 
 
 def fake_loop(
-    settings: Settings,
-    consumer: FakeConsumer,
-    producer: FakeProducer,
-    scorer: Scorer | None = None,
-    enricher: BatchEnricher | None = None,
-    stepper: Stepper | None = None,
+    settings: Settings, consumer: FakeConsumer, producer: FakeProducer, **parts: Any
 ) -> ScoringPipeline:
-    """The loop on ``consumer`` and ``producer`` (the tiny scorer and default features unless
-    given)."""
+    """The loop on ``consumer`` and ``producer``; ``parts``: more of its keyword arguments
+    (``scorer``: the tiny scorer, ``enricher``: default features, unless given)."""
+    scorer = parts.pop("scorer", None) or tiny_scorer()
+    enricher = parts.pop("enricher", None) or DefaultsEnricher()
     return ScoringPipeline(
         settings,
-        scorer or tiny_scorer(),
-        enricher=enricher or DefaultsEnricher(),
-        stepper=stepper,
+        scorer,
+        enricher=enricher,
         clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
+        **parts,
     )
 
 
