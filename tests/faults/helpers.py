@@ -7,7 +7,8 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,17 @@ def kafka_ctl(action: str, stack: LocalStack) -> None:
         stdout=subprocess.DEVNULL,
         timeout=180,
     )
+
+
+@contextmanager
+def broker_down(stack: LocalStack, action: str) -> Iterator[None]:
+    """The broker down (``action``: ``stop``, or ``kill`` for a crash) for the ``with`` block;
+    started again on leaving it, even when the test fails: the session needs it."""
+    try:
+        kafka_ctl(action, stack)
+        yield
+    finally:
+        kafka_ctl("start", stack)
 
 
 def _tail(log: Path) -> str:

@@ -36,7 +36,7 @@ from tests.conftest import LocalStack
 from tests.faults.helpers import (
     Cli,
     audit_exactly_once,
-    kafka_ctl,
+    broker_down,
     members_with_partitions,
     open_transaction_records,
     run_until_idle,
@@ -94,8 +94,7 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     env = {**EXACTLY_ONCE, "STREAMRANK_SHUTDOWN__TIMEOUT_S": "8"}
     proc = start_run(cli, pipeline_settings, log, env, outputs=produced_count(pipeline_settings))
     wait_for_outputs(pipeline_settings, produced_count(pipeline_settings) + 200, proc=proc, log=log)
-    try:
-        kafka_ctl("kill", local_stack)
+    with broker_down(local_stack, "kill"):
         time.sleep(3)  # the run is now waiting on the broker (a commit, a full queue)
         assert proc.poll() is None, log.read_text()[-3000:]
         sent_at = time.monotonic()
@@ -106,8 +105,6 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
         except subprocess.TimeoutExpired:
             pytest.fail(f"still running 10 s after SIGTERM\n{log.read_text()[-3000:]}")
         exit_s = time.monotonic() - sent_at
-    finally:
-        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
     # What it had not committed could not be: it stops non-zero (a supervisor restarts it).
     assert code == 1, log.read_text()[-3000:]
     print(f"\nRELIABILITY sigterm-broker-down exit_status={code} exit_s={exit_s:.1f}")
@@ -137,11 +134,8 @@ def _across_a_broker_outage(
     """
     wait_until(lambda: open_transaction_records(settings) > 0, "an open transaction")
     assert produced_count(settings) < len(sent.ids), "the broker kill came too late"
-    try:
-        kafka_ctl("kill", stack)  # a crashed broker, mid-transaction
+    with broker_down(stack, "kill"):  # a crashed broker, mid-transaction
         time.sleep(10)  # the outage
-    finally:
-        kafka_ctl("start", stack)  # even when the test fails: the session needs it
     back = time.monotonic()
     assert run.wait(480) == 0, log.read_text()[-4000:]
     recover_s = time.monotonic() - back

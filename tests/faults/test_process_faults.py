@@ -24,7 +24,7 @@ from tests.conftest import LocalStack
 from tests.faults.helpers import (
     FAST_COMMITS,
     Cli,
-    kafka_ctl,
+    broker_down,
     repeat_bound,
     report,
     restart_and_report,
@@ -110,13 +110,10 @@ def test_broker_down_10s_mid_stream_the_pipeline_recovers_without_restart(
     bp = background_pipeline(pipeline_settings)
     sender = threading.Thread(target=keep_sending, daemon=True)
     sender.start()
-    try:
-        assert _outputs(pipeline_settings, at_least=200) >= 200
-        assert bp.alive, bp.error
-        kafka_ctl("stop", local_stack)
+    assert _outputs(pipeline_settings, at_least=200) >= 200
+    assert bp.alive, bp.error
+    with broker_down(local_stack, "stop"):
         time.sleep(10)
-    finally:
-        kafka_ctl("start", local_stack)  # even when the test fails: the session needs it
     back = time.monotonic()
     time.sleep(3)  # some events sent after the outage too
     stop_sending.set()

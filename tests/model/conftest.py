@@ -9,21 +9,15 @@ import pytest
 import torch
 
 from model.features.build import FeatureColumns
-from model.features.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.spec import FeatureSpec
 from model.synthetic import SampledEvents, SyntheticWorld, WorldConfig, feature_columns
+from tests.support.specs import feature_tables
 
 
 def small_spec(**overrides: object) -> FeatureSpec:
     """A FeatureSpec small enough for fast tests (tables of a few thousand rows)."""
     kwargs: dict[str, object] = {
-        "tables": (
-            TableSpec(SparseFeature.USER_ID, 4_000),
-            TableSpec(SparseFeature.ITEM_ID, 8_000),
-            TableSpec(SparseFeature.ITEM_CATEGORY, 101),
-            TableSpec(SparseFeature.DEVICE, 16),
-            TableSpec(SparseFeature.COUNTRY, 32),
-            TableSpec(SparseFeature.RECENT_ITEMS, 8_000),
-        ),
+        "tables": feature_tables(4_000, 8_000, 101, 16, 32, 8_000),
         "embedding_dim": 16,
         "user_dense_dim": 4,
         "item_dense_dim": 5,

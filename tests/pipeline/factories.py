@@ -11,7 +11,7 @@ import numpy.typing as npt
 import torch
 
 from model.features.build import build_model_input
-from model.features.spec import FeatureSpec, SparseFeature, TableSpec
+from model.features.spec import FeatureSpec
 from model.ranker import build_ranker
 from model.serving import Scorer
 from model.serving.transfer import StagedInput
@@ -24,16 +24,10 @@ from pipeline.settings.codec import CodecSettings
 from pipeline.stages.features import build_feature_columns
 from pipeline.types import Batch, Checkpoint, Enrichment, EventColumns, PreparedBatch
 from tests.pipeline.fakes import FakeMessage
+from tests.support.specs import feature_tables
 
 TINY_SPEC = FeatureSpec(
-    tables=(
-        TableSpec(SparseFeature.USER_ID, 500),
-        TableSpec(SparseFeature.ITEM_ID, 500),
-        TableSpec(SparseFeature.ITEM_CATEGORY, 11),
-        TableSpec(SparseFeature.DEVICE, 8),
-        TableSpec(SparseFeature.COUNTRY, 8),
-        TableSpec(SparseFeature.RECENT_ITEMS, 500),
-    ),
+    tables=feature_tables(500, 500, 11, 8, 8, 500),
     embedding_dim=8,
     user_dense_dim=2,
     item_dense_dim=3,

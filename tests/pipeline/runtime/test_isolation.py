@@ -11,15 +11,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.isolation import bisect, is_isolatable
-from pipeline.runtime.loop import ScoringPipeline
 from pipeline.runtime.stepping import LocalStep, StepDecision, Stepper
 from pipeline.settings.batching import BatchingSettings
-from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
-from pipeline.settings.topics import TopicsSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from pipeline.types import DeliveryFailed
 from tests.pipeline.factories import (
@@ -30,9 +24,9 @@ from tests.pipeline.factories import (
     user_event,
 )
 from tests.pipeline.fakes import FakeConsumer, FakeProducer
+from tests.pipeline.runtime.loops import DLQ, IN, fake_loop, loop_settings, published_event_ids
 from tests.support.faults import FailingEnricher, FailingScorer, InjectedFault
 
-IN, OUT, DLQ = "in", "out", "dlq"
 POISON_USER = 9_999
 POISON_RESULTS = 999
 
@@ -53,24 +47,21 @@ def _run(
         messages=deque(event_messages(IN, encode_events(records))), partitions=[(IN, 0)]
     )
     producer = FakeProducer(ack_every_poll=True)
-    settings = Settings(
-        topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
-        batching=BatchingSettings(max_batch_rows=1000, max_delay_ms=5, overlap_forward=overlap),
-        metrics=MetricsSettings(enabled=False),
+    settings = loop_settings(
+        BatchingSettings(max_batch_rows=1000, max_delay_ms=5, overlap_forward=overlap)
     )
-    pipeline = ScoringPipeline(
+    pipeline = fake_loop(
         settings,
-        FailingScorer(tiny_scorer(), {POISON_RESULTS}),
+        consumer,
+        producer,
+        scorer=FailingScorer(tiny_scorer(), {POISON_RESULTS}),
         enricher=FailingEnricher(DefaultsEnricher(), {POISON_USER}),
         stepper=stepper,
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
     )
     pipeline.batcher.max_delay_s = 60  # one batch: the stop closes it
     pipeline.stop()
     pipeline.run()
-    codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, OUT)
-    scored = [codec.decode(r.value() or b"")["event_id"] for r in producer.on_topic(OUT)]
-    return scored, producer, consumer
+    return published_event_ids(settings, producer), producer, consumer
 
 
 @pytest.mark.parametrize("stage", ["enrich", "scoring"])

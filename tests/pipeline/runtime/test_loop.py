@@ -10,32 +10,22 @@ import time
 from collections import deque
 from typing import Any
 
-from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
-from pipeline.settings.topics import TopicsSettings
 from tests.pipeline.factories import (
     DefaultsEnricher,
     encode_events,
     event_messages,
-    tiny_scorer,
     user_event,
 )
 from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
-
-IN, OUT, DLQ = "in", "out", "dlq"
+from tests.pipeline.runtime.loops import DLQ, IN, OUT, fake_loop, loop_settings, published_event_ids
 
 
 def _settings(max_batch_rows: int = 64, overlap: bool = False) -> Settings:
-    return Settings(
-        topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
-        batching=BatchingSettings(
-            max_batch_rows=max_batch_rows, max_delay_ms=5, overlap_forward=overlap
-        ),
-        metrics=MetricsSettings(enabled=False),
+    return loop_settings(
+        BatchingSettings(max_batch_rows=max_batch_rows, max_delay_ms=5, overlap_forward=overlap)
     )
 
 
@@ -45,18 +35,12 @@ def _pipeline(
     consumer = FakeConsumer(messages=deque(messages), partitions=partitions)
     producer = FakeProducer(ack_every_poll=True)
     enricher = DefaultsEnricher()
-    pipeline = ScoringPipeline(
-        _settings(**settings),
-        tiny_scorer(),
-        enricher=enricher,
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
-    )
+    pipeline = fake_loop(_settings(**settings), consumer, producer, enricher=enricher)
     return pipeline, consumer, producer, enricher
 
 
 def _event_ids(producer: FakeProducer) -> list[str]:
-    codec = RecordCodec(_settings().codec, RECOMMENDATION_SCHEMA_FILE, OUT)
-    return [codec.decode(r.value() or b"")["event_id"] for r in producer.on_topic(OUT)]
+    return published_event_ids(_settings(), producer)
 
 
 def test_every_event_scored_once_rejects_dead_lettered_and_all_offsets_committed() -> None:
@@ -140,17 +124,8 @@ def test_a_free_scorer_scores_the_drained_input_without_waiting_out_max_delay() 
     consumer = FakeConsumer(messages=deque(event_messages(IN, encode_events(records))))
     consumer.partitions = [(IN, 0)]
     producer = FakeProducer(ack_every_poll=True)
-    settings = Settings(
-        topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
-        batching=BatchingSettings(max_delay_ms=60_000, latency_budget_ms=60_000),
-        metrics=MetricsSettings(enabled=False),
-    )
-    pipeline = ScoringPipeline(
-        settings,
-        tiny_scorer(),
-        enricher=DefaultsEnricher(),
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
-    )
+    settings = loop_settings(BatchingSettings(max_delay_ms=60_000, latency_budget_ms=60_000))
+    pipeline = fake_loop(settings, consumer, producer)
     polls_until_scored: list[int] = []
     serve = consumer.consume
 

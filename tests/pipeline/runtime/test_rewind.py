@@ -10,29 +10,21 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
-from pipeline.connectors.kafka.clients import KafkaClients
-from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.delivery import DeliverySettings, Guarantee
-from pipeline.settings.loading import Settings
-from pipeline.settings.metrics import MetricsSettings
-from pipeline.settings.topics import TopicsSettings
 from tests.pipeline.factories import (
-    DefaultsEnricher,
     encode_events,
     event_messages,
-    tiny_scorer,
     user_event,
 )
 from tests.pipeline.fakes import FakeMessage
+from tests.pipeline.runtime.loops import IN, OUT, fake_loop, loop_settings
 from tests.pipeline.stages.commit.transactional import (
     FakeClock,
     GroupConsumer,
     TxnProducer,
     abortable,
 )
-
-IN, OUT, DLQ = "in", "out", "dlq"
 
 
 class SeekingConsumer(GroupConsumer):
@@ -55,18 +47,11 @@ def test_a_failed_transaction_is_aborted_and_its_events_are_scored_again() -> No
     aborted_at: list[int] = []
     producer.scripts["offsets"] = [abortable()]  # the first transaction fails
     producer.scripts["abort"] = [lambda: aborted_at.append(len(producer.on_topic(OUT)))]
-    settings = Settings(
-        topics=TopicsSettings(input=IN, output=OUT, dlq=DLQ),
-        batching=BatchingSettings(max_batch_rows=40, max_delay_ms=5),
-        delivery=DeliverySettings(guarantee=Guarantee.EXACTLY_ONCE, commit_interval_ms=1),
-        metrics=MetricsSettings(enabled=False),
+    settings = loop_settings(
+        BatchingSettings(max_batch_rows=40, max_delay_ms=5),
+        DeliverySettings(guarantee=Guarantee.EXACTLY_ONCE, commit_interval_ms=1),
     )
-    pipeline = ScoringPipeline(
-        settings,
-        tiny_scorer(),
-        enricher=DefaultsEnricher(),
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
-    )
+    pipeline = fake_loop(settings, consumer, producer)
     pipeline.run(exit_when_idle_s=0.2)
 
     assert producer.calls.count("abort") == 1 and consumer.seeks == [(IN, 0, 0)]

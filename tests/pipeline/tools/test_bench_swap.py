@@ -3,14 +3,10 @@ the stack, with tiny sizes, in tests/pipeline/cli/test_readme_commands.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from pipeline.tools.bench.swap import NEW, OLD, InputRecord, OutputRecord, swap_windows
-from tests.conftest import REPO_ROOT
+from tests.pipeline.tools.bench_cli import assert_one_line_user_error
 
 T0 = 1_800_000_000_000
 
@@ -60,21 +56,6 @@ def test_the_audit_sees_losses_repeats_and_a_partition_switching_back() -> None:
     assert none["first_new_ms"] is None and not none["switched_once"]
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "bench", "swap", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO_ROOT,
-        env={**clean, **env},
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("args", [("--swap-at", "40"), ("--rate", "0")])
 def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
-    done = _cli(*args, env={})
-    assert done.returncode == 2
-    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert_one_line_user_error("swap", *args)

@@ -4,9 +4,6 @@ runs on the stack, with tiny sizes, in tests/pipeline/cli/test_readme_commands.p
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ from pipeline.tools.bench import soak_plot
 from pipeline.tools.bench.soak import Sample, SoakPlan, SoakRun, evaluate
 from pipeline.tools.bench.soak_plot import plot_soak
 from pipeline.tools.bench.soak_probe import MetricsScrape, bucket_quantile, window_quantile
-from tests.conftest import REPO_ROOT
+from tests.pipeline.tools.bench_cli import assert_one_line_user_error
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIB = 2**20
@@ -148,24 +145,9 @@ def test_the_plot_is_a_png_whose_rss_axis_shows_the_climb(
     assert "MiB/h after warm-up" in rss_axes.get_title()
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRANK_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "bench", "soak", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO_ROOT,
-        env={**clean, **env},
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("args", [("--load", "1.5"), ("--minutes", "0")])
 def test_bad_options_are_one_line_user_errors(args: tuple[str, ...]) -> None:
-    done = _cli(*args, env={})
-    assert done.returncode == 2
-    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert_one_line_user_error("soak", *args)
 
 
 def test_one_transient_sample_does_not_tilt_the_fit() -> None:

@@ -42,11 +42,24 @@ def _produce(ckpt: Checkpointer, producer: FakeProducer, n: int = 1, error: bool
         producer.produce("recs", b"", on_delivery=ckpt.open.expect_delivery())
 
 
+def _consume(ckpt: Checkpointer, partition: int, offset: int) -> None:
+    ckpt.consumed(T, np.array([partition]), np.array([offset]))
+
+
+def _batch(
+    ckpt: Checkpointer, producer: FakeProducer, offset: int, n: int = 1, error: bool = False
+) -> None:
+    """Partition 0's ``offset`` consumed, ``n`` records produced for it, the checkpoint sealed."""
+    _consume(ckpt, 0, offset)
+    _produce(ckpt, producer, n, error)
+    ckpt.seal_open()
+
+
 def test_commits_only_after_every_delivery_of_a_sealed_checkpoint(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
     for offset in range(3):
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
+        _consume(ckpt, 0, offset)
     _produce(ckpt, producer, 3)
     ckpt.seal_open()
     assert ckpt.in_flight == 3
@@ -68,7 +81,7 @@ def test_commits_only_after_every_delivery_of_a_sealed_checkpoint(
 def test_unsealed_checkpoint_is_never_committed(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     _produce(ckpt, producer)
     producer.ack()
     assert ckpt.commit_ready() == 0
@@ -81,12 +94,12 @@ def test_unsealed_checkpoint_is_never_committed(
 def test_fifo_later_done_checkpoint_waits_for_earlier_pending(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    ckpt.consumed(T, np.array([1]), np.array([10]))
+    _consume(ckpt, 0, 0)
+    _consume(ckpt, 1, 10)
     _produce(ckpt, producer)
     ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    ckpt.consumed(T, np.array([2]), np.array([20]))
+    _consume(ckpt, 0, 1)
+    _consume(ckpt, 2, 20)
     _produce(ckpt, producer)
     ckpt.seal_open()
 
@@ -104,9 +117,7 @@ def test_leading_done_checkpoints_commit_and_stop_at_first_pending(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
     for offset in range(3):
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
-        _produce(ckpt, producer)
-        ckpt.seal_open()
+        _batch(ckpt, producer, offset)
     producer.ack(2)
     assert ckpt.commit_ready() == 2
     assert consumer.offsets == [{(T, 0): 2}]
@@ -118,11 +129,11 @@ def test_leading_done_checkpoints_commit_and_stop_at_first_pending(
 def test_next_offset_is_last_plus_one_per_partition(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([5]))
-    ckpt.consumed(T, np.array([1]), np.array([9]))
-    ckpt.consumed(T, np.array([0]), np.array([6]))
+    _consume(ckpt, 0, 5)
+    _consume(ckpt, 1, 9)
+    _consume(ckpt, 0, 6)
     ckpt.consumed("other", np.array([0]), np.array([0]))
-    ckpt.consumed(T, np.array([3]), np.array([0]))
+    _consume(ckpt, 3, 0)
     _produce(ckpt, producer)
     ckpt.seal_open()
     producer.ack()
@@ -133,7 +144,7 @@ def test_next_offset_is_last_plus_one_per_partition(
 def test_delivery_error_raises_and_does_not_commit(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     _produce(ckpt, producer)
     _produce(ckpt, producer, error=True)
     ckpt.seal_open()
@@ -147,15 +158,9 @@ def test_delivery_error_raises_and_does_not_commit(
 def test_delivery_error_commits_earlier_checkpoints_only(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    _produce(ckpt, producer, error=True)
-    ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([2]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 0)
+    _batch(ckpt, producer, 1, error=True)
+    _batch(ckpt, producer, 2)
     producer.ack()
     with pytest.raises(DeliveryFailed):
         ckpt.commit_ready()
@@ -172,7 +177,7 @@ def test_delivery_error_commits_earlier_checkpoints_only(
 def test_error_is_reported_only_once_the_checkpoint_is_done(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     _produce(ckpt, producer, error=True)
     _produce(ckpt, producer)
     ckpt.seal_open()
@@ -187,13 +192,13 @@ def test_error_is_reported_only_once_the_checkpoint_is_done(
 def test_forget_drops_partitions_from_open_and_sealed(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    ckpt.consumed(T, np.array([1]), np.array([0]))
+    _consume(ckpt, 0, 0)
+    _consume(ckpt, 1, 0)
     _produce(ckpt, producer)
     ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    ckpt.consumed(T, np.array([1]), np.array([1]))
-    ckpt.consumed(T, np.array([2]), np.array([5]))
+    _consume(ckpt, 0, 1)
+    _consume(ckpt, 1, 1)
+    _consume(ckpt, 2, 5)
     _produce(ckpt, producer)
     ckpt.forget([(T, 1), (T, 9)])
     ckpt.seal_open()
@@ -205,9 +210,7 @@ def test_forget_drops_partitions_from_open_and_sealed(
 def test_forget_everything_still_completes_checkpoint(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 0)
     ckpt.forget([(T, 0)])
     producer.ack()
     assert ckpt.commit_ready() == 1
@@ -230,7 +233,7 @@ def test_seal_with_nothing_is_a_noop(
 def test_commit_ready_polls_the_producer_without_blocking(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     ckpt.seal_open()
     assert ckpt.commit_ready() == 1  # no records produced: done at once (e.g. all filtered)
     assert producer.polls == [0]
@@ -249,9 +252,7 @@ def test_records_without_offsets_still_seal(
 ) -> None:
     _produce(ckpt, producer)
     ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([4]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 4)
     producer.ack(1)
     assert ckpt.commit_ready() == 1
     assert consumer.commits == []
@@ -263,11 +264,9 @@ def test_records_without_offsets_still_seal(
 def test_flush_and_commit_seals_flushes_and_commits_synchronously(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    ckpt.consumed(T, np.array([1]), np.array([3]))
+    _batch(ckpt, producer, 0)
+    _consume(ckpt, 0, 1)
+    _consume(ckpt, 1, 3)
     _produce(ckpt, producer, 2)  # the open checkpoint is sealed by flush_and_commit
     ckpt.flush_and_commit(7.5)
     assert producer.flushes == [7.5]
@@ -280,7 +279,7 @@ def test_flush_and_commit_with_undelivered_records_raises(
 ) -> None:
     producer = FakeProducer(stuck_on_flush=1)
     ckpt = Checkpointer(consumer, producer)  # type: ignore[arg-type]
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     _produce(ckpt, producer, 2)
     with pytest.raises(DeliveryFailed, match="1 records still undelivered"):
         ckpt.flush_and_commit(0.1)
@@ -291,15 +290,11 @@ def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer
     producer = FakeProducer(acks_per_poll=1)
     ckpt = Checkpointer(consumer, producer, max_sealed=2)  # type: ignore[arg-type]
     for offset in range(2):
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
-        _produce(ckpt, producer)
-        ckpt.seal_open()
+        _batch(ckpt, producer, offset)
     assert ckpt.commit_ready() == 0
     assert producer.polls == [0]  # at the limit: no waiting
     assert consumer.commits == []
-    ckpt.consumed(T, np.array([0]), np.array([2]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 2)
     assert ckpt.commit_ready() == 1  # 3 sealed > 2: waits for acks
     assert [p for p in producer.polls if p > 0] == [0.05]
     assert consumer.offsets == [{(T, 0): 1}]
@@ -309,12 +304,10 @@ def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer
 def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
     producer = FakeProducer(acks_per_poll=1)
     ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     _produce(ckpt, producer, 3)  # three acks needed before the first checkpoint is done
     ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 1)
     ckpt.commit_ready()
     assert [p for p in producer.polls if p > 0] == [0.05, 0.05, 0.05]
     assert consumer.offsets == [{(T, 0): 1}]
@@ -324,12 +317,8 @@ def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
 def test_back_pressure_surfaces_delivery_failure(consumer: FakeConsumer) -> None:
     producer = FakeProducer(acks_per_poll=1)
     ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
-    ckpt.consumed(T, np.array([0]), np.array([0]))
-    _produce(ckpt, producer, error=True)
-    ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, 0, error=True)
+    _batch(ckpt, producer, 1)
     with pytest.raises(DeliveryFailed):
         ckpt.commit_ready()
     assert consumer.commits == []
@@ -338,10 +327,10 @@ def test_back_pressure_surfaces_delivery_failure(consumer: FakeConsumer) -> None
 def test_callback_belongs_to_the_open_checkpoint_at_produce_time(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([0]))
+    _consume(ckpt, 0, 0)
     cb_first = ckpt.open.expect_delivery()
     ckpt.seal_open()
-    ckpt.consumed(T, np.array([0]), np.array([1]))
+    _consume(ckpt, 0, 1)
     cb_second = ckpt.open.expect_delivery()
     ckpt.seal_open()
     cb_second(None, FakeMessage("recs"))  # type: ignore[arg-type]
@@ -360,9 +349,7 @@ def _confirmed(
 
 
 def _commit_one(ckpt: Checkpointer, producer: FakeProducer, offset: int) -> None:
-    ckpt.consumed(T, np.array([0]), np.array([offset]))
-    _produce(ckpt, producer)
-    ckpt.seal_open()
+    _batch(ckpt, producer, offset)
     producer.ack()
     ckpt.commit_ready()
 
@@ -418,7 +405,7 @@ def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -
 
     consumer = FailingConsumer()
     ckpt, _ = _confirmed(consumer, producer)
-    ckpt.consumed(T, np.array([0]), np.array([4]))
+    _consume(ckpt, 0, 4)
     _produce(ckpt, producer)
     producer.stuck_on_flush = 0
     ckpt.flush_and_commit(timeout_s=0.1)
@@ -433,9 +420,7 @@ def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
     shutdown = Shutdown(0.2)
     ckpt = Checkpointer(consumer, producer, max_sealed=1, shutdown=shutdown)  # type: ignore[arg-type]
     for offset in range(3):
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
-        _produce(ckpt, producer)
-        ckpt.seal_open()
+        _batch(ckpt, producer, offset)
     shutdown.request()
     with pytest.raises(DeliveryFailed, match="shutdown deadline"):
         ckpt.commit_ready()  # 3 sealed > 1: waits for acks that never come, until the deadline
@@ -452,9 +437,7 @@ def test_commits_at_most_once_per_commit_interval(
     ckpt = Checkpointer(consumer, producer, max_sealed=100, commit_interval_s=0.1)  # type: ignore[arg-type]
 
     def batch(offset: int) -> None:
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
-        _produce(ckpt, producer)
-        ckpt.seal_open()
+        _batch(ckpt, producer, offset)
         producer.ack(1)
 
     batch(0)
@@ -476,9 +459,7 @@ def test_acknowledged_checkpoints_waiting_for_the_interval_do_not_count_as_in_fl
 ) -> None:
     ckpt = Checkpointer(consumer, producer, max_sealed=1, commit_interval_s=3600)  # type: ignore[arg-type]
     for offset in range(5):
-        ckpt.consumed(T, np.array([0]), np.array([offset]))
-        _produce(ckpt, producer)
-        ckpt.seal_open()
+        _batch(ckpt, producer, offset)
         producer.ack(1)
         ckpt.commit_ready()
     assert [p for p in producer.polls if p > 0] == []  # never waited for acks
