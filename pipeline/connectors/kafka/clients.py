@@ -193,7 +193,8 @@ def ensure_topics(
         return
     wanted = list(names or (topics.input, topics.output, topics.dlq))
     # its log lines (e.g. BGQUEUE at destruction) in the run's log format, never raw on stderr
-    admin = AdminClient({**settings.admin_config(), "logger": CLIENT_LOGGER})
+    conf: dict[str, Any] = {**settings.admin_config(), "logger": CLIENT_LOGGER}
+    admin = AdminClient(conf)
     existing = set(admin.list_topics(timeout=15).topics)
     input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [
