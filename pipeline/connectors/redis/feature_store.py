@@ -24,9 +24,25 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from pipeline.settings.redis import RedisSettings
 
 INT64 = np.dtype("<i8")
 FLOAT32 = np.dtype("<f4")
+
+
+def enrichment_client(settings: RedisSettings) -> redis.Redis:
+    """The enrichers' client: the settings' timeouts and TLS/auth, and no client-side retries
+    (an outage must cost one timeout, then defaults: see :mod:`pipeline.stages.enrich`)."""
+    return redis.Redis.from_url(
+        settings.url,
+        socket_timeout=settings.socket_timeout_ms / 1000,
+        socket_connect_timeout=settings.connect_timeout_ms / 1000,
+        retry=Retry(NoBackoff(), 0),
+        **settings.client_kwargs(),
+    )
 
 
 def user_key(prefix: str, user_id: int) -> str:
@@ -71,25 +87,41 @@ def _put_keys(
 ) -> int:
     """Write ``$<length>\\r\\n<prefix><id>\\r\\n`` for every id from ``out[at]``; returns
     the end."""
+    none = out[:0]
     for v in ids:
-        negative = v < 0
-        magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
-        digits = _decimal_digits(magnitude)
-        length = np.uint64(len(prefix) + digits + (1 if negative else 0))
-        out[at] = 36  # '$'
-        at += 1
-        at = _put_decimal(length, _decimal_digits(length), out, at)
-        out[at], out[at + 1] = 13, 10
-        at += 2
-        out[at : at + len(prefix)] = prefix
-        at += len(prefix)
-        if negative:
-            out[at] = 45  # '-'
-            at += 1
-        at = _put_decimal(magnitude, digits, out, at)
-        out[at], out[at + 1] = 13, 10
-        at += 2
+        at = put_bulk_key(prefix, v, none, out, at)
     return at
+
+
+@numba.njit(cache=True, nogil=True)
+def put_bulk_key(
+    prefix: npt.NDArray[np.uint8],
+    v: np.int64,
+    suffix: npt.NDArray[np.uint8],
+    out: npt.NDArray[np.uint8],
+    at: int,
+) -> int:
+    """Write one RESP bulk string ``$<length>\\r\\n<prefix><id><suffix>\\r\\n`` (the id in
+    decimal) from ``out[at]``; returns the end."""
+    negative = v < 0
+    magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
+    digits = _decimal_digits(magnitude)
+    length = np.uint64(len(prefix) + len(suffix) + digits + (1 if negative else 0))
+    out[at] = 36  # '$'
+    at += 1
+    at = _put_decimal(length, _decimal_digits(length), out, at)
+    out[at], out[at + 1] = 13, 10
+    at += 2
+    out[at : at + len(prefix)] = prefix
+    at += len(prefix)
+    if negative:
+        out[at] = 45  # '-'
+        at += 1
+    at = _put_decimal(magnitude, digits, out, at)
+    out[at : at + len(suffix)] = suffix
+    at += len(suffix)
+    out[at], out[at + 1] = 13, 10
+    return at + 2
 
 
 @numba.njit(cache=True, nogil=True)

@@ -34,7 +34,7 @@ import numpy.typing as npt
 import redis
 
 from model.features.mapping import RecordKind, RecordLayout
-from pipeline.connectors.redis.feature_store import _decimal_digits, _put_decimal
+from pipeline.connectors.redis.feature_store import put_bulk_key
 from pipeline.settings.features import RecordFormat
 
 __all__ = [
@@ -112,25 +112,7 @@ def _put_keyed(
     for v in ids:
         out[at : at + len(head)] = head
         at += len(head)
-        negative = v < 0
-        magnitude = np.uint64(-(v + 1)) + np.uint64(1) if negative else np.uint64(v)
-        digits = _decimal_digits(magnitude)
-        length = np.uint64(len(prefix) + len(suffix) + digits + (1 if negative else 0))
-        out[at] = 36  # '$'
-        at += 1
-        at = _put_decimal(length, _decimal_digits(length), out, at)
-        out[at], out[at + 1] = 13, 10
-        at += 2
-        out[at : at + len(prefix)] = prefix
-        at += len(prefix)
-        if negative:
-            out[at] = 45  # '-'
-            at += 1
-        at = _put_decimal(magnitude, digits, out, at)
-        out[at : at + len(suffix)] = suffix
-        at += len(suffix)
-        out[at], out[at + 1] = 13, 10
-        at += 2
+        at = put_bulk_key(prefix, v, suffix, out, at)
         out[at : at + len(tail)] = tail
         at += len(tail)
     return at

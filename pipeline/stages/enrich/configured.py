@@ -27,10 +27,9 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from model.features.mapping import FeatureMap, RecordKind, RecordLayout
+from pipeline.connectors.redis.feature_store import enrichment_client
 from pipeline.connectors.redis.layout import (
     RecordRows,
     hmget_commands,
@@ -123,13 +122,7 @@ class ConfiguredEnricher:
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._client = client or redis.Redis.from_url(
-            settings.url,
-            socket_timeout=settings.socket_timeout_ms / 1000,
-            socket_connect_timeout=settings.connect_timeout_ms / 1000,
-            retry=Retry(NoBackoff(), 0),
-            **settings.client_kwargs(),
-        )
+        self._client = client or enrichment_client(settings)  # no client-side retries
         self._connection = self._client.connection_pool.make_connection()
         self._down_until = 0.0
         self._users = _Side("user", fmap.user, settings) if fmap.user else None

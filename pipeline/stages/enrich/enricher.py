@@ -26,10 +26,12 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from pipeline.connectors.redis.feature_store import item_record_dtype, mget_request
+from pipeline.connectors.redis.feature_store import (
+    enrichment_client,
+    item_record_dtype,
+    mget_request,
+)
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.redis import RedisSettings
 from pipeline.stages.enrich.cache import CacheLookup, FeatureCache
@@ -80,14 +82,7 @@ class FeatureEnricher:
         self._item_dtype = item_record_dtype(item_dense_dim)
         self._recent_cap = recent_cap
         self._metrics = metrics
-        # No client-side retries: an outage must cost one timeout, then defaults (see module doc).
-        self._client = client or redis.Redis.from_url(
-            settings.url,
-            socket_timeout=settings.socket_timeout_ms / 1000,
-            socket_connect_timeout=settings.connect_timeout_ms / 1000,
-            retry=Retry(NoBackoff(), 0),
-            **settings.client_kwargs(),
-        )
+        self._client = client or enrichment_client(settings)  # no client-side retries
         self._connection = self._client.connection_pool.make_connection()
         """The enricher's own connection: opened by the first MGET, closed by an error, opened
         again by the next MGET."""
