@@ -13,17 +13,15 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, overload
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from pipeline.connectors.kafka.admin import CLIENT_LOGGER, make_admin
 from pipeline.connectors.kafka.limits import consumer_fetch_limits, input_record_limit
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.topics import TopicsSettings
 
 log = logging.getLogger(__name__)
 
-CLIENT_LOGGER = logging.getLogger("pipeline.kafka.librdkafka")
-"""Where the clients' own librdkafka log lines go (served by poll/consume/flush): records in
-the run's log format, not raw ``%5|...`` lines on stderr."""
 
 ErrorCallback = Callable[[KafkaError], None]
 """librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
@@ -192,9 +190,7 @@ def ensure_topics(
     if not topics.create_missing:
         return
     wanted = list(names or (topics.input, topics.output, topics.dlq))
-    # its log lines (e.g. BGQUEUE at destruction) in the run's log format, never raw on stderr
-    conf: dict[str, Any] = {**settings.admin_config(), "logger": CLIENT_LOGGER}
-    admin = AdminClient(conf)
+    admin = make_admin(settings)
     existing = set(admin.list_topics(timeout=15).topics)
     input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [

@@ -30,8 +30,9 @@ from __future__ import annotations
 import logging
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import ConfigResource, ResourceType
 
+from pipeline.connectors.kafka.admin import make_admin
 from pipeline.settings.kafka import KafkaSettings
 
 __all__ = [
@@ -85,7 +86,7 @@ def input_record_limit(kafka: KafkaSettings, topic: str, timeout_s: float = 15.0
     """
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        admin = AdminClient(kafka.admin_config())  # kept alive until the answer comes
+        admin = make_admin(kafka)  # kept alive until the answer comes
         future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
         entry = future.result(timeout=timeout_s).get("max.message.bytes")
         if entry is None or entry.value is None:

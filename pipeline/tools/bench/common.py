@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from model.features.build import FeatureColumns
 from model.features.model_input import ModelInput
@@ -29,6 +29,7 @@ from model.ranker import build_ranker
 from model.serving import Scorer, ScorerFactory
 from model.store.versions import NoCurrentVersionError, resolve_checkpoint
 from model.synthetic import SyntheticWorld, feature_columns
+from pipeline.connectors.kafka.admin import make_admin
 from pipeline.connectors.kafka.clients import make_consumer
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
 from pipeline.settings.loading import Settings
@@ -148,7 +149,7 @@ def delete_topics(settings: Settings, names: list[str], timeout_s: float = 30.0)
     Returns:
         The topics deleted.
     """
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = make_admin(settings.kafka)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [n for n in names if n in existing]
     if not wanted:
@@ -271,7 +272,7 @@ def create_topics(settings: Settings, config: dict[str, str] | None = None) -> N
         create_topics(run_settings, {"message.timestamp.type": "LogAppendTime"})
     """
     topics = settings.topics
-    admin = AdminClient({**settings.kafka.admin_config(), "log_level": 4})  # no info lines
+    admin = make_admin(settings.kafka, log_level=4)  # no info lines
     new = [
         NewTopic(name, topics.partitions, topics.replication_factor, config=config or {})
         for name in (topics.input, topics.output, topics.dlq)

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient
 
 from model.features.build import build_model_input
 from model.features.spec import FeatureSpec
 from model.serving.device import serving_device
+from pipeline.connectors.kafka.admin import make_admin
 from pipeline.ingest.transport import ScoreReply, ScoreRequest, SharedSlot, SlotShape
 from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import (
@@ -76,7 +76,7 @@ def worker_pids(pid: int) -> list[int]:
 
 def wait_for_members(settings: Settings, group_id: str, members: int, timeout_s: float) -> None:
     """Block until ``group_id`` is stable with ``members`` members owning every partition."""
-    admin = AdminClient({**settings.kafka.admin_config(), "log_level": 4})
+    admin = make_admin(settings.kafka, log_level=4)
     topic = settings.topics.input
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
