@@ -6,6 +6,7 @@ module             job
 ``compiled``       the built-in UserEvent: compiled kernels, fastavro for the exceptions
 ``configured``     any schema of the user's (``[events]``): fastavro, the feature map's
                    fields extracted into ``EventColumns.fields``
+``messages``       what both do around their ``decode_values``: partitions, offsets
 =================  ===================================================================
 
 Both answer :class:`~pipeline.types.DecodedMessages`; the loop is given one of them

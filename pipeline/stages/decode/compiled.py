@@ -38,6 +38,7 @@ from pipeline.connectors.avro.rules import (
     STATUS_SLOW_PATH,
 )
 from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.stages.decode.messages import decoded_messages
 from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
 
 __all__ = ["MessageDecoder"]
@@ -64,12 +65,7 @@ class MessageDecoder:
 
     def decode(self, topic: str, messages: list[Message]) -> DecodedMessages:
         """Decode and validate ``messages`` (consumed from ``topic``, in consumption order)."""
-        n = len(messages)
-        values = [m.value() for m in messages]
-        partitions = np.fromiter((m.partition() for m in messages), np.int64, n)
-        offsets = np.fromiter((m.offset() for m in messages), np.int64, n)
-        events, accepted, rejections = self.decode_values(values)
-        return DecodedMessages(topic, messages, partitions, offsets, events, accepted, rejections)
+        return decoded_messages(topic, messages, self.decode_values)
 
     def decode_values(
         self, values: list[bytes | None]

@@ -40,6 +40,7 @@ from pipeline.connectors.avro.rules import (
 )
 from pipeline.connectors.avro.walker import WalkOutputs, walk
 from pipeline.settings.codec import CodecSettings, Framing
+from pipeline.stages.decode.messages import decoded_messages
 from pipeline.stages.decode.records import RecordDecoder
 from pipeline.stages.decode.walked import WalkedColumns
 from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
@@ -78,12 +79,7 @@ class ConfiguredDecoder:
 
     def decode(self, topic: str, messages: list[Message]) -> DecodedMessages:
         """Decode and validate ``messages`` (consumed from ``topic``, in consumption order)."""
-        n = len(messages)
-        values = [m.value() for m in messages]
-        partitions = np.fromiter((m.partition() for m in messages), np.int64, n)
-        offs = np.fromiter((m.offset() for m in messages), np.int64, n)
-        events, accepted, rejections = self.decode_values(values)
-        return DecodedMessages(topic, messages, partitions, offs, events, accepted, rejections)
+        return decoded_messages(topic, messages, self.decode_values)
 
     def decode_values(
         self, values: list[bytes | None]
