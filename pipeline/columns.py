@@ -42,13 +42,18 @@ class FieldColumns:
     """Configured fields of ``n`` entities (events, users or candidate items), as columns.
 
     What the feature map (:mod:`model.features.mapping`) reads besides the built-in columns: an
-    event's fields of a user's schema, or the fields of a user's or item's Redis record.
+    event's fields of a user's schema, or the fields of a user's or item's Redis record. A value
+    that is absent (a null event field; a Redis record, or its field, missing or malformed) is
+    marked so: ``False`` in ``int_present`` / ``list_present`` (its ints are 0, its list empty),
+    NaN in ``floats``.
 
     Attributes:
         ints: int64[n, I] single ids (a string field holds its 64-bit hash).
-        floats: float32[n, F] numbers (a vector field spans several columns).
+        floats: float32[n, F] numbers (a vector field spans several columns); NaN where absent.
         list_counts: int64[n, L] ids in each of the ``L`` id lists of each entity.
         list_ids: int64[list_counts.sum()], entity-major, an entity's lists one after another.
+        int_present: bool[n, I] whether each single id is present.
+        list_present: bool[n, L] whether each list is present (an empty list is present).
 
     Example::
 
@@ -60,15 +65,19 @@ class FieldColumns:
     floats: npt.NDArray[np.float32]
     list_counts: Int64Array
     list_ids: Int64Array
+    int_present: npt.NDArray[np.bool_]
+    list_present: npt.NDArray[np.bool_]
 
     @classmethod
     def empty(cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0) -> FieldColumns:
-        """``n`` entities of zeros and empty lists."""
+        """``n`` entities of zeros and empty lists, every value present."""
         return cls(
             np.zeros((n, ints), dtype=np.int64),
             np.zeros((n, floats), dtype=np.float32),
             np.zeros((n, lists), dtype=np.int64),
             np.zeros(0, dtype=np.int64),
+            np.ones((n, ints), dtype=bool),
+            np.ones((n, lists), dtype=bool),
         )
 
     def __len__(self) -> int:
@@ -88,6 +97,8 @@ class FieldColumns:
             self.floats[start:stop],
             self.list_counts[start:stop],
             self.list_ids[first:last],
+            self.int_present[start:stop],
+            self.list_present[start:stop],
         )
 
     def take(self, order: Int64Array) -> FieldColumns:
@@ -98,6 +109,8 @@ class FieldColumns:
             self.floats[order],
             self.list_counts[order],
             self.list_ids[take_segments(per_entity, order)],
+            self.int_present[order],
+            self.list_present[order],
         )
 
     @classmethod
@@ -106,7 +119,7 @@ class FieldColumns:
         return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
 
 
-_FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids")
+_FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids", "int_present", "list_present")
 
 
 @dataclass

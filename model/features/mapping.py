@@ -15,7 +15,9 @@ stages:
 
 A field lives in one of three stores of its columns: ``ints`` (one id; a string's 64-bit hash),
 ``floats`` (numbers; a vector spans ``width`` columns), ``lists`` (id lists, and nullable single
-ids: null is an empty list).
+ids: null is an absent list). Where a value can be absent (a null event field, a Redis record or
+field that is missing or malformed), the columns say so (``int_present`` / ``list_present``,
+NaN floats) and each key's :class:`Missing` policy says what the model receives instead.
 
 Example::
 
@@ -37,6 +39,7 @@ __all__ = [
     "EventRoles",
     "FeatureMap",
     "FieldKind",
+    "Missing",
     "OutOfRange",
     "RecordField",
     "RecordFormat",
@@ -81,6 +84,18 @@ class OutOfRange(enum.StrEnum):
     """Look up ``default_row`` instead."""
     DLQ = "dlq"
     """Dead-letter the event (``id_out_of_range``, naming the key); event and candidate ids."""
+
+
+class Missing(enum.StrEnum):
+    """What a key's bag holds where its value is missing (a null event field, a Redis record or
+    field that is missing or malformed): what the model was trained with."""
+
+    EMPTY = "empty"
+    """An empty bag (length 0: a sum-pooled zero vector, a mean-pooled zero vector)."""
+    ROW = "row"
+    """One id: ``missing_row``, a row of the table as it is (no transform)."""
+    ID = "id"
+    """One id: the raw id ``missing_id``, through the key's transform like any other."""
 
 
 class RecordFormat(enum.StrEnum):
@@ -234,6 +249,9 @@ class SparseKey:
         default_row: identity's row for an outside id with ``out_of_range = default``.
         max_ids: the most ids one row carries (1 for single ids).
         salt: the hash transform's salt.
+        missing: what a missing value gives (:class:`Missing`).
+        missing_row: with ``missing = row``: the row it looks up.
+        missing_id: with ``missing = id``: the raw id it stands for (a string's 64-bit id).
     """
 
     key: str
@@ -246,6 +264,9 @@ class SparseKey:
     default_row: int = 0
     max_ids: int = 1
     salt: int = 0
+    missing: Missing = Missing.EMPTY
+    missing_row: int = 0
+    missing_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,7 +278,8 @@ class DensePart:
         source: event, user or item.
         column: its first column in the source's ``floats``.
         width: its columns.
-        default: the value when null (event) or the record is missing (user, item).
+        default: every value where the field is null (event), or the record or its field is
+            missing or malformed (user, item).
     """
 
     name: str

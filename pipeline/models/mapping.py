@@ -4,7 +4,8 @@
 Each mistake is one :class:`FeatureMapError` line naming the key: a schema file that does not
 parse, a role or feature field the schema lacks or holds with the wrong type, a KJT key the
 module's tables lack (or a table feature without a key), a Redis field that is not declared or
-of the wrong kind, a transform the field cannot take.
+of the wrong kind, a transform the field cannot take, a ``missing`` policy for a value that is
+never missing or a ``missing_row`` / ``missing_id`` the table cannot take.
 
 Example::
 
@@ -24,12 +25,14 @@ from model.features.mapping import (
     EventField,
     EventRoles,
     FeatureMap,
+    Missing,
     RecordField,
     RecordKind,
     RecordLayout,
     SparseKey,
     Store,
 )
+from model.features.spec import string_to_id
 from model.module.types import ModuleConfig
 from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE
 from pipeline.connectors.avro.schema_fields import (
@@ -54,6 +57,10 @@ __all__ = ["FeatureMapError", "load_event_schema", "resolve_feature_map"]
 _ID_KINDS = {FieldKind.INT, FieldKind.STRING}
 _LIST_KINDS = {FieldKind.INT_LIST, FieldKind.STRING_LIST}
 _NUMBER_KINDS = {FieldKind.INT, FieldKind.FLOAT}
+_STRING_KINDS = {FieldKind.STRING, FieldKind.STRING_LIST}
+_MAX_RECORD_FIELDS = 63
+"""Fields of one Redis record: the enricher keeps which are present as the bits of one int64."""
+_INT64 = range(-(2**63), 2**63)
 _PACKED_SHAPES = {
     "user": ((RecordKind.VECTOR,), (RecordKind.VECTOR, RecordKind.ID_LIST)),
     "item": ((RecordKind.ID, RecordKind.VECTOR),),
@@ -122,6 +129,11 @@ def _roles(settings: Settings, schema: Any) -> EventRoles:
 def _record(side: str, entity: EntitySettings | None) -> RecordLayout | None:
     if entity is None:
         return None
+    if len(entity.fields) > _MAX_RECORD_FIELDS:
+        raise FeatureMapError(
+            f"features.{side}.fields: {len(entity.fields)} fields; a record holds at most "
+            f"{_MAX_RECORD_FIELDS}"
+        )
     counts = dict.fromkeys(RecordKind, 0)
     fields = []
     for name, text in entity.fields.items():
@@ -194,18 +206,19 @@ def _sparse(
 ) -> SparseKey:
     where = f"features.sparse.{key}"
     store, column, max_ids = Store.INTS, 0, 1
+    never, strings = "a candidate id is never missing", False
     if cfg.source is Source.EVENT:
         found = _field(
             schema, cfg.field, f"{where}.field", _ID_KINDS | _LIST_KINDS,
             "a sparse feature",
         )  # fmt: skip
-        if found.kind in (FieldKind.STRING, FieldKind.STRING_LIST) and (
-            cfg.transform is Transform.IDENTITY
-        ):
+        if found.kind in _STRING_KINDS and (cfg.transform is Transform.IDENTITY):
             raise FeatureMapError(
                 f"{where}: {found.name} is a string (hashed to 64 bits): use transform = "
                 "'modulo' or 'hash', not 'identity'"
             )
+        never = "" if found.nullable else f"{found.name} is never missing (not nullable)"
+        strings = found.kind in _STRING_KINDS
         if found.kind in _LIST_KINDS or found.nullable:
             store, max_ids = Store.LISTS, cfg.max_ids if found.kind in _LIST_KINDS else 1
             column = events.add(found, Store.LISTS, max_ids)
@@ -213,6 +226,7 @@ def _sparse(
             column = events.add(found, Store.INTS)
     elif cfg.source in (Source.USER, Source.ITEM):
         rf = _record_field(where, cfg.source, cfg.field, records)
+        never = ""
         if rf.kind is RecordKind.VECTOR:
             raise FeatureMapError(
                 f"{where}.field = {cfg.field!r} is a vector: a sparse feature needs an id or "
@@ -227,10 +241,45 @@ def _sparse(
         column, max_ids = rf.column, rf.width
     if cfg.transform is Transform.IDENTITY and cfg.default_row >= rows:
         raise FeatureMapError(f"{where}.default_row = {cfg.default_row}: the table has {rows} rows")
+    missing_row, missing_id = _missing(where, cfg, rows, never, strings)
     return SparseKey(
         key, cfg.source, store, column, cfg.transform, rows, cfg.out_of_range,
-        cfg.default_row, max_ids, salt,
+        cfg.default_row, max_ids, salt, cfg.missing, missing_row, missing_id,
     )  # fmt: skip
+
+
+def _missing(
+    where: str, cfg: SparseSettings, rows: int, never: str, strings: bool
+) -> tuple[int, int]:
+    """A key's ``missing_row`` and raw ``missing_id`` (0 where unused), checked against its
+    table; ``never``: why the key's value is never missing (``""``: it can be)."""
+    if cfg.missing is Missing.EMPTY:
+        return 0, 0
+    if never:
+        raise FeatureMapError(f"{where}.missing = '{cfg.missing}': {never}; drop missing")
+    if cfg.missing is Missing.ROW:
+        assert cfg.missing_row is not None  # the settings' own check
+        if cfg.missing_row >= rows:
+            raise FeatureMapError(
+                f"{where}.missing_row = {cfg.missing_row}: the table has {rows} rows"
+            )
+        return cfg.missing_row, 0
+    value = cfg.missing_id
+    if isinstance(value, str):
+        if not strings:
+            raise FeatureMapError(
+                f"{where}.missing_id = {value!r}: a string is for a string field; give an id"
+            )
+        return 0, string_to_id(value)
+    assert value is not None  # the settings' own check
+    if value not in _INT64:
+        raise FeatureMapError(f"{where}.missing_id = {value}: not a signed 64-bit id")
+    if cfg.transform is Transform.IDENTITY and not 0 <= value < rows:
+        raise FeatureMapError(
+            f"{where}.missing_id = {value}: outside the table's {rows} rows (transform = "
+            "'identity'); use missing = 'row' for a row of the table"
+        )
+    return 0, value
 
 
 def _dense(

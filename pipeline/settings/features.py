@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from model.features.mapping import OutOfRange, RecordFormat, Source, Transform
+from model.features.mapping import Missing, OutOfRange, RecordFormat, Source, Transform
 from pipeline.settings.section import Section
 
 __all__ = [
     "DenseSettings",
     "EntitySettings",
     "FeatureSettings",
+    "Missing",
     "OutOfRange",
     "RecordFormat",
     "Source",
@@ -53,6 +54,17 @@ class SparseSettings(Section):
     """With ``identity`` and ``out_of_range = "default"``: the row an outside id looks up."""
     max_ids: int = 20
     """A multi-valued field (an array of ids): the first ``max_ids`` are kept."""
+    missing: Missing = Missing.EMPTY
+    """What the bag holds where the value is missing (a null event field; a user's or item's
+    Redis record, or this field of it, missing or malformed): ``empty`` (an empty bag),
+    ``row`` (the row ``missing_row``) or ``id`` (the raw id ``missing_id``, transformed) --
+    what the model was trained with."""
+    missing_row: int | None = None
+    """With ``missing = "row"`` (and only then): the table row a missing value looks up."""
+    missing_id: int | str | None = None
+    """With ``missing = "id"`` (and only then): the raw id a missing value stands for, put
+    through ``transform`` like any other; a string for a string field (hashed as its values
+    are)."""
 
     @model_validator(mode="after")
     def _valid(self) -> SparseSettings:
@@ -62,6 +74,16 @@ class SparseSettings(Section):
             raise ValueError(f"a {self.source.value} feature needs a field")
         if self.max_ids < 1 or self.default_row < 0:
             raise ValueError("max_ids must be >= 1 and default_row >= 0")
+        for name, policy in (("missing_row", Missing.ROW), ("missing_id", Missing.ID)):
+            given = getattr(self, name) is not None
+            if given and self.missing is not policy:
+                raise ValueError(
+                    f"{name} is for missing = '{policy}' (missing is '{self.missing}')"
+                )
+            if not given and self.missing is policy:
+                raise ValueError(f"missing = '{policy}' needs {name}")
+        if self.missing_row is not None and self.missing_row < 0:
+            raise ValueError(f"missing_row = {self.missing_row} must be >= 0")
         return self
 
 

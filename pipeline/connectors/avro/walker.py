@@ -44,9 +44,11 @@ class WalkOutputs:
     Attributes:
         ints / floats: ``[M, slots]`` values; ``*_present``: ``[M, slots]`` 1 where reached.
         strs: ``[M, 3 * slots]``: each string's start in the buffer, bytes and characters.
-        list_start / list_count: ``[M, slots]``: each id list's items in ``list_values``.
+        list_start / list_count: ``[M, slots]``: each id list's items in ``list_values``;
+            ``list_present``: 1 where the list was reached (0: null, or in a null record).
         list_values: the id lists' items, flat (``n_values`` of them written).
-        strs_start / strs_count: ``[M, slots]``: each string list's items in ``strs_items``.
+        strs_start / strs_count / strs_present: ``[M, slots]``: each string list's items in
+            ``strs_items``, and where it was reached.
         strs_items: ``[items, 3]``: start, bytes and characters of each string-list item.
     """
 
@@ -58,9 +60,11 @@ class WalkOutputs:
     str_present: npt.NDArray[np.uint8]
     list_start: I64
     list_count: I64
+    list_present: npt.NDArray[np.uint8]
     list_values: I64
     strs_start: I64
     strs_count: I64
+    strs_present: npt.NDArray[np.uint8]
     strs_items: I64
 
     @classmethod
@@ -77,9 +81,11 @@ class WalkOutputs:
             np.zeros((n, s["str"]), dtype=np.uint8),
             np.zeros((n, s["list"]), dtype=np.int64),
             np.zeros((n, s["list"]), dtype=np.int64),
+            np.zeros((n, s["list"]), dtype=np.uint8),
             np.empty(buffer_bytes if s["list"] else 0, dtype=np.int64),
             np.zeros((n, s["strs"]), dtype=np.int64),
             np.zeros((n, s["strs"]), dtype=np.int64),
+            np.zeros((n, s["strs"]), dtype=np.uint8),
             np.empty((buffer_bytes if s["strs"] else 0, 3), dtype=np.int64),
         )
 
@@ -97,8 +103,8 @@ def walk(
     _walk(
         buf, starts, ends, status, kinds, args, counts, slots, children,
         out.ints, out.int_present, out.floats, out.float_present, out.strs, out.str_present,
-        out.list_start, out.list_count, out.list_values, out.strs_start, out.strs_count,
-        out.strs_items,
+        out.list_start, out.list_count, out.list_present, out.list_values, out.strs_start,
+        out.strs_count, out.strs_present, out.strs_items,
     )  # fmt: skip
 
 
@@ -130,9 +136,11 @@ def _walk(
     str_present: npt.NDArray[np.uint8],
     list_start: I64,
     list_count: I64,
+    list_present: npt.NDArray[np.uint8],
     list_values: I64,
     strs_start: I64,
     strs_count: I64,
+    strs_present: npt.NDArray[np.uint8],
     strs_items: I64,
 ) -> None:
     stack = np.zeros(_DEPTH, dtype=np.int64)
@@ -176,8 +184,10 @@ def _walk(
                     if slot >= 0 and step[sp - 1] == 0:  # an extracted list starts here
                         if kinds[item] == _STRING:
                             strs_start[m, slot] = ni
+                            strs_present[m, slot] = 1
                         else:
                             list_start[m, slot] = nv
+                            list_present[m, slot] = 1
                     step[sp - 1] = 1
                     block, pos = _varint(buf, pos, end)
                     if pos < 0:

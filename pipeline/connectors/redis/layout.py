@@ -12,8 +12,12 @@ Keys come from a template (``viewer:{id}``: the id in decimal). Values are eithe
 
 A record parses into one row of :class:`RecordRows` (the layout the enricher's cache keeps): its
 ids then its lists' lengths as ints, its vectors as floats, its lists' ids side by side (each
-list padded to its cap). A missing key, a missing or malformed field, or a non-finite vector
-value marks the whole record missing (defaults, flagged in ``fallback_features``).
+list padded to its cap), and which of its fields are present. Each field stands alone: a
+missing key (or no reply) leaves every field absent; a hash field that is missing, malformed,
+over ``redis.max_value_bytes`` or (a vector) not finite is absent while the record's other
+fields serve; a packed value that is not of the layout's shape (or over the bound) is wholly
+absent, and its vector alone when a value is not finite. An absent field holds zeros (an empty
+list); the features stage gives the model what its key's ``missing`` policy says.
 
 Example::
 
@@ -126,23 +130,30 @@ class RecordRows:
         ints: int64[n, ids + lists] each id field, then each list's length.
         floats: float32[n, vector values].
         side: int64[n, sum of list caps] each list's ids, padded to its cap.
-        missing: bool[n], absent or malformed (the row holds defaults).
+        present: bool[n, fields] each field of the layout (in its order) present and well
+            formed; an absent one holds zeros (an empty list).
     """
 
     ints: npt.NDArray[np.int64]
     floats: npt.NDArray[np.float32]
     side: npt.NDArray[np.int64]
-    missing: npt.NDArray[np.bool_]
+    present: npt.NDArray[np.bool_]
 
     @classmethod
     def defaults(cls, n: int, layout: RecordLayout) -> RecordRows:
+        """``n`` records with every field absent."""
         width = layout.count(RecordKind.ID) + layout.count(RecordKind.ID_LIST)
         return cls(
             np.zeros((n, width), dtype=np.int64),
             np.zeros((n, layout.count(RecordKind.VECTOR)), dtype=np.float32),
             np.zeros((n, sum(layout.list_caps)), dtype=np.int64),
-            np.ones(n, dtype=bool),
+            np.zeros((n, len(layout.fields)), dtype=bool),
         )
+
+    @property
+    def found(self) -> npt.NDArray[np.bool_]:
+        """bool[n]: records with a field present (the enricher caches these, never the rest)."""
+        return np.asarray(self.present.any(axis=1), dtype=bool)
 
 
 def _put_field(
@@ -180,16 +191,6 @@ def _put_field(
     return good
 
 
-def _finish(rows: RecordRows, good: npt.NDArray[np.bool_]) -> RecordRows:
-    """Records that are not wholly good fall back to defaults (zeros, empty lists)."""
-    bad = ~good
-    rows.ints[bad] = 0
-    rows.floats[bad] = 0
-    rows.side[bad] = 0
-    rows.missing = bad
-    return rows
-
-
 def parse_hashes(
     replies: Sequence[Sequence[bytes | None] | None],
     layout: RecordLayout,
@@ -197,38 +198,40 @@ def parse_hashes(
     max_bytes: int,
 ) -> RecordRows:
     """The records of ``HMGET`` replies (one list of field values per id; ``None``: no reply,
-    an outage); a field value over ``max_bytes`` makes its record missing, never copied."""
+    an outage); a field value over ``max_bytes`` is absent, never copied."""
     n = len(replies)
     rows = RecordRows.defaults(n, layout)
-    good = np.array([r is not None for r in replies], dtype=bool)
+    malformed = 0
     for index in range(len(layout.fields)):
         values = _bounded([None if r is None else r[index] for r in replies], max_bytes, side)
-        good &= _put_field(rows, layout, index, values)
-    absent = sum(1 for r in replies if r is None or all(v is None for v in r))
-    _warn(side, n - int(good.sum()), absent)
-    return _finish(rows, good)
+        rows.present[:, index] = _put_field(rows, layout, index, values)
+        malformed += n - values.count(None) - int(rows.present[:, index].sum())
+    _warn(side, malformed)
+    return rows
 
 
 def parse_packed(
     values: Sequence[bytes | None], layout: RecordLayout, side: str, max_bytes: int
 ) -> RecordRows:
     """The records of ``MGET`` values in the packed layout (``None``: no key); one compiled
-    pass over the values laid end to end (a value over ``max_bytes`` is missing, never
+    pass over the values laid end to end (a value over ``max_bytes`` is absent, never
     copied)."""
     values = _bounded(values, max_bytes, side)
     n = len(values)
     rows = RecordRows.defaults(n, layout)
     lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, n)
     data = np.frombuffer(b"".join(v for v in values if v is not None), dtype=np.uint8)
-    vector = next(f for f in layout.fields if f.kind is RecordKind.VECTOR)
+    at = next(i for i, f in enumerate(layout.fields) if f.kind is RecordKind.VECTOR)
     id_first = layout.fields[0].kind is RecordKind.ID
     cap = layout.list_caps[0] if layout.list_caps else 0
-    good = _parse_packed(
-        data, lengths, id_first, vector.width, cap, len(layout.list_caps) > 0,
+    shaped, finite = _parse_packed(
+        data, lengths, id_first, layout.fields[at].width, cap, len(layout.list_caps) > 0,
         rows.ints, rows.floats, rows.side,
     )  # fmt: skip
-    _warn(side, n - int(good.sum()), int((lengths < 0).sum()))
-    return _finish(rows, good)
+    rows.present[:] = shaped[:, None]
+    rows.present[:, at] &= finite
+    _warn(side, int((lengths >= 0).sum() - shaped.sum()) + int((shaped & ~finite).sum()))
+    return rows
 
 
 @numba.njit(cache=True, nogil=True)
@@ -242,10 +245,12 @@ def _parse_packed(
     ints: npt.NDArray[np.int64],
     floats: npt.NDArray[np.float32],
     side: npt.NDArray[np.int64],
-) -> npt.NDArray[np.bool_]:
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Item values (``int64`` id, ``float32[dim]``) or user values (``float32[dim]`` then
-    ``int64[k]``, ``k`` kept up to ``cap``) into rows; which values are good (finite too)."""
-    good = np.zeros(len(lengths), dtype=np.bool_)
+    ``int64[k]``, ``k`` kept up to ``cap``) into rows; which values have the layout's shape,
+    and which of those a finite vector (a vector that is not is left out, as zeros)."""
+    shaped = np.zeros(len(lengths), dtype=np.bool_)
+    finite = np.zeros(len(lengths), dtype=np.bool_)
     at = 0
     for i in range(len(lengths)):
         size = lengths[i]
@@ -257,11 +262,11 @@ def _parse_packed(
         tail = size - head - 4 * dim
         if tail < 0 or (id_first and tail != 0) or tail % 8 != 0 or (tail and not has_list):
             continue
+        shaped[i] = True
         vector = data[start + head : start + head + 4 * dim].view(np.float32)
-        if not np.isfinite(vector).all():
-            continue
-        good[i] = True
-        floats[i, :] = vector
+        if np.isfinite(vector).all():
+            finite[i] = True
+            floats[i, :] = vector
         if id_first:
             ints[i, 0] = data[start : start + 8].view(np.int64)[0]
         elif has_list:
@@ -269,7 +274,7 @@ def _parse_packed(
             first = start + 4 * dim
             ints[i, 0] = count
             side[i, :count] = data[first : first + 8 * count].view(np.int64)
-    return good
+    return shaped, finite
 
 
 def _bounded(values: Sequence[bytes | None], max_bytes: int, side: str) -> list[bytes | None]:
@@ -278,15 +283,15 @@ def _bounded(values: Sequence[bytes | None], max_bytes: int, side: str) -> list[
     if not too_large:
         return list(values)
     log.warning(
-        "%d %s feature values over redis.max_value_bytes=%d; using defaults",
+        "%d %s feature values over redis.max_value_bytes=%d; served as missing",
         too_large, side, max_bytes,
     )  # fmt: skip
     return [None if v is not None and len(v) > max_bytes else v for v in values]
 
 
-def _warn(side: str, bad: int, absent: int) -> None:
-    if bad > absent:
-        log.warning("%d malformed %s records; using defaults", bad - absent, side)
+def _warn(side: str, malformed: int) -> None:
+    if malformed:
+        log.warning("%d malformed %s feature values; served as missing", malformed, side)
 
 
 def write_hashes(

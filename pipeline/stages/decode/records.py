@@ -131,12 +131,13 @@ class RecordDecoder:
             )
 
     def _field(self, f: EventField, value: Any) -> Any:
-        """One event field's value as its store keeps it (int, float, or list of ints)."""
+        """One event field's value as its store keeps it (int, float, or list of ints; a null
+        list ``None``)."""
         kind = f.field.kind
         if f.store is Store.FLOATS:
             return float("nan") if value is None else float(value)
         if value is None:
-            return []
+            return None
         if kind is FieldKind.STRING:
             value = self._hash(f.field.name, value)
         elif kind is FieldKind.STRING_LIST:
@@ -172,7 +173,7 @@ class _RangeCheck:
 
     def __call__(self, fields: list[Any], candidates: list[int]) -> None:
         held = candidates if self.position is None else fields[self.position]
-        for v in held if isinstance(held, list) else [held]:
+        for v in held if isinstance(held, list) else [] if held is None else [held]:
             if not 0 <= v < self.key.num_rows:
                 raise RejectedMessage(
                     Why.ID_OUT_OF_RANGE,
@@ -244,7 +245,10 @@ class _Batch:
             elif f.store is Store.FLOATS:
                 out.floats[:, f.column] = np.fromiter(column, np.float32, n)
             else:
+                present = np.fromiter((v is not None for v in column), bool, n)
+                column = [[] if v is None else v for v in column]
                 out.list_counts[:, f.column] = np.fromiter(map(len, column), np.int64, n)
+                out.list_present[:, f.column] = present
                 lists[f.column] = column
         if lists:  # entity-major: each event's lists one after another
             flat = [v for e in range(n) for one in lists for v in one[e]]

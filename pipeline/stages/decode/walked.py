@@ -68,7 +68,7 @@ class WalkedColumns:
         roles, limits, n = self._fmap.roles, self._limits, len(rows)
         user_ids, _ = self._ints(roles.user_id)
         times, _ = self._ints(roles.event_time)
-        counts, candidates = self._list(roles.candidates, None)
+        counts, candidates, _ = self._list(roles.candidates, None)
         num_results = np.full(n, roles.num_results_default, dtype=np.int64)
         if roles.num_results is not None:
             value, present = self._ints(roles.num_results)
@@ -146,19 +146,21 @@ class WalkedColumns:
         lengths = np.fromiter(map(len, texts), np.int64, len(texts))
         return np.frombuffer(b"".join(texts), dtype=np.uint8).copy(), offsets(lengths), lengths
 
-    def _list(self, field: SchemaField, cap: int | None) -> tuple[I64, I64]:
-        """An id list's counts (cut to ``cap``) and items, event-major (enums: symbol ids)."""
+    def _list(self, field: SchemaField, cap: int | None) -> tuple[I64, I64, Flags]:
+        """An id list's counts (cut to ``cap``), items, event-major (enums: symbol ids), and
+        where it is present (not null)."""
         _, slot, node = self._program.slot(field.path)
         counts = self._out.list_count[self._rows, slot]
         kept = counts if cap is None else np.minimum(counts, cap)
         index = np.repeat(self._out.list_start[self._rows, slot], kept) + positions(kept)
         values = self._out.list_values[index]
         symbols = self._program.enum_ids.get(int(self._program.args[node]))
-        return kept, values if symbols is None else symbols[values]
+        present = self._out.list_present[self._rows, slot].astype(bool)
+        return kept, values if symbols is None else symbols[values], present
 
-    def _string_list(self, field: SchemaField, cap: int) -> tuple[I64, I64, Flags]:
-        """A string list's counts (cut to ``cap``), item ids, and where an item breaks the
-        length rule."""
+    def _string_list(self, field: SchemaField, cap: int) -> tuple[I64, I64, Flags, Flags]:
+        """A string list's counts (cut to ``cap``), item ids, where it is present, and where an
+        item breaks the length rule."""
         _, slot, _ = self._program.slot(field.path)
         kept = np.minimum(self._out.strs_count[self._rows, slot], cap)
         index = np.repeat(self._out.strs_start[self._rows, slot], kept) + positions(kept)
@@ -166,7 +168,8 @@ class WalkedColumns:
         chars = items[:, 2]
         ids = self._string_ids(items[:, 0], items[:, 1])
         long = (chars < 1) | (chars > self._limits.max_string_length)
-        return kept, ids, _any(long, kept)
+        present = self._out.strs_present[self._rows, slot].astype(bool)
+        return kept, ids, present, _any(long, kept)
 
     def _fields(self, bad: Flags) -> FieldColumns:
         """The feature map's event fields (``bad`` gains string-length breaks)."""
@@ -189,10 +192,10 @@ class WalkedColumns:
                 fields.floats[:, f.column] = np.where(present, values, np.nan)
                 continue
             if kind is FieldKind.STRING_LIST:
-                counts, ids, long = self._string_list(f.field, f.max_ids)
+                counts, ids, present, long = self._string_list(f.field, f.max_ids)
                 bad |= long
             elif kind is FieldKind.INT_LIST:
-                counts, ids = self._list(f.field, f.max_ids)
+                counts, ids, present = self._list(f.field, f.max_ids)
             else:
                 if store == "str":
                     ids, present, long = self._strings_of(f.field)
@@ -201,9 +204,11 @@ class WalkedColumns:
                     ids, present = self._ints(f.field)
                 if f.store is Store.INTS:
                     fields.ints[:, f.column] = ids
+                    fields.int_present[:, f.column] = present
                     continue
                 counts, ids = present.astype(np.int64), ids[present]
             fields.list_counts[:, f.column] = counts
+            fields.list_present[:, f.column] = present
             lists.append(ids)
         fields.list_ids = _interleave(fields.list_counts, lists)
         return fields

@@ -5,9 +5,13 @@ As the built-in enricher (:mod:`pipeline.stages.enrich.enricher`): every event's
 row's item is looked up in an in-process TTL cache first (:class:`FeatureCache`: one compiled
 pass), and the distinct ids it misses are fetched with ONE send: an ``MGET`` for packed
 records, one ``HMGET`` per id for hashes (:mod:`pipeline.connectors.redis.layout`), all in one
-buffer, the replies read back in order. Missing or malformed records, and Redis outages, never
-lose an event: the record falls back to defaults (zeros, empty lists) and the event's
-Recommendation lists the side in ``fallback_features``. After an outage Redis is left alone for
+buffer, the replies read back in order. Missing or malformed records and fields, and Redis
+outages, never lose an event: each absent field is marked absent in the
+:class:`~pipeline.types.FieldColumns` (the features stage applies its key's ``missing`` policy,
+a dense part its ``default``), the record's other fields serve, and the event's
+Recommendation lists the side in ``fallback_features``. Records with a field present are
+cached with which fields are (one int64 of bits after the record's ints); records with none
+(no key, an outage) never are. After an outage Redis is left alone for
 ``redis.retry_after_s``.
 
 Example::
@@ -61,10 +65,18 @@ class _Side:
         self.max_bytes = settings.max_value_bytes
         self.ids = layout.count(RecordKind.ID)
         self.lists = layout.count(RecordKind.ID_LIST)
+        kinds = [f.kind for f in layout.fields]
+        self._id_fields = [i for i, k in enumerate(kinds) if k is RecordKind.ID]
+        self._list_fields = [i for i, k in enumerate(kinds) if k is RecordKind.ID_LIST]
+        self._float_fields = np.repeat(
+            [i for i, k in enumerate(kinds) if k is RecordKind.VECTOR],
+            [f.width for f in layout.fields if f.kind is RecordKind.VECTOR],
+        ).astype(np.int64)
+        self._bits = np.int64(1) << np.arange(len(kinds), dtype=np.int64)
         self.cache = FeatureCache(
             settings.cache_max_entries,
             settings.cache_ttl_s,
-            self.ids + self.lists,
+            self.ids + self.lists + 1,  # + which fields are present, one bit each
             layout.count(RecordKind.VECTOR),
             side_width=sum(layout.list_caps),
         )
@@ -77,30 +89,42 @@ class _Side:
             return mget_head(len(ids)) + keyed_commands(self.layout.key, ids), 1
         return hmget_commands(self.layout, ids), len(ids)
 
-    def parse(self, replies: list[Any], n: int) -> RecordRows:
-        """Parse the side's replies (``[]``: an outage, every record missing)."""
+    def parse(self, replies: list[Any], n: int) -> CacheLookup:
+        """The side's replies as cache payloads (``[]``: an outage, every record missing);
+        ``missing``: records with no field present."""
         if not replies:
-            return RecordRows.defaults(n, self.layout)
-        if self.layout.format is RecordFormat.PACKED:
+            rows = RecordRows.defaults(n, self.layout)
+        elif self.layout.format is RecordFormat.PACKED:
             values = cast(list[bytes | None], replies[0])
-            return parse_packed(values, self.layout, self.name, self.max_bytes)
-        return parse_hashes(replies, self.layout, self.name, self.max_bytes)
+            rows = parse_packed(values, self.layout, self.name, self.max_bytes)
+        else:
+            rows = parse_hashes(replies, self.layout, self.name, self.max_bytes)
+        bits = (rows.present * self._bits).sum(axis=1, dtype=np.int64)
+        ints = np.concatenate([rows.ints, bits[:, None]], axis=1)
+        return CacheLookup(ints, rows.floats, rows.side, ~rows.found, np.zeros(0, np.int64))
 
-    def columns(self, found: CacheLookup) -> FieldColumns:
-        """A lookup's rows as :class:`FieldColumns` (each list cut to its length)."""
-        counts = found.ints[:, self.ids :]
+    def columns(self, found: CacheLookup) -> tuple[FieldColumns, npt.NDArray[np.bool_]]:
+        """A lookup's rows as :class:`FieldColumns` (each list cut to its length, absent
+        fields marked), and which records lack a field (for ``fallback_features``)."""
+        bits = found.ints[:, -1]
+        present = (bits[:, None] & self._bits) != 0
+        counts = found.ints[:, self.ids : self.ids + self.lists]
         caps = self.layout.list_caps
         keep = np.zeros(found.side.shape, dtype=bool)
         offset = 0
         for j, cap in enumerate(caps):
             keep[:, offset : offset + cap] = np.arange(cap)[None, :] < counts[:, j : j + 1]
             offset += cap
-        return FieldColumns(
+        floats = np.where(present[:, self._float_fields], found.floats, np.float32(np.nan))
+        fields = FieldColumns(
             np.ascontiguousarray(found.ints[:, : self.ids]),
-            found.floats,
+            floats.astype(np.float32, copy=False),
             np.ascontiguousarray(counts),
             found.side[keep],
+            present[:, self._id_fields],
+            present[:, self._list_fields],
         )
+        return fields, ~present.all(axis=1)
 
 
 class ConfiguredEnricher:
@@ -145,11 +169,12 @@ class ConfiguredEnricher:
             ):
                 if side is None or lookup is None or not len(ids):
                     continue
-                rows = side.parse(got, len(ids))
-                fetched = CacheLookup(rows.ints, rows.floats, rows.side, rows.missing, ids[:0])
+                fetched = side.parse(got, len(ids))
                 lookup.fill(lookup.missing_rows, source, fetched)
-                ok = ~rows.missing  # defaults are never cached
-                side.cache.store(ids[ok], rows.ints[ok], rows.floats[ok], rows.side[ok], now)
+                ok = ~fetched.missing  # records with no field present are never cached
+                side.cache.store(
+                    ids[ok], fetched.ints[ok], fetched.floats[ok], fetched.side[ok], now
+                )
         users, items = (
             _fields(side, lookup, len(ids))
             for (side, ids), lookup in zip(sides, found, strict=True)
@@ -190,14 +215,14 @@ class ConfiguredEnricher:
         try:
             return self._connection.read_response()
         except redis.ResponseError as exc:
-            log.warning("redis refused one record's read (%s); using defaults", exc)
+            log.warning("redis refused one record's read (%s); served as missing", exc)
             return None
 
 
 def _fields(
     side: _Side | None, lookup: CacheLookup | None, n: int
 ) -> tuple[FieldColumns | None, npt.NDArray[np.bool_]]:
-    """A side's fields and missing flags (no layout: no fields, nothing missing)."""
+    """A side's fields and which records lack one (no layout: no fields, nothing missing)."""
     if side is None or lookup is None:
         return None, np.zeros(n, dtype=bool)
-    return side.columns(lookup), lookup.missing
+    return side.columns(lookup)

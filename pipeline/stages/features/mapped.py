@@ -9,10 +9,14 @@ row per (event, candidate) pair, event-major):
 - ``item``: a field of the row's item's Redis record.
 
 Ids become table rows by the key's transform (identity with a default row for outside ids,
-modulo, or the salted hash), applied once per event (or item), before the repetition. The
-dense input is the :class:`~model.features.mapping.DensePart` s side by side; a null event number,
-and a missing Redis record, give the part's ``default``. All of it is numpy over whole columns:
-no Python work per event or row.
+modulo, or the salted hash), applied once per event (or item), before the repetition. Where
+the value is absent (a null event field; a Redis record, or its field, missing or malformed)
+the bag is what the key's ``missing`` policy says: empty, the row ``missing_row``, or the row
+of the raw id ``missing_id``. An id list keeps its length (a short list is a short bag, an
+empty one an empty bag). The dense input is the :class:`~model.features.mapping.DensePart` s
+side by side; an absent value (NaN in the columns: a null event number, a missing Redis record
+or vector field) gives the part's ``default``. All of it is numpy over whole columns: no Python
+work per event or row.
 
 Example::
 
@@ -27,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from model.features.mapping import DensePart, FeatureMap, SparseKey, Store
+from model.features.mapping import DensePart, FeatureMap, Missing, SparseKey, Store
 from model.features.model_input import ModelInput, sparse_features
 from model.features.segments import positions
 from model.features.spec import hash_to_rows
@@ -69,6 +73,7 @@ class MappedFeatures:
     def __init__(self, fmap: FeatureMap) -> None:
         self._fmap = fmap
         self._keys = [k.key for k in fmap.sparse]
+        self._fill = {k.key: _missing_row(k) for k in fmap.sparse}
 
     def stage(self, events: EventColumns, enrichment: Enrichment, scorer: Scorer) -> StagedInput:
         """The batch's model input on its way to ``scorer``'s device."""
@@ -116,14 +121,24 @@ class MappedFeatures:
         if key.source is Source.CANDIDATE:
             return table_rows(events.candidate_ids, key), np.ones(rows, dtype=np.int64)
         fields, row_source = _source(key.source, events, enrichment, event_of_row)
-        if key.store is Store.INTS:
-            return table_rows(fields.ints[:, key.column], key)[row_source], np.ones(
-                rows, dtype=np.int64
-            )
-        starts = fields.list_starts(key.column)[row_source]
-        counts = fields.list_counts[row_source, key.column]
-        flat = np.repeat(starts, counts) + positions(counts)
-        return table_rows(fields.list_ids, key)[flat], counts
+        if key.store is Store.INTS:  # one id per entity: a list of one
+            ids = fields.ints[:, key.column]
+            present = fields.int_present[:, key.column]
+            if present.all():
+                return table_rows(ids, key)[row_source], np.ones(rows, dtype=np.int64)
+            starts, counts = np.arange(len(ids), dtype=np.int64), np.ones(len(ids), np.int64)
+        else:
+            ids = fields.list_ids
+            present = fields.list_present[:, key.column]
+            starts, counts = fields.list_starts(key.column), fields.list_counts[:, key.column]
+        pool = table_rows(ids, key)
+        if not present.all():  # absent: no ids, or the policy's one row at the pool's end
+            fill = self._fill[key.key]
+            starts = np.where(present, starts, len(pool))
+            counts = np.where(present, counts, 0 if fill is None else 1)
+            pool = np.append(pool, 0 if fill is None else fill)
+        starts, counts = starts[row_source], counts[row_source]
+        return pool[np.repeat(starts, counts) + positions(counts)], counts
 
     def _dense(
         self,
@@ -135,13 +150,17 @@ class MappedFeatures:
         """One dense part, ``float32[R, width]``."""
         fields, row_source = _source(part.source, events, enrichment, event_of_row)
         values = fields.floats[:, part.column : part.column + part.width]
-        if part.source is Source.EVENT:
-            values = np.where(np.isnan(values), np.float32(part.default), values)
-        elif part.default:
-            user = part.source is Source.USER
-            missing = enrichment.user_missing if user else enrichment.item_missing
-            values = np.where(missing[:, None], np.float32(part.default), values)
+        values = np.where(np.isnan(values), np.float32(part.default), values)
         return values[row_source].astype(np.float32, copy=False)
+
+
+def _missing_row(key: SparseKey) -> int | None:
+    """The row an absent value of ``key`` looks up (``None``: an empty bag)."""
+    if key.missing is Missing.ROW:
+        return key.missing_row
+    if key.missing is Missing.ID:
+        return int(table_rows(np.array([key.missing_id], dtype=np.int64), key)[0])
+    return None
 
 
 def _source(

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 
-from model.features.mapping import Store
+from model.features.mapping import Missing, Store
+from model.features.spec import string_to_id
 from pipeline.models.mapping import FeatureMapError, resolve_feature_map
+from pipeline.settings.features import SparseSettings
 from pipeline.settings.loading import Settings, load_settings
 from tests.conftest import REPO_ROOT
 
@@ -79,6 +82,37 @@ def test_the_examples_resolve_to_their_keys_and_stores() -> None:
             "features.item.fields.category = 'id:2': expected 'vector:N', 'id' or 'id_list:N'",
         ),
         ({"dense": []}, "features.dense: declare at least one"),
+        (
+            {"sparse__category__missing": "row", "sparse__category__missing_row": 40},
+            "features.sparse.category.missing_row = 40: the table has 40 rows",
+        ),
+        (
+            {"sparse__listing__missing": "row", "sparse__listing__missing_row": 1},
+            "features.sparse.listing.missing = 'row': a candidate id is never missing; drop "
+            "missing",
+        ),
+        (
+            {"sparse__shopper__missing": "id", "sparse__shopper__missing_id": 3},
+            "features.sparse.shopper.missing = 'id': session.shopper_id is never missing (not "
+            "nullable)",
+        ),
+        (
+            {"sparse__recent__missing": "id", "sparse__recent__missing_id": 3000},
+            "features.sparse.recent.missing_id = 3000: outside the table's 3000 rows "
+            "(transform = 'identity'); use missing = 'row'",
+        ),
+        (
+            {"sparse__category__missing": "id", "sparse__category__missing_id": "none"},
+            "features.sparse.category.missing_id = 'none': a string is for a string field",
+        ),
+        (
+            {"sparse__category__missing": "id", "sparse__category__missing_id": 2**63},
+            "features.sparse.category.missing_id = 9223372036854775808: not a signed 64-bit id",
+        ),
+        (
+            {"item__fields": {f"f{i}": "id" for i in range(64)}},
+            "features.item.fields: 64 fields; a record holds at most 63",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_naming_the_key(changes: dict[str, Any], says: str) -> None:
@@ -113,3 +147,48 @@ def test_a_schema_that_does_not_parse_or_a_union_of_types_is_one_line(tmp_path: 
                 }
             )
         )
+
+
+def test_each_missing_policy_resolves_onto_its_key(tmp_path: Path) -> None:
+    schema = (EXAMPLES / "dcn" / "search_request.avsc").read_text()
+    nullable = schema.replace('{"name": "country", "type": "string"}',
+                              '{"name": "country", "type": ["null", "string"]}')  # fmt: skip
+    assert nullable != schema
+    (tmp_path / "s.avsc").write_text(nullable)
+    settings = _settings(
+        "dcn",
+        sparse__category__missing="row",
+        sparse__category__missing_row=39,
+        sparse__recent__missing="id",
+        sparse__recent__missing_id=2999,
+        sparse__country__missing="id",
+        sparse__country__missing_id="unknown",
+    )
+    settings = settings.model_copy(
+        update={"events": settings.events.model_copy(update={"schema_file": tmp_path / "s.avsc"})}
+    )
+    keys = {k.key: k for k in resolve_feature_map(settings).sparse}
+    assert (keys["category"].missing, keys["category"].missing_row) == (Missing.ROW, 39)
+    assert (keys["recent"].missing, keys["recent"].missing_id) == (Missing.ID, 2999)
+    assert keys["country"].missing_id == string_to_id("unknown")  # hashed as the field's values
+    assert keys["shopper"].missing is Missing.EMPTY  # the default
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"missing_row": 3}, "missing_row is for missing = 'row' (missing is 'empty')"),
+        ({"missing": "id", "missing_row": 3}, "missing_row is for missing = 'row'"),
+        ({"missing": "row"}, "missing = 'row' needs missing_row"),
+        ({"missing": "id"}, "missing = 'id' needs missing_id"),
+        ({"missing_id": 3}, "missing_id is for missing = 'id' (missing is 'empty')"),
+        ({"missing": "row", "missing_row": -1}, "missing_row = -1 must be >= 0"),
+        ({"missing": "zero"}, "Input should be 'empty', 'row' or 'id'"),
+    ],
+)
+def test_a_missing_policy_without_its_value_or_a_value_without_its_policy_is_refused(
+    given: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError) as error:
+        SparseSettings(source="user", field="segment", **given)
+    assert says in str(error.value)

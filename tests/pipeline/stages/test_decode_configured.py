@@ -14,9 +14,10 @@ import fastavro
 import numpy as np
 import pytest
 
-from model.features.mapping import FeatureMap
+from model.features.mapping import EventField, EventRoles, FeatureMap, Store
 from model.features.spec import string_to_id
 from pipeline.connectors.avro import framing as wire
+from pipeline.connectors.avro.schema_fields import schema_field
 from pipeline.connectors.avro.schema_registry import SchemaLookup
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.settings.codec import CodecSettings
@@ -229,3 +230,63 @@ def test_the_compiled_walk_decodes_as_the_record_path(name: str, seed: int) -> N
     np.testing.assert_array_equal(events.fields.floats, want.fields.floats)
     np.testing.assert_array_equal(events.fields.list_counts, want.fields.list_counts)
     np.testing.assert_array_equal(events.fields.list_ids, want.fields.list_ids)
+    np.testing.assert_array_equal(events.fields.int_present, want.fields.int_present)
+    np.testing.assert_array_equal(events.fields.list_present, want.fields.list_present)
+
+
+def test_a_null_field_is_absent_and_an_empty_list_is_present_on_both_paths(
+    tmp_path: Path,
+) -> None:
+    """Nullable ids, id lists, string lists and a nullable record's string: the compiled walk
+    and the record path mark the same values absent (null) and present ([] included)."""
+    schema = json.loads((REPO_ROOT / "examples" / "deepfm" / "page_view.avsc").read_text())
+    schema["fields"] += [
+        {"name": "coupon", "type": ["null", "long"], "default": None},
+        {"name": "tags", "type": ["null", {"type": "array", "items": "long"}], "default": None},
+        {"name": "words", "type": ["null", {"type": "array", "items": "string"}]},
+        {
+            "name": "ref",
+            "type": ["null", {"type": "record", "name": "Ref", "fields": [
+                {"name": "site", "type": "string"}]}],
+        },
+    ]  # fmt: skip
+    (tmp_path / "view.avsc").write_text(json.dumps(schema))
+    parsed = fastavro.parse_schema(schema)
+    roles = EventRoles(
+        *(schema_field(parsed, p) for p in ("view_id", "viewer.id", "offer_ids", "viewed_at")),
+        num_results=None,
+        num_results_default=3,
+    )
+    fields = tuple(
+        EventField(schema_field(parsed, name), Store.LISTS, column, cap)
+        for column, (name, cap) in enumerate(
+            [("coupon", 1), ("tags", 3), ("words", 2), ("ref.site", 1)]
+        )
+    )
+    fmap = FeatureMap(parsed, str(tmp_path / "view.avsc"), roles, fields, None, None, (), ())
+    cases = [
+        {"coupon": None, "tags": None, "words": None, "ref": None},
+        {"coupon": 5, "tags": [], "words": [], "ref": {"site": "x"}},
+        {"coupon": -1, "tags": [1, 2, 3, 4], "words": ["a", "b", "c"], "ref": None},
+    ]
+    values = []
+    for case in cases:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, {**_view(), **case})
+        values.append(buf.getvalue())
+    decoder = ConfiguredDecoder(CodecSettings(), fmap)
+    assert decoder._program is not None
+    walked, accepted, _ = decoder.decode_values(values)
+    recorded = decoder.records.columns([decoder.records.event(v) for v in values])
+    assert accepted.tolist() == [0, 1, 2]
+    for got in (walked.fields, recorded.fields):
+        assert got is not None
+        assert got.list_present.tolist() == [
+            [False, False, False, False],
+            [True, True, True, True],
+            [True, True, True, False],
+        ]
+        assert got.list_counts.tolist() == [[0, 0, 0, 0], [1, 0, 0, 1], [1, 3, 2, 0]]
+        assert got.list_ids.tolist() == [
+            5, string_to_id("x"), -1, 1, 2, 3, string_to_id("a"), string_to_id("b"),
+        ]  # fmt: skip

@@ -1,5 +1,7 @@
 """ConfiguredEnricher against the real Redis of the local stack: key templates, hashes and the
-packed layout read in one send, bad records falling back alone, the cache, an outage."""
+packed layout read in one send, each absent or malformed field marked absent alone (the
+record's other fields serve), the cache (records cached with which fields they hold, wholly
+missing ones never), an outage."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def _hash_layouts(prefix: str) -> tuple[RecordLayout, RecordLayout]:
     return user, item
 
 
-def test_hash_records_are_read_in_one_send_and_bad_ones_fall_back_alone(
+def test_hash_records_are_read_in_one_send_and_bad_fields_are_absent_alone(
     redis_client: redis.Redis,
     redis_settings: RedisSettings,
     prefix: str,
@@ -71,24 +73,47 @@ def test_hash_records_are_read_in_one_send_and_bad_ones_fall_back_alone(
     write_hashes(redis_client, item, [100, 101], [{"stats": [0.25]}, {"stats": [0.75]}])
     redis_client.hset(f"{prefix}:v:4:h", mapping={"taste": b"short", "segment": "1", "recent": b""})
     redis_client.set(f"{prefix}:o:102", b"a string, not a hash")  # WRONGTYPE for HMGET
+    redis_client.hset(f"{prefix}:v:6:h", mapping={"taste": np.array([1, 2], "<f4").tobytes()})
+    redis_client.hset(f"{prefix}:v:7:h", mapping={"segment": "n/a", "recent": b"\x01\x02"})
     sent = spy_on_every_connection(monkeypatch)
-    enricher = ConfiguredEnricher(redis_settings, _map(user, item), Metrics())
-    users = np.array([1, 2, -3, 4, 5, 1], dtype=np.int64)
+    metrics = Metrics()
+    enricher = ConfiguredEnricher(redis_settings, _map(user, item), metrics)
+    users = np.array([1, 2, -3, 4, 5, 1, 6, 7], dtype=np.int64)
     items = np.array([100, 101, 102, 103, 100], dtype=np.int64)
     got = enricher.enrich(users, items)
-    assert sent == ["HMGET"]  # 5 users' and 4 items' HMGETs in one buffer: one send
+    assert sent == ["HMGET"]  # 7 users' and 4 items' HMGETs in one buffer: one send
     assert got.user_fields is not None and got.item_fields is not None
-    np.testing.assert_array_equal(got.user_missing, [False, False, False, True, True, False])
-    np.testing.assert_array_equal(got.user_fields.ints[:, 0], [7, -4, 9, 0, 0, 7])
+    # 4: its taste is malformed; 5: no record; 6: only a taste; 7: all three malformed.
+    want_missing = [False, False, False, True, True, False, True, True]
+    np.testing.assert_array_equal(got.user_missing, want_missing)
+    np.testing.assert_array_equal(got.user_fields.ints[:, 0], [7, -4, 9, 1, 0, 7, 0, 0])
+    np.testing.assert_array_equal(
+        got.user_fields.int_present[:, 0], [True, True, True, True, False, True, False, False]
+    )
     np.testing.assert_allclose(got.user_fields.floats[0], [0.5, -1.0])
-    np.testing.assert_array_equal(got.user_fields.list_counts[:, 0], [3, 0, 1, 0, 0, 3])
+    np.testing.assert_allclose(got.user_fields.floats[6], [1.0, 2.0])
+    assert np.isnan(got.user_fields.floats[[3, 4, 7]]).all()  # absent vectors are NaN
+    np.testing.assert_array_equal(got.user_fields.list_counts[:, 0], [3, 0, 1, 0, 0, 3, 0, 0])
+    np.testing.assert_array_equal(  # 4's empty list is present: an empty bag, no miss
+        got.user_fields.list_present[:, 0], [True, True, True, True, False, True, False, False]
+    )
     np.testing.assert_array_equal(got.user_fields.list_ids, [11, 12, 13, 5, 11, 12, 13])
     np.testing.assert_array_equal(got.item_missing, [False, False, True, True, False])
-    np.testing.assert_allclose(got.item_fields.floats[:, 0], [0.25, 0.75, 0, 0, 0.25])
-    # Good records are cached; missing ones are asked again.
+    np.testing.assert_allclose(got.item_fields.floats[[0, 1, 4], 0], [0.25, 0.75, 0.25])
+    assert np.isnan(got.item_fields.floats[[2, 3], 0]).all()
+    # Records with a field are cached with which they hold; those with none (users 5 and 7,
+    # items 102 and 103) are asked again.
     sent.clear()
     again = enricher.enrich(users, items)
     assert sent == ["HMGET"]  # one buffer for the misses only
+    miss = "streamrank_feature_cache_requests_total"
+    value = metrics.registry.get_sample_value
+    assert value(miss, {"kind": "user", "result": "miss"}) == 7 + 2
+    assert value(miss, {"kind": "item", "result": "miss"}) == 4 + 2
+    for name in ("ints", "floats", "list_counts", "list_ids", "int_present", "list_present"):
+        np.testing.assert_array_equal(
+            getattr(again.user_fields, name), getattr(got.user_fields, name), name
+        )
     np.testing.assert_array_equal(again.user_missing, got.user_missing)
 
 
@@ -114,16 +139,20 @@ def test_packed_records_follow_the_key_template(
         f"{prefix}:l:3", np.array([-77], "<i8").tobytes() + np.array([0.5, 1], "<f4").tobytes()
     )
     nan = np.array([7], "<i8").tobytes() + np.array([np.nan, 1], "<f4").tobytes()
-    redis_client.set(f"{prefix}:l:4", nan)  # a non-finite value: the record falls back
+    redis_client.set(f"{prefix}:l:4", nan)  # a non-finite value: the vector alone is absent
     enricher = ConfiguredEnricher(redis_settings, _map(user, item), Metrics())
-    got = enricher.enrich(np.array([8, 9], np.int64), np.array([3, 4, 3], np.int64))
+    got = enricher.enrich(np.array([8, 9, 10], np.int64), np.array([3, 4, 3], np.int64))
     assert got.user_fields is not None and got.item_fields is not None
-    np.testing.assert_array_equal(got.user_missing, [False, True])
+    np.testing.assert_array_equal(got.user_missing, [False, True, True])
     np.testing.assert_allclose(got.user_fields.floats[0], profile)
+    assert np.isnan(got.user_fields.floats[1:]).all()  # not the layout's shape: all absent
+    np.testing.assert_array_equal(got.user_fields.list_present[:, 0], [True, False, False])
     np.testing.assert_array_equal(got.user_fields.list_ids, [4, 5])  # the cap: 2
     np.testing.assert_array_equal(got.item_missing, [False, True, False])
-    np.testing.assert_array_equal(got.item_fields.ints[:, 0], [-77, 0, -77])
+    np.testing.assert_array_equal(got.item_fields.ints[:, 0], [-77, 7, -77])
+    np.testing.assert_array_equal(got.item_fields.int_present[:, 0], [True, True, True])
     np.testing.assert_allclose(got.item_fields.floats[2], [0.5, 1.0])
+    assert np.isnan(got.item_fields.floats[1]).all()
 
 
 def test_an_outage_serves_defaults_flagged_and_recovers(
@@ -140,6 +169,8 @@ def test_an_outage_serves_defaults_flagged_and_recovers(
     down = enricher.enrich(np.array([1]), np.array([5]))
     assert down.user_missing[0] and down.user_fields is not None
     assert down.user_fields.ints[0, 0] == 0 and not down.item_missing.any()
+    assert not down.user_fields.int_present.any() and not down.user_fields.list_present.any()
+    assert np.isnan(down.user_fields.floats).all()
     server.restart()
     write_hashes(
         redis.Redis.from_url(server.url),
@@ -174,3 +205,6 @@ def test_a_value_over_the_size_bound_is_missing_never_copied(
         np.array([1, 2]), np.zeros(0, dtype=np.int64)
     )
     np.testing.assert_array_equal(got.user_missing, [False, True])  # 320 bytes of ids > 64
+    assert got.user_fields is not None  # only that field is absent
+    np.testing.assert_array_equal(got.user_fields.list_present[:, 0], [True, False])
+    np.testing.assert_array_equal(got.user_fields.int_present[:, 0], [True, True])
