@@ -3,6 +3,8 @@ streamrank did not write (nothing here imports streamrank).
 
     python examples/deepfm/example.py init        # train briefly, write the state_dict
     python examples/deepfm/example.py seed        # viewers' and offers' features: Redis hashes
+                                                  # (some viewers without one, some without
+                                                  # a segment: trained as empty bags)
     python examples/deepfm/example.py produce --events 200   # PageView events to Kafka
 
 Kafka and Redis come from ``STREAMRANK_KAFKA__BOOTSTRAP_SERVERS`` and ``STREAMRANK_REDIS__URL``
@@ -42,6 +44,7 @@ TABLES = {"viewer": 1000, "browser": 64, "offer": 2000, "recent_offers": 2000, "
 DIM = 16
 DENSE = 7  # hour_of_day, taste (4), stats (2)
 VIEWERS = 600  # ids 0..599 have features; events also come from 600..699 (no features)
+UNSEGMENTED = 10  # every 10th viewer's record (ids 3, 13, ...) has a taste but no segment
 OFFERS = 1500
 BROWSERS = ("firefox", "chrome", "safari", "edge", "curl")
 
@@ -67,9 +70,17 @@ def _training_batch(
     rng: np.random.Generator, rows: int
 ) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
     """Synthetic training rows shaped like served ones (hour of day, taste, stats; random ids),
-    and clicks drawn from a logistic of the dense features."""
+    and clicks drawn from a logistic of the dense features.
+
+    A viewer without a feature record has an empty ``segment`` bag and a zero taste, a record
+    without a segment an empty ``segment`` bag: the usual KJT meaning of a missing value (a
+    sum-pooled zero vector), which is what streamrank.toml serves (``missing = "empty"`` and
+    the dense parts' ``default = 0.0``)."""
+    has_record = rng.random(rows) < 0.85
+    has_segment = has_record & (rng.random(rows) < 0.9)
     lengths = [np.ones(rows, dtype=np.int64) for _ in TABLES]
     lengths[3] = rng.integers(0, 6, rows)
+    lengths[4] = has_segment.astype(np.int64)
     pairs = zip(TABLES.values(), lengths, strict=True)
     values = [rng.integers(0, rows_, int(n.sum())) for rows_, n in pairs]
     kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -78,7 +89,8 @@ def _training_batch(
         lengths=torch.from_numpy(np.concatenate(lengths)),
     )
     hour = rng.integers(0, 24, (rows, 1))
-    dense = np.hstack([hour, rng.standard_normal((rows, 4)), rng.random((rows, 2))])
+    taste = rng.standard_normal((rows, 4)) * has_record[:, None]
+    dense = np.hstack([hour, taste, rng.random((rows, 2))])
     logit = 0.1 * (hour[:, 0] - 12) + dense[:, 1] + 2 * (dense[:, 5] - 0.5)
     clicks = rng.random(rows) < 1 / (1 + np.exp(-logit))
     return torch.from_numpy(dense.astype(np.float32)), kjt, torch.from_numpy(clicks).float()
@@ -102,9 +114,14 @@ def init(out: Path, steps: int = 60, seed_: int = 0) -> None:
 
 
 def viewer_features(viewer: int) -> dict[str, Any]:
-    """A viewer's record: a 4-value taste vector and a segment id (0..11)."""
+    """A viewer's record: a 4-value taste vector and a segment id (0..11); every
+    ``UNSEGMENTED``-th viewer has no segment yet."""
     rng = np.random.default_rng(viewer)
-    return {"taste": rng.standard_normal(4).astype("<f4"), "segment": int(rng.integers(0, 12))}
+    record: dict[str, Any] = {"taste": rng.standard_normal(4).astype("<f4")}
+    segment = int(rng.integers(0, 12))
+    if viewer % UNSEGMENTED != 3:
+        record["segment"] = segment
+    return record
 
 
 def offer_features(offer: int) -> dict[str, Any]:
@@ -115,14 +132,14 @@ def offer_features(offer: int) -> dict[str, Any]:
 
 def seed(client: redis.Redis, user_key: str = USER_KEY, item_key: str = ITEM_KEY) -> None:
     """Every viewer's and offer's features as Redis hashes (vectors: float32 LE bytes, ids
-    decimal)."""
+    decimal); a viewer without a segment has no ``segment`` field."""
     pipe = client.pipeline(transaction=False)
     for viewer in range(VIEWERS):
         record = viewer_features(viewer)
-        pipe.hset(
-            user_key.replace("{id}", str(viewer)),
-            mapping={"taste": record["taste"].tobytes(), "segment": str(record["segment"])},
-        )
+        mapping = {"taste": record["taste"].tobytes()}
+        if "segment" in record:
+            mapping["segment"] = str(record["segment"]).encode()
+        pipe.hset(user_key.replace("{id}", str(viewer)), mapping=mapping)
     for offer in range(OFFERS):
         stats = offer_features(offer)["stats"]
         pipe.hset(item_key.replace("{id}", str(offer)), mapping={"stats": stats.tobytes()})

@@ -1,7 +1,8 @@
 """The worked examples (examples/deepfm, examples/dcn) set up for a test, and their scores
 computed the way a user would check them: from the raw events and the raw Redis values, with
 the test's own KeyedJaggedTensor and the module's own forward (no streamrank feature code:
-transforms, the string hash and the salted row hash are written out here)."""
+transforms, the string hash, the salted row hash and what a missing value gives are written
+out here; streamrank's code only sets the examples up: imports the weights)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from model.module.store import import_state_dict
+from model.store.versions import ModelVersions
+from pipeline.connectors.kafka.clients import make_producer, produce
+from pipeline.models.preflight import configured_module
+from pipeline.settings.loading import Settings, load_settings
 from tests.conftest import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -75,6 +81,48 @@ class Example:
         return model.eval()
 
 
+def example_settings(ex: Example, base: Settings) -> Settings:
+    """The example's TOML with the test's broker, topics, Redis and small batches."""
+    return load_settings(
+        ex.toml,
+        kafka=base.kafka,
+        topics=base.topics,
+        redis=base.redis,
+        batching=base.batching.model_copy(update={"max_batch_rows": 128}),
+        metrics=base.metrics,
+    )
+
+
+def prepare_example(
+    name: str, tmp: Path, base: Settings, client: redis.Redis, prefix: str
+) -> tuple[Example, Settings]:
+    """The example's model imported as the current version of ``tmp/versions``, its features
+    seeded under keys of ``prefix``, its settings on the test's stack (``base``)."""
+    versions = tmp / "versions"
+    ex = make_example(name, tmp, prefix, versions)
+    settings = example_settings(ex, base)
+    ex.script.seed(client, ex.user_key, ex.item_key)
+    config, _ = configured_module(settings)
+    strip = settings.model.module.state_dict_prefix if settings.model.module else ""
+    import_state_dict(
+        config, ex.state_dict, ModelVersions.create(versions), strip_prefix=strip, promote=True
+    )
+    return ex, settings
+
+
+def send(settings: Settings, ex: Example, records: list[dict[str, Any]]) -> None:
+    """``records`` encoded by the example, on the input topic."""
+    producer = make_producer(settings.kafka)
+    for record in records:
+        produce(producer, settings.topics.input, ex.script.encode(record))
+    assert producer.flush(30) == 0
+
+
+def event_id(record: dict[str, Any]) -> str:
+    """The event id a Recommendation echoes (a PageView's or a SearchRequest's)."""
+    return str(record.get("view_id") or record["request_id"])
+
+
 def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int = 5) -> Example:
     """Initialise the example's model and write the test's copy of its TOML."""
     script = load_example(name)
@@ -103,32 +151,83 @@ def _kjt(keys: list[str], bags: list[list[list[int]]]) -> KeyedJaggedTensor:
 
 
 def _hash_record(client: redis.Redis, key: str) -> dict[bytes, bytes]:
+    """The hash at ``key`` ({} when there is none, or the key holds another type)."""
+    if client.type(key) != b"hash":
+        return {}
     return client.hgetall(key)  # type: ignore[return-value]
 
 
-def deepfm_inputs(
-    ex: Example, record: dict[str, Any], client: redis.Redis
-) -> tuple[torch.Tensor, KeyedJaggedTensor]:
-    """One PageView's rows, as examples/deepfm/streamrank.toml maps them."""
-    viewer = record["viewer"]["id"]
-    offers = record["offer_ids"]
+def _vector(raw: bytes | None, width: int) -> np.ndarray | None:
+    """A ``vector:width`` field: float32 LE, all finite (``None``: missing or malformed)."""
+    if raw is None or len(raw) != 4 * width:
+        return None
+    values = np.frombuffer(raw, "<f4")
+    return values if np.isfinite(values).all() else None
+
+
+def _decimal_id(raw: bytes | None) -> int | None:
+    """An ``id`` field: a decimal integer (``None``: missing or malformed)."""
+    try:
+        return None if not raw else int(raw)
+    except ValueError:
+        return None
+
+
+def deepfm_viewer(
+    ex: Example, client: redis.Redis, viewer: int
+) -> tuple[list[float], list[int], bool]:
+    """A viewer's dense part (taste, zeros when absent), ``segment`` bag (identity over 12
+    rows, default row 0; empty when absent: ``missing = "empty"``) and whether a field is
+    absent (``fallback_features`` lists ``user_features``)."""
     user = _hash_record(client, ex.user_key.replace("{id}", str(viewer)))
-    taste = np.frombuffer(user[b"taste"], "<f4") if user else np.zeros(4, np.float32)
-    segment = int(user[b"segment"]) if user else 0
-    segment = segment if 0 <= segment < 12 else 0
+    taste = _vector(user.get(b"taste"), 4)
+    segment = _decimal_id(user.get(b"segment"))
+    bag = [] if segment is None else [segment if 0 <= segment < 12 else 0]
+    dense = [0.0] * 4 if taste is None else taste.tolist()
+    return dense, bag, taste is None or segment is None
+
+
+def deepfm_offer(ex: Example, client: redis.Redis, offer: int) -> tuple[list[float], bool]:
+    """An offer's dense part (stats, zeros when absent) and whether it is absent."""
+    item = _hash_record(client, ex.item_key.replace("{id}", str(offer)))
+    stats = _vector(item.get(b"stats"), 2)
+    return ([0.0, 0.0], True) if stats is None else (stats.tolist(), False)
+
+
+def deepfm_inputs(
+    ex: Example,
+    record: dict[str, Any],
+    client: redis.Redis,
+    segment_of_miss: list[int] | None = None,
+) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    """One PageView's rows, as examples/deepfm/streamrank.toml maps them (``segment_of_miss``:
+    the bag of a missing segment instead of an empty one, to show what a miss would change)."""
+    viewer = record["viewer"]["id"]
+    taste, segment, _ = deepfm_viewer(ex, client, viewer)
+    if not segment and segment_of_miss is not None:
+        segment = segment_of_miss
     bags: list[list[list[int]]] = [[], [], [], [], []]
     dense = []
-    for offer in offers:
-        item = _hash_record(client, ex.item_key.replace("{id}", str(offer)))
-        stats = np.frombuffer(item[b"stats"], "<f4") if item else np.zeros(2, np.float32)
+    for offer in record["offer_ids"]:
+        stats, _ = deepfm_offer(ex, client, offer)
         bags[0].append([viewer % 1000])
         bags[1].append([hashed_row(string_id(record["viewer"]["browser"]), 64)])
         bags[2].append([offer % 2000])
         bags[3].append([r % 2000 for r in record["recent_offer_ids"][:5]])
-        bags[4].append([segment])
-        dense.append([float(record["hour_of_day"]), *taste.tolist(), *stats.tolist()])
+        bags[4].append(segment)
+        dense.append([float(record["hour_of_day"]), *taste, *stats])
     keys = ["viewer", "browser", "offer", "recent_offers", "segment"]
     return torch.tensor(dense, dtype=torch.float32), _kjt(keys, bags)
+
+
+def deepfm_fallbacks(ex: Example, record: dict[str, Any], client: redis.Redis) -> set[str]:
+    """What a PageView's ``fallback_features`` lists: a side with any field absent."""
+    out = set()
+    if deepfm_viewer(ex, client, record["viewer"]["id"])[2]:
+        out.add("user_features")
+    if any(deepfm_offer(ex, client, offer)[1] for offer in record["offer_ids"]):
+        out.add("item_features")
+    return out
 
 
 def dcn_inputs(
@@ -137,27 +236,28 @@ def dcn_inputs(
     """One SearchRequest's rows, as examples/dcn/streamrank.toml maps them."""
     session = record["session"]
     raw_user = client.get(ex.user_key.replace("{id}", str(session["shopper_id"])))
-    if raw_user is not None:
-        profile = np.frombuffer(raw_user[:12], "<f4")  # type: ignore[index]
+    profile, recent = np.zeros(3, np.float32), []
+    if raw_user is not None and len(raw_user) >= 12 and (len(raw_user) - 12) % 8 == 0:  # type: ignore[arg-type]
+        finite = _vector(raw_user[:12], 3)  # type: ignore[index]
+        profile = profile if finite is None else finite
         recent = np.frombuffer(raw_user[12:], "<i8")[:6].tolist()  # type: ignore[index]
-    else:
-        profile, recent = np.zeros(3, np.float32), []
     price = record["price_ceiling"]
     bags: list[list[list[int]]] = [[] for _ in range(7)]
     dense = []
     for listing in record["listing_ids"]:
         raw_item = client.get(ex.item_key.replace("{id}", str(listing)))
-        if raw_item is not None:
-            category = int(np.frombuffer(raw_item[:8], "<i8")[0])  # type: ignore[index]
-            quality = np.frombuffer(raw_item[8:], "<f4")  # type: ignore[index]
-        else:
-            category, quality = 0, np.zeros(4, np.float32)
+        category: list[int] = []  # missing: an empty bag (missing = "empty", the default)
+        quality = np.zeros(4, np.float32)
+        if raw_item is not None and len(raw_item) == 8 + 16:  # type: ignore[arg-type]
+            category = [int(np.frombuffer(raw_item[:8], "<i8")[0]) % 40]  # type: ignore[index]
+            finite = _vector(raw_item[8:], 4)  # type: ignore[index]
+            quality = quality if finite is None else finite
         bags[0].append([hashed_row(session["shopper_id"], 4096)])
         bags[1].append([hashed_row(string_id(session["country"]), 128)])
         bags[2].append([string_id(session["device"]) % 3])
         bags[3].append([listing])
         bags[4].append([hashed_row(string_id(t), 512) for t in record["query_terms"][:4]])
-        bags[5].append([category % 40])
+        bags[5].append(category)
         bags[6].append([r if 0 <= r < 3000 else 0 for r in recent])
         dense.append([0.0 if price is None else price, *profile.tolist(), *quality.tolist()])
     keys = ["shopper", "country", "device", "listing", "terms", "category", "recent"]

@@ -29,28 +29,23 @@ from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.models.preflight import configured_module
 from pipeline.observability.metrics import Metrics
 from pipeline.serve import build_pipeline
-from pipeline.settings.loading import Settings, load_settings
+from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import ModelSwapSettings
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.faults.helpers import dead_letters
-from tests.integration.byom import Example, expected_scores, make_example
+from tests.integration.byom import (
+    Example,
+    event_id,
+    expected_scores,
+    make_example,
+    prepare_example,
+    send,
+)
 from tests.integration.conftest import BackgroundPipeline, collect, wait_for_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EVENTS = 150
-
-
-def example_settings(ex: Example, base: Settings) -> Settings:
-    """The example's TOML with the test's broker, topics, Redis and small batches."""
-    return load_settings(
-        ex.toml,
-        kafka=base.kafka,
-        topics=base.topics,
-        redis=base.redis,
-        batching=base.batching.model_copy(update={"max_batch_rows": 128}),
-        metrics=base.metrics,
-    )
 
 
 @pytest.fixture(params=["deepfm", "dcn"])
@@ -62,27 +57,9 @@ def example(
     unique_name: Callable[[str], str],
 ) -> tuple[Example, Settings]:
     """The example's model imported as the current version, its features seeded."""
-    versions = tmp_path / "versions"
-    ex = make_example(request.param, tmp_path, unique_name("byom"), versions)
-    settings = example_settings(ex, settings_factory())
-    ex.script.seed(redis_client, ex.user_key, ex.item_key)
-    config, _ = configured_module(settings)
-    prefix = settings.model.module.state_dict_prefix if settings.model.module else ""
-    import_state_dict(
-        config, ex.state_dict, ModelVersions.create(versions), strip_prefix=prefix, promote=True
+    return prepare_example(
+        request.param, tmp_path, settings_factory(), redis_client, unique_name("byom")
     )
-    return ex, settings
-
-
-def send(settings: Settings, ex: Example, records: list[dict[str, Any]]) -> None:
-    producer = make_producer(settings.kafka)
-    for record in records:
-        produce(producer, settings.topics.input, ex.script.encode(record))
-    assert producer.flush(30) == 0
-
-
-def event_id(record: dict[str, Any]) -> str:
-    return str(record.get("view_id") or record["request_id"])
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
