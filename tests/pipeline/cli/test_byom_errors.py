@@ -78,6 +78,24 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
             "",
             ("features.dense[2].field = 'stats': [features.item] declares no such field",),
         ),
+        (
+            ('missing = "empty"', 'missing = "row"\nmissing_row = 12'),
+            "",
+            ("features.sparse.segment.missing_row = 12: the table has 12 rows",),
+        ),
+        (
+            ('missing = "empty"', 'missing_row = 3'),
+            "",
+            (
+                "features.sparse.segment",
+                "missing_row is for missing = 'row' (missing is 'empty')",
+            ),
+        ),
+        (
+            ('transform = "hash"', 'transform = "hash"\nmissing = "id"\nmissing_id = "?"'),
+            "",
+            ("features.sparse.browser.missing = 'id': viewer.browser is never missing",),
+        ),
     ],
     ids=[
         "factory-attribute",
@@ -88,6 +106,9 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
         "feature-field-missing",
         "dense-width",
         "redis-field-undeclared",
+        "missing-row-outside-the-table",
+        "missing-row-without-its-policy",
+        "missing-for-a-value-never-missing",
     ],
 )
 def test_a_configured_model_mistake_is_one_line_at_start_up(
