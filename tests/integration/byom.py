@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import subprocess
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +28,7 @@ from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.models.preflight import configured_module
 from pipeline.settings.loading import Settings, load_settings
 from tests.conftest import REPO_ROOT
+from tests.integration.conftest import collect
 
 EXAMPLES = REPO_ROOT / "examples"
 _MASK = (1 << 64) - 1
@@ -220,7 +224,7 @@ def deepfm_inputs(
     return torch.tensor(dense, dtype=torch.float32), _kjt(keys, bags)
 
 
-def deepfm_fallbacks(ex: Example, record: dict[str, Any], client: redis.Redis) -> set[str]:
+def deepfm_fallbacks(ex: Example, client: redis.Redis, record: dict[str, Any]) -> set[str]:
     """What a PageView's ``fallback_features`` lists: a side with any field absent."""
     out = set()
     if deepfm_viewer(ex, client, record["viewer"]["id"])[2]:
@@ -282,3 +286,49 @@ def expected_scores(
         candidates = record.get("offer_ids") or record["listing_ids"]
         out[event_id] = dict(zip(candidates, scores.double().tolist(), strict=True))
     return out
+
+
+def run_example(
+    cli: Callable[..., subprocess.Popen],
+    settings: Settings,
+    ex: Example,
+    records: list[dict[str, Any]],
+    nproc: int,
+    log: Path,
+) -> list[dict[str, Any]]:
+    """``streamrank run --nproc N`` of the example until idle, and the Recommendations it
+    wrote: one per event of ``records``, none repeated."""
+    proc = cli(
+        settings,
+        "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
+        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.wait(400) == 0, log.read_text()[-4000:]
+    recs = collect(settings, expected=len(records))
+    counts = Counter(r["event_id"] for r in recs)
+    assert set(counts) == {event_id(r) for r in records}
+    assert max(counts.values()) == 1
+    return recs
+
+
+def assert_scores(
+    recs: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    expected: dict[str, dict[int, float]],
+) -> None:
+    """Every published score within 1e-5 of ``expected``, as many items as asked, and none
+    left out that scores above the last one published."""
+    by_id = {event_id(r): r for r in records}
+    worst = 0.0
+    for rec in recs:
+        want = expected[rec["event_id"]]
+        record = by_id[rec["event_id"]]
+        asked = record.get("slots") or record.get("want") or 5
+        assert len(rec["items"]) == min(asked, len(want))
+        for item in rec["items"]:
+            worst = max(worst, abs(item["score"] - want[item["item_id"]]))
+        kth = sorted(want.values(), reverse=True)[len(rec["items"]) - 1]
+        assert min(i["score"] for i in rec["items"]) >= kth - 1e-5
+    assert worst <= 1e-5

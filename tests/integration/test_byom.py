@@ -35,10 +35,12 @@ from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.faults.helpers import dead_letters
 from tests.integration.byom import (
     Example,
+    assert_scores,
     event_id,
     expected_scores,
     make_example,
     prepare_example,
+    run_example,
     send,
 )
 from tests.integration.conftest import BackgroundPipeline, collect, wait_for_outputs
@@ -79,33 +81,8 @@ def test_an_example_model_scores_every_event_once_as_its_own_forward(
         for record in bad:
             record["listing_ids"].append(3000 + len(record["listing_ids"]))
     send(settings, ex, records + bad)
-    log = tmp_path / "run.log"
-    proc = cli(
-        settings,
-        "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
-        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.wait(400) == 0, log.read_text()[-4000:]
-
-    recs = collect(settings, expected=EVENTS)
-    counts = Counter(r["event_id"] for r in recs)
-    assert set(counts) == {event_id(r) for r in records}
-    assert max(counts.values()) == 1
-    expected = expected_scores(ex, records, redis_client, ex.reference())
-    by_id = {event_id(r): r for r in records}
-    worst = 0.0
-    for rec in recs:
-        want = expected[rec["event_id"]]
-        record = by_id[rec["event_id"]]
-        asked = record.get("slots") or record.get("want") or 5
-        assert len(rec["items"]) == min(asked, len(want))
-        for item in rec["items"]:
-            worst = max(worst, abs(item["score"] - want[item["item_id"]]))
-        kth = sorted(want.values(), reverse=True)[len(rec["items"]) - 1]
-        assert min(i["score"] for i in rec["items"]) >= kth - 1e-5
-    assert worst <= 1e-5
+    recs = run_example(cli, settings, ex, records, nproc, tmp_path / "run.log")
+    assert_scores(recs, records, expected_scores(ex, records, redis_client, ex.reference()))
     # Viewers/shoppers without a Redis record fall back to defaults, flagged.
     no_user = [r for r in recs if "user_features" in r["fallback_features"]]
     assert no_user and len(no_user) < len(recs)
