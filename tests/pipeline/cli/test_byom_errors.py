@@ -84,7 +84,7 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
             ("features.sparse.segment.missing_row = 12: the table has 12 rows",),
         ),
         (
-            ('missing = "empty"', 'missing_row = 3'),
+            ('missing = "empty"', "missing_row = 3"),
             "",
             (
                 "features.sparse.segment",
