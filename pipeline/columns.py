@@ -10,7 +10,7 @@ in :data:`ROW_COLUMNS`, so :meth:`EventColumns.slice`, :meth:`EventColumns.take`
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,12 @@ class FieldColumns:
         floats: float32[n, F] numbers (a vector field spans several columns).
         list_counts: int64[n, L] ids in each of the ``L`` id lists of each entity.
         list_ids: int64[list_counts.sum()], entity-major, an entity's lists one after another.
+        raw_counts: int64[n, W] bytes of each of the ``W`` raw fields of each entity: event
+            fields carried into the output as their Avro encoding (``[output].echo``); 0 when
+            null. Default: none (``W = 0``).
+        raw_present: uint8[n, W] 1 where the raw field is not null.
+        raw_bytes: uint8[raw_counts.sum()], entity-major, an entity's raw fields one after
+            another.
 
     Example::
 
@@ -60,15 +66,29 @@ class FieldColumns:
     floats: npt.NDArray[np.float32]
     list_counts: Int64Array
     list_ids: Int64Array
+    raw_counts: Int64Array = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    raw_present: npt.NDArray[np.uint8] = field(
+        default_factory=lambda: np.zeros((0, 0), dtype=np.uint8)
+    )
+    raw_bytes: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+
+    def __post_init__(self) -> None:
+        if len(self.raw_counts) != len(self.ints):  # no raw fields given: none
+            self.raw_counts = np.zeros((len(self.ints), 0), dtype=np.int64)
+            self.raw_present = np.zeros((len(self.ints), 0), dtype=np.uint8)
 
     @classmethod
-    def empty(cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0) -> FieldColumns:
-        """``n`` entities of zeros and empty lists."""
+    def empty(
+        cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0, raw: int = 0
+    ) -> FieldColumns:
+        """``n`` entities of zeros, empty lists and null raw fields."""
         return cls(
             np.zeros((n, ints), dtype=np.int64),
             np.zeros((n, floats), dtype=np.float32),
             np.zeros((n, lists), dtype=np.int64),
             np.zeros(0, dtype=np.int64),
+            np.zeros((n, raw), dtype=np.int64),
+            np.zeros((n, raw), dtype=np.uint8),
         )
 
     def __len__(self) -> int:
@@ -78,16 +98,27 @@ class FieldColumns:
         """int64[n]: where list ``which`` of each entity starts in :attr:`list_ids`."""
         return starts(self.list_counts.sum(axis=1)) + self.list_counts[:, :which].sum(axis=1)
 
+    def raw_starts(self) -> Int64Array:
+        """int64[n, W]: where each raw field of each entity starts in :attr:`raw_bytes`."""
+        before = np.cumsum(self.raw_counts, axis=1) - self.raw_counts
+        return starts(self.raw_counts.sum(axis=1))[:, None] + before
+
     def slice(self, start: int, stop: int) -> FieldColumns:
         """Entities ``start:stop`` (views)."""
         per_entity = self.list_counts.sum(axis=1)
         first = int(per_entity[:start].sum())
         last = first + int(per_entity[start:stop].sum())
+        raw = self.raw_counts.sum(axis=1)
+        raw_first = int(raw[:start].sum())
+        raw_last = raw_first + int(raw[start:stop].sum())
         return FieldColumns(
             self.ints[start:stop],
             self.floats[start:stop],
             self.list_counts[start:stop],
             self.list_ids[first:last],
+            self.raw_counts[start:stop],
+            self.raw_present[start:stop],
+            self.raw_bytes[raw_first:raw_last],
         )
 
     def take(self, order: Int64Array) -> FieldColumns:
@@ -98,6 +129,9 @@ class FieldColumns:
             self.floats[order],
             self.list_counts[order],
             self.list_ids[take_segments(per_entity, order)],
+            self.raw_counts[order],
+            self.raw_present[order],
+            self.raw_bytes[take_segments(self.raw_counts.sum(axis=1), order)],
         )
 
     @classmethod
@@ -106,7 +140,9 @@ class FieldColumns:
         return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
 
 
-_FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids")
+_FIELD_ARRAYS = (
+    "ints", "floats", "list_counts", "list_ids", "raw_counts", "raw_present", "raw_bytes",
+)  # fmt: skip
 
 
 @dataclass

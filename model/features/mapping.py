@@ -13,9 +13,10 @@ stages:
 - features lays out one KJT key per :attr:`FeatureMap.sparse` and the dense input from
   :attr:`FeatureMap.dense`.
 
-A field lives in one of three stores of its columns: ``ints`` (one id; a string's 64-bit hash),
+A field lives in one of the stores of its columns: ``ints`` (one id; a string's 64-bit hash),
 ``floats`` (numbers; a vector spans ``width`` columns), ``lists`` (id lists, and nullable single
-ids: null is an empty list).
+ids: null is an empty list); an event field an output schema carries through (``[output]``'s
+``echo``) also in ``raw`` (its Avro bytes).
 
 Example::
 
@@ -143,6 +144,8 @@ class Store(enum.StrEnum):
     INTS = "ints"
     FLOATS = "floats"
     LISTS = "lists"
+    RAW = "raw"
+    """The field's Avro encoding as it was written (carried into the output: ``echo``)."""
 
 
 class RecordKind(enum.StrEnum):
@@ -312,7 +315,7 @@ class FeatureMap:
     dense: tuple[DensePart, ...]
 
     def event_count(self, store: Store) -> int:
-        """Columns of the event's ``store`` (ints, floats or lists)."""
+        """Columns of the event's ``store`` (ints, floats, lists or raw)."""
         return sum(1 for f in self.event_fields if f.store is store)
 
     @property
