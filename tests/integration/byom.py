@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -89,6 +90,17 @@ def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int
     toml = tmp / f"{name}.toml"
     toml.write_text(text)
     return Example(name, script, toml, user_key, item_key, state_dict)
+
+
+def documented_output(name: str = "dcn") -> dict[str, Any]:
+    """The ``[output]`` section the example's streamrank.toml documents in its comments (its
+    output schema of the user's), as TOML reads it; ``schema_file`` made absolute."""
+    lines = (EXAMPLES / name / "streamrank.toml").read_text().splitlines()
+    start = lines.index("# [output]")
+    block = [line.removeprefix("#").strip() for line in lines[start:] if line.startswith("#")]
+    section = tomllib.loads("\n".join(block))["output"]
+    section["schema_file"] = str(REPO_ROOT / section["schema_file"])
+    return dict(section)
 
 
 def _kjt(keys: list[str], bags: list[list[list[int]]]) -> KeyedJaggedTensor:

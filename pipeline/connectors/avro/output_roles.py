@@ -140,18 +140,22 @@ def _same(out: Mapping[str, Any], out_named: Mapping[str, Any], src: Any, src_na
 
 def check_path(schema: Mapping[str, Any], binding: Binding) -> None:
     """The binding's path exists (through records, unions with one record or array branch,
-    and arrays of records)."""
+    and arrays of records), and crosses an array (the items) when the role has one value per
+    item, none when it has one per event (one line naming the key).
+
+    Raises:
+        OutputSchemaError: a path the schema lacks, a per-item role outside the items, a
+            per-event role inside them.
+    """
     named = named_types(schema)
     node: Any = schema
+    crossed = False
     for depth, part in enumerate(binding.path):
         here = ".".join(binding.path[:depth]) or "the output"
-        node = resolve_named(node, named)
-        if isinstance(node, list):
-            inner = [resolve_named(b, named) for b in node]
-            inner = [b for b in inner if isinstance(b, Mapping) and b.get("type") != "enum"]
-            node = inner[0] if len(inner) == 1 else node
+        node = _one_container(resolve_named(node, named), named)
         if isinstance(node, Mapping) and node.get("type") == "array":
             node = resolve_named(node["items"], named)
+            crossed = True
         if not isinstance(node, Mapping) or node.get("type") != "record":
             raise OutputSchemaError(
                 f"{binding.key} = {binding.dotted!r}: {here} is {type_name(node)}, not a "
@@ -164,3 +168,24 @@ def check_path(schema: Mapping[str, Any], binding: Binding) -> None:
                 f"fields: {', '.join(fields)})"
             )
         node = fields[part]
+    leaf = _one_container(resolve_named(node, named), named)
+    holds_items = isinstance(leaf, Mapping) and leaf.get("type") == "array"
+    if binding.role in PER_ITEM and not crossed and not holds_items:
+        raise OutputSchemaError(
+            f"{binding.key} = {binding.dotted!r} is {type_name(node)}: one value per item needs "
+            "an array (an array of longs or doubles, or a path through an array of records)"
+        )
+    if binding.role not in PER_ITEM and crossed:
+        raise OutputSchemaError(
+            f"{binding.key} = {binding.dotted!r} is a field of each item; {binding.role} is "
+            "one per event"
+        )
+
+
+def _one_container(node: Any, named: Mapping[str, Any]) -> Any:
+    """A union's one record or array branch (a union with another count: as it is)."""
+    if isinstance(node, list):
+        inner = [resolve_named(b, named) for b in node]
+        inner = [b for b in inner if as_dict(b).get("type") in ("record", "array")]
+        return inner[0] if len(inner) == 1 else node
+    return node

@@ -141,6 +141,8 @@ class _Compiler:
         self.ops: list[list[int]] = []
         self.pool = bytearray()
         self.done: set[tuple[str, ...]] = set()
+        self.unfilled: list[str] = []
+        """Fields no role fills, without a default (told after the roles' own mistakes)."""
 
     # -- what is written ------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class _Compiler:
                     self.record(inner, here, in_items)  # its own fields may have defaults
                     continue
                 where = "an item record's" if in_items else "the"
-                raise OutputSchemaError(
+                self.unfilled.append(
                     f"output.schema_file: {where} field {'.'.join(here)!r} ({type_name(inner)}) "
                     "has no default and no role of [output] fills it: map a role to it or give "
                     "it a default"
@@ -276,9 +278,12 @@ class _Compiler:
 
         branch, chosen = self.branch(node, accepts)
         if chosen is None:
+            wanted = " or ".join(sorted(ops))
+            if binding.role in (Role.SCORED_AT, Role.EVENT_TIME):
+                wanted = "long (epoch milliseconds: no logical type, or timestamp-millis)"
             raise OutputSchemaError(
                 f"{binding.key} = {binding.dotted!r} is {type_name(node)}; {binding.role} "
-                f"needs {' or '.join(sorted(ops))}"
+                f"needs {wanted}"
             )
         self.const(branch)
         self.op(ops[plain_type(as_dict(chosen), self.named)], binding.column)
@@ -300,7 +305,8 @@ class _Compiler:
             raise OutputSchemaError(
                 f"{binding.key} = {source.name!r}: the event's field is "
                 f"{type_name(source.node)}, the output's {binding.dotted!r} is "
-                f"{type_name(node)}; an echoed field keeps its type (an int may become a long)"
+                f"{type_name(node)}; an echoed field keeps its type (an int may become a long, "
+                "an enum needs the same symbols in the same order)"
             )
         if source.nullable and null < 0:
             raise OutputSchemaError(
@@ -350,6 +356,8 @@ def compile_writer(
             raise OutputSchemaError(
                 f"{b.key} = {b.dotted!r} lies inside a field another role fills"
             )
+    if compiler.unfilled:
+        raise OutputSchemaError(compiler.unfilled[0])
     ops = np.asarray(compiler.ops or [[CONST, 0, 0, 0]], dtype=np.int64).reshape(-1, 4)
     fixed = item = 0
     depth = 0
