@@ -10,7 +10,8 @@ buffer; record ``e`` is ``out[out_offsets[e]:out_offsets[e + 1]]``.
 
 Example::
 
-    write_records(program.ops, program.pool, columns, out, out_offsets)
+    out, out_offsets = write_records(program, OutputColumns(header, event_ids, ...))
+    records = [out[a:b].tobytes() for a, b in itertools.pairwise(out_offsets)]
 """
 
 from __future__ import annotations
