@@ -98,11 +98,6 @@ class FieldColumns:
         """int64[n]: where list ``which`` of each entity starts in :attr:`list_ids`."""
         return starts(self.list_counts.sum(axis=1)) + self.list_counts[:, :which].sum(axis=1)
 
-    def raw_starts(self) -> Int64Array:
-        """int64[n, W]: where each raw field of each entity starts in :attr:`raw_bytes`."""
-        before = np.cumsum(self.raw_counts, axis=1) - self.raw_counts
-        return starts(self.raw_counts.sum(axis=1))[:, None] + before
-
     def slice(self, start: int, stop: int) -> FieldColumns:
         """Entities ``start:stop`` (views)."""
         per_entity = self.list_counts.sum(axis=1)

@@ -165,3 +165,13 @@ def test_a_consumer_of_the_users_schema_reads_every_event_with_each_task_score_b
     assert worst <= 1e-5
     degraded = [out for out in got if "user_features" in out["degraded"]]
     assert degraded and len(degraded) < len(got)  # shoppers without a Redis record, flagged
+    if nproc == 1:  # `streamrank consume` prints the user's records as JSON lines
+        consume = cli(
+            settings, "consume", "--max", "3", "--timeout", "20", "-c", str(ex.toml),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        stdout, stderr = consume.communicate(timeout=120)
+        assert consume.returncode == 0, stderr[-2000:]
+        printed = [json.loads(line) for line in stdout.splitlines()]
+        assert len(printed) == 3 and {p["request_id"] for p in printed} <= set(counts)
+        assert all(isinstance(p["ranked_at"], int) and "p_click" in p["ranked"][0] for p in printed)

@@ -62,7 +62,7 @@ class OutputColumns:
             ``[offsets[e], offsets[e + 1])`` (decimal text for a long id).
         user_ids / event_time_ms: int64[E].
         retrieved: bool[E].
-        item_offsets: int64[E + 1] each event's kept items.
+        item_counts: int64[E] each event's kept items (back to back in the flat arrays).
         item_ids: int64[K], best first within each event.
         scores8 / scores4: the float64[K] / float32[K] ranking scores as little-endian bytes
             (empty when the program writes none of that width).
@@ -71,9 +71,9 @@ class OutputColumns:
         scored_at: epoch milliseconds.
         fallback_user / fallback_item: bool[E].
         names / name_offsets: the two fallback names (user, item), UTF-8.
-        raw_bytes / raw_starts / raw_counts / raw_present: the events' carried fields: column
-            ``c`` of event ``e`` is ``raw_bytes[raw_starts[e, c]:][:raw_counts[e, c]]``,
-            null where ``raw_present[e, c]`` is 0.
+        raw_bytes / raw_counts / raw_present: the events' carried fields, event-major, an
+            event's columns one after another: column ``c`` of event ``e`` is
+            ``raw_counts[e, c]`` bytes, null where ``raw_present[e, c]`` is 0.
     """
 
     header: U8
@@ -82,7 +82,7 @@ class OutputColumns:
     user_ids: I64
     event_time_ms: I64
     retrieved: Flags
-    item_offsets: I64
+    item_counts: I64
     item_ids: I64
     scores8: U8
     scores4: U8
@@ -96,7 +96,6 @@ class OutputColumns:
     names: U8
     name_offsets: I64
     raw_bytes: U8
-    raw_starts: I64
     raw_counts: I64
     raw_present: npt.NDArray[np.uint8]
 
@@ -106,8 +105,7 @@ class OutputColumns:
         size = events * (len(self.header) + program.fixed_bytes) + kept * program.item_bytes
         size += program.event_id_writes * len(self.event_ids)
         size += program.version_writes * events * len(self.model_version)
-        for column in program.echo_columns:
-            size += int(self.raw_counts[:, column].sum())
+        size += len(program.echo_columns) * len(self.raw_bytes)
         return size + 16
 
 
@@ -123,10 +121,9 @@ def write_records(program: WriteProgram, columns: OutputColumns) -> tuple[U8, I6
     out_offsets = np.empty(len(c.user_ids) + 1, dtype=np.int64)
     _write(
         program.ops, program.pool, c.header, c.event_ids, c.event_id_offsets, c.user_ids,
-        c.event_time_ms, c.retrieved, c.item_offsets, c.item_ids, c.scores8, c.scores4, c.tasks8,
+        c.event_time_ms, c.retrieved, c.item_counts, c.item_ids, c.scores8, c.scores4, c.tasks8,
         c.tasks4, c.tasks, c.model_version, c.scored_at, c.fallback_user, c.fallback_item,
-        c.names, c.name_offsets, c.raw_bytes, c.raw_starts, c.raw_counts, c.raw_present, out,
-        out_offsets,
+        c.names, c.name_offsets, c.raw_bytes, c.raw_counts, c.raw_present, out, out_offsets,
     )  # fmt: skip
     return out, out_offsets
 
@@ -144,6 +141,14 @@ def _decimal(data: U8, start: int, end: int) -> int:
     return -value if negative else value
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _copy(out: U8, pos: int, data: U8, start: int, length: int) -> int:
+    """``data[start:start + length]`` to ``out[pos:]`` (a few bytes: no slices made)."""
+    for k in range(length):
+        out[pos + k] = data[start + k]
+    return pos + length
+
+
 @numba.njit(cache=True, nogil=True)
 def _write(
     ops: I64,
@@ -154,7 +159,7 @@ def _write(
     user_ids: I64,
     event_time_ms: I64,
     retrieved: Flags,
-    item_offsets: I64,
+    item_counts: I64,
     item_ids: I64,
     scores8: U8,
     scores4: U8,
@@ -168,7 +173,6 @@ def _write(
     names: U8,
     name_offsets: I64,
     raw_bytes: U8,
-    raw_starts: I64,
     raw_counts: I64,
     raw_present: npt.NDArray[np.uint8],
     out: U8,
@@ -176,9 +180,12 @@ def _write(
 ) -> None:
     pos = 0
     n_ops = len(ops)
+    first = 0  # the event's first item in the flat arrays
+    raw_at = 0  # the event's first raw byte
     for e in range(len(user_ids)):
         out_offsets[e] = pos
-        out[pos : pos + len(header)] = header
+        for k in range(len(header)):
+            out[pos + k] = header[k]
         pos += len(header)
         item = item_end = 0
         pc = 0
@@ -186,10 +193,11 @@ def _write(
             op = ops[pc, 0]
             if op == CONST:
                 start, length = ops[pc, 1], ops[pc, 2]
-                out[pos : pos + length] = pool[start : start + length]
+                for k in range(length):
+                    out[pos + k] = pool[start + k]
                 pos += length
             elif op == ITEMS:
-                item, item_end = item_offsets[e], item_offsets[e + 1]
+                item, item_end = first, first + item_counts[e]
                 if item_end == item:
                     out[pos] = 0  # an empty array
                     pos += 1
@@ -206,19 +214,13 @@ def _write(
             elif op == ITEM_ID:
                 pos = _put_long(out, pos, item_ids[item])
             elif op == SCORE_F8:
-                out[pos : pos + 8] = scores8[8 * item : 8 * item + 8]
-                pos += 8
+                pos = _copy(out, pos, scores8, 8 * item, 8)
             elif op == SCORE_F4:
-                out[pos : pos + 4] = scores4[4 * item : 4 * item + 4]
-                pos += 4
+                pos = _copy(out, pos, scores4, 4 * item, 4)
             elif op == TASK_F8:
-                at = 8 * (item * tasks + ops[pc, 1])
-                out[pos : pos + 8] = tasks8[at : at + 8]
-                pos += 8
+                pos = _copy(out, pos, tasks8, 8 * (item * tasks + ops[pc, 1]), 8)
             elif op == TASK_F4:
-                at = 4 * (item * tasks + ops[pc, 1])
-                out[pos : pos + 4] = tasks4[at : at + 4]
-                pos += 4
+                pos = _copy(out, pos, tasks4, 4 * (item * tasks + ops[pc, 1]), 4)
             elif op == EVENT_ID:
                 pos = _put_bytes(out, pos, event_ids, event_id_offsets[e], event_id_offsets[e + 1])
             elif op == EVENT_ID_LONG:
@@ -253,10 +255,14 @@ def _write(
                 if raw_present[e, column]:
                     if ops[pc, 3] >= 0:
                         pos = _put_long(out, pos, ops[pc, 3])  # the value's branch
-                    start, length = raw_starts[e, column], raw_counts[e, column]
-                    out[pos : pos + length] = raw_bytes[start : start + length]
-                    pos += length
+                    start = raw_at
+                    for c in range(column):
+                        start += raw_counts[e, c]
+                    pos = _copy(out, pos, raw_bytes, start, raw_counts[e, column])
                 else:
                     pos = _put_long(out, pos, ops[pc, 2])  # the null branch
             pc += 1
+        first += item_counts[e]
+        for c in range(raw_counts.shape[1]):
+            raw_at += raw_counts[e, c]
     out_offsets[len(user_ids)] = pos

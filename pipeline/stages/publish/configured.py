@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from model.features.segments import offsets
 from pipeline.connectors.avro.write_program import (
     SCORE_F4,
     SCORE_F8,
@@ -52,6 +51,8 @@ class SchemaEncoder:
         tasks = ops[np.isin(ops[:, 0], [TASK_F8, TASK_F4]), 1]
         self.task_columns = int(tasks.max()) + 1 if len(tasks) else 0
         """The task score columns the program reads (``ScoredBatch.task_scores``' width)."""
+        self._widths = tuple(program.writes(op) for op in (SCORE_F8, SCORE_F4, TASK_F8, TASK_F4))
+        """Which score bytes the program copies: ranking scores, task scores; 8 or 4 bytes."""
         echoes = program.echo_columns
         self.raw_columns = max(echoes) + 1 if echoes else 0
         """The raw event fields the program reads (``FieldColumns.raw_*``' width)."""
@@ -94,12 +95,12 @@ class SchemaEncoder:
             user_ids=events.user_ids.astype(np.int64, copy=False),
             event_time_ms=events.event_time_ms.astype(np.int64, copy=False),
             retrieved=events.retrieved.astype(bool, copy=False),
-            item_offsets=offsets(scored.counts),
+            item_counts=scored.counts.astype(np.int64, copy=False),
             item_ids=scored.item_ids.astype(np.int64, copy=False),
-            scores8=_bytes(scored.scores, "<f8") if program.writes(SCORE_F8) else _NO_BYTES,
-            scores4=_bytes(scored.scores, "<f4") if program.writes(SCORE_F4) else _NO_BYTES,
-            tasks8=_bytes(tasks, "<f8") if program.writes(TASK_F8) else _NO_BYTES,
-            tasks4=_bytes(tasks, "<f4") if program.writes(TASK_F4) else _NO_BYTES,
+            scores8=_bytes(scored.scores, "<f8") if self._widths[0] else _NO_BYTES,
+            scores4=_bytes(scored.scores, "<f4") if self._widths[1] else _NO_BYTES,
+            tasks8=_bytes(tasks, "<f8") if self._widths[2] else _NO_BYTES,
+            tasks4=_bytes(tasks, "<f4") if self._widths[3] else _NO_BYTES,
             tasks=int(tasks.shape[1]),
             model_version=np.frombuffer(scored.model_version.encode(), dtype=np.uint8),
             scored_at=now_ms,
@@ -108,7 +109,6 @@ class SchemaEncoder:
             names=FALLBACK_NAMES,
             name_offsets=FALLBACK_OFFSETS,
             raw_bytes=raw.raw_bytes if raw is not None else _NO_BYTES,
-            raw_starts=raw.raw_starts() if raw is not None else np.zeros((n, 0), np.int64),
             raw_counts=raw.raw_counts if raw is not None else np.zeros((n, 0), np.int64),
             raw_present=raw.raw_present if raw is not None else np.zeros((n, 0), np.uint8),
         )

@@ -69,6 +69,6 @@ class RecommendationEncoder:
 
 def split_records(out: np.ndarray, out_offsets: np.ndarray) -> list[bytes]:
     """The records laid end to end in ``out``, one ``bytes`` each."""
-    data = out.tobytes()
     bounds = out_offsets.tolist()
+    data = out[: bounds[-1]].tobytes()  # the records, not the buffer's spare room
     return [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]

@@ -219,7 +219,8 @@ def _mutations(ex: Any, seed: int) -> list[bytes]:
 
 def _raw_values(fmap: FeatureMap, fields: FieldColumns, event: int) -> dict[str, Any]:
     """One event's raw (echoed) fields, decoded with their schema types."""
-    starts = fields.raw_starts()
+    flat = fields.raw_counts.reshape(-1)  # event-major: an event's columns one after another
+    starts = (np.cumsum(flat) - flat).reshape(fields.raw_counts.shape)
     out = {}
     for f in fmap.event_fields:
         if f.store is not Store.RAW:
