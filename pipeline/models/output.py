@@ -15,17 +15,15 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import fastavro
 
 from model.features.mapping import FeatureMap, FieldKind, Store
 from pipeline.connectors.avro.output_roles import Binding, EchoSource, OutputSchemaError, Role
 from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE
 from pipeline.connectors.avro.schema_fields import SchemaFieldError, named_types, schema_node
+from pipeline.connectors.avro.schema_registry import SchemaFileError, load_record_schema
 from pipeline.connectors.avro.write_program import WriteProgram, compile_writer
 from pipeline.settings.loading import Settings
 from pipeline.settings.output import ROLE_KEYS
@@ -62,16 +60,9 @@ def load_output_schema(path: Path) -> Any:
         OutputContractError: the file is missing, not JSON, not a schema, or not a record.
     """
     try:
-        schema = fastavro.parse_schema(json.loads(path.read_text()))
-    except OSError as exc:
-        raise OutputContractError(f"output.schema_file {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # JSONDecodeError, SchemaParseException, ...
-        raise OutputContractError(
-            f"output.schema_file {path} is not an Avro schema: {' '.join(str(exc).split())}"
-        ) from exc
-    if not isinstance(schema, dict) or schema.get("type") != "record":
-        raise OutputContractError(f"output.schema_file {path}: the output must be a record schema")
-    return schema
+        return load_record_schema(path, "output.schema_file", "the output")
+    except SchemaFileError as exc:
+        raise OutputContractError(str(exc)) from exc
 
 
 def published_columns(settings: Settings) -> tuple[int, ...]:

@@ -81,6 +81,20 @@ def send(settings: Settings, ex: Example, records: list[dict[str, Any]]) -> None
     assert producer.flush(30) == 0
 
 
+def run_example(
+    cli: Callable[..., subprocess.Popen], settings: Settings, ex: Example, nproc: int, log: Path
+) -> None:
+    """``streamrank run`` of the example over what was sent, on ``nproc`` ranks, until idle."""
+    proc = cli(
+        settings,
+        "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
+        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.wait(400) == 0, log.read_text()[-4000:]
+
+
 def event_id(record: dict[str, Any]) -> str:
     return str(record.get("view_id") or record["request_id"])
 
@@ -102,15 +116,7 @@ def test_an_example_model_scores_every_event_once_as_its_own_forward(
         for record in bad:
             record["listing_ids"].append(3000 + len(record["listing_ids"]))
     send(settings, ex, records + bad)
-    log = tmp_path / "run.log"
-    proc = cli(
-        settings,
-        "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
-        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.wait(400) == 0, log.read_text()[-4000:]
+    run_example(cli, settings, ex, nproc, tmp_path / "run.log")
 
     recs = collect(settings, expected=EVENTS)
     counts = Counter(r["event_id"] for r in recs)

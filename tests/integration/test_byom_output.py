@@ -29,7 +29,7 @@ from pipeline.models.preflight import configured_module
 from pipeline.settings.loading import Settings
 from tests.faults.helpers import dead_letters
 from tests.integration.byom import EXAMPLES, Example, dcn_inputs, documented_output, make_example
-from tests.integration.test_byom import example_settings, send
+from tests.integration.test_byom import example_settings, run_example, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -116,16 +116,8 @@ def test_a_consumer_of_the_users_schema_reads_every_event_with_each_task_score_b
     ex, settings = dcn_with_output
     records = ex.script.events(EVENTS, seed_=10 + nproc)
     send(settings, ex, records)
-    log = tmp_path / "run.log"
     started_ms = int(time.time() * 1000)
-    proc = cli(
-        settings,
-        "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
-        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    assert proc.wait(400) == 0, log.read_text()[-4000:]
+    run_example(cli, settings, ex, nproc, tmp_path / "run.log")
 
     schema_file = EXAMPLES / "dcn" / "listing_ranking.avsc"
     schema = fastavro.parse_schema(json.loads(schema_file.read_text()))  # the .avsc alone

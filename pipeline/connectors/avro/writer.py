@@ -22,7 +22,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.connectors.avro.kernels import _put_bytes, _put_long
+from pipeline.connectors.avro.kernels import _put_bytes, _put_long, put_fallbacks
 from pipeline.connectors.avro.write_program import (
     CONST,
     ECHO,
@@ -235,15 +235,8 @@ def _write(
             elif op == MODEL_VERSION:
                 pos = _put_bytes(out, pos, model_version, 0, len(model_version))
             elif op == FALLBACK_NAMES:
-                flags = int(fallback_user[e]) + int(fallback_item[e])
-                if flags:
-                    pos = _put_long(out, pos, flags)
-                    if fallback_user[e]:
-                        pos = _put_bytes(out, pos, names, name_offsets[0], name_offsets[1])
-                    if fallback_item[e]:
-                        pos = _put_bytes(out, pos, names, name_offsets[1], name_offsets[2])
-                out[pos] = 0
-                pos += 1
+                user, item_fb = fallback_user[e], fallback_item[e]
+                pos = put_fallbacks(out, pos, user, item_fb, names, name_offsets)
             elif op == FALLBACK_ANY:
                 out[pos] = 1 if fallback_user[e] or fallback_item[e] else 0
                 pos += 1

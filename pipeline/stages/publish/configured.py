@@ -60,17 +60,8 @@ class SchemaEncoder:
     def encode(
         self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
     ) -> list[bytes]:
-        """The record of every event, in event order (one compiled call).
-
-        Args:
-            events: the batch's events (ids, user ids, times, the fields carried through).
-            scored: their top-K (flat, event-major, best first within each event), task scores
-                and the model version that scored them.
-            flags: per event, the feature groups that fell back to defaults.
-            now_ms: when they were scored, epoch milliseconds.
-
-        Returns:
-            One encoded value per event (with the Confluent header when so framed).
+        """The record of every event
+        (:meth:`~pipeline.stages.publish.sink.RecordEncoder.encode`).
 
         Raises:
             ValueError: the batch lacks the task scores or the event fields the schema writes.

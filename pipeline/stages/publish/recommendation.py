@@ -36,18 +36,8 @@ class RecommendationEncoder:
     def encode(
         self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
     ) -> list[bytes]:
-        """The Recommendation value of every event, in event order (one compiled call).
-
-        Args:
-            events: the batch's events (ids, user ids, ``retrieved``).
-            scored: their top-K (flat, event-major, best first within each event) and the
-                model version that scored them.
-            flags: per event, the feature groups that fell back to defaults.
-            now_ms: ``scored_at``, epoch milliseconds.
-
-        Returns:
-            One encoded value per event (with the Confluent header when so framed).
-        """
+        """The Recommendation of every event
+        (:meth:`~pipeline.stages.publish.sink.RecordEncoder.encode`)."""
         n = events.num_events
         id_bytes, id_offsets = events.event_id_bytes, events.event_id_offsets
         version = np.frombuffer(scored.model_version.encode(), dtype=np.uint8)

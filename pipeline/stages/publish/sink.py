@@ -33,7 +33,20 @@ class RecordEncoder(Protocol):
 
     def encode(
         self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
-    ) -> list[bytes]: ...
+    ) -> list[bytes]:
+        """The record of every event, in event order (one compiled call).
+
+        Args:
+            events: the batch's events.
+            scored: their top-K (flat, event-major, best first within each event), task
+                scores and the model version that scored them.
+            flags: per event, the feature groups that fell back to defaults.
+            now_ms: when they were scored (``scored_at``), epoch milliseconds.
+
+        Returns:
+            One encoded value per event (with the Confluent header when so framed).
+        """
+        ...
 
 
 @dataclass
@@ -156,18 +169,7 @@ class RecommendationSink:
     def encode(
         self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
     ) -> list[bytes]:
-        """The record of every event, in event order (one compiled call).
-
-        Args:
-            events: the batch's events.
-            scored: their top-K (flat, event-major, best first within each event) and the
-                model version that scored them.
-            flags: per event, the feature groups that fell back to defaults.
-            now_ms: ``scored_at``, epoch milliseconds.
-
-        Returns:
-            One encoded value per event (with the Confluent header when so framed).
-        """
+        """The record of every event (:meth:`RecordEncoder.encode` of this sink's encoder)."""
         return self._encoder.encode(events, scored, flags, now_ms)
 
     def _count(
