@@ -14,11 +14,8 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-import fastavro
 
 from model.features.mapping import (
     DensePart,
@@ -41,6 +38,7 @@ from pipeline.connectors.avro.schema_fields import (
     SchemaFieldError,
     schema_field,
 )
+from pipeline.connectors.avro.schema_registry import SchemaFileError, load_record_schema
 from pipeline.settings.features import (
     DenseSettings,
     EntitySettings,
@@ -80,16 +78,9 @@ def load_event_schema(path: Path | None) -> tuple[Any, str]:
     """
     chosen = path or USER_EVENT_SCHEMA_FILE
     try:
-        schema = fastavro.parse_schema(json.loads(chosen.read_text()))
-    except OSError as exc:
-        raise FeatureMapError(f"events.schema_file {chosen}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # JSONDecodeError, SchemaParseException, ...
-        raise FeatureMapError(
-            f"events.schema_file {chosen} is not an Avro schema: {' '.join(str(exc).split())}"
-        ) from exc
-    if not isinstance(schema, dict) or schema.get("type") != "record":
-        raise FeatureMapError(f"events.schema_file {chosen}: the event must be a record schema")
-    return schema, str(chosen)
+        return load_record_schema(chosen, "events.schema_file", "the event"), str(chosen)
+    except SchemaFileError as exc:
+        raise FeatureMapError(str(exc)) from exc
 
 
 def _field(schema: Any, dotted: str, key: str, kinds: set[FieldKind], what: str) -> SchemaField:
@@ -345,6 +336,9 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
     dense = [_dense(i, cfg, schema, events, records) for i, cfg in enumerate(features.dense)]
     if not dense:
         raise FeatureMapError("features.dense: declare at least one [[features.dense]] part")
+    for name, dotted in settings.output.echo.items():  # carried into the output as written
+        found = _field(schema, dotted, f"output.echo.{name}", set(FieldKind), "an echoed field")
+        events.add(found, Store.RAW)
     return FeatureMap(
         schema, schema_name, roles, tuple(events.fields), records[Source.USER],
         records[Source.ITEM], tuple(sparse), tuple(dense),
