@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from types import TracebackType
 
 __all__ = ["BUSY_LOOP", "BusyProcesses"]
 
@@ -59,12 +58,7 @@ class BusyProcesses:
             raise
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
