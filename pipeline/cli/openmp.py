@@ -3,12 +3,12 @@
 On a CPU, torch runs each operator of the forward as an OpenMP parallel region across its
 intra-op threads (libgomp in the PyPI builds). Between two regions a thread that has finished
 its part spins, by default for libgomp's ``GOMP_SPINCOUNT`` of 300,000 iterations, before it
-sleeps. On a quiet host that costs nothing visible; on a shared one it is the per-batch fixed
-cost: while the loop does its host work between two forwards, the idle OpenMP worker spins on
-a core the broker, Redis or the producer need, and when another process holds one of the
-cores, every region of the forward waits for the thread that lost its core while its partner
-spins out its time slice (BENCHMARKS.md, section 11: a 280-row forward took 90-210 ms instead
-of 3 ms beside busy processes, and 6-9 ms with 1,000 spins).
+sleeps. On a host shared with other processes that is the forward's undoing: while the loop
+does its host work between two forwards, the idle OpenMP worker spins on a core the broker,
+Redis or the producer need, and when another process holds one of the cores, every region of
+the forward waits for the thread that lost its core while its partner spins (BENCHMARKS.md,
+section 11: on a loaded machine a 280-row forward took 76 ms and 1.1 s with libgomp's default,
+11 and 30 ms with 1,000 spins).
 
 ``streamrank`` therefore sets ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` for its process and the
 processes it starts (ranks, the soak's pipeline), unless the environment already says how
