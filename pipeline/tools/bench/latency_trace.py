@@ -140,20 +140,19 @@ class BatchCosts:
 
     def busy_share(self, start: float, end: float) -> dict[str, float]:
         """The share of ``[start, end]`` (wall seconds) the loop spent processing batches:
-        ``mean``, and over each whole second of it, ``p90_1s`` and ``max_1s``."""
+        ``mean``, and over each second of it (the last one as long as what is left),
+        ``p90_1s`` and ``max_1s``."""
         if end <= start:
             return {"mean": float("nan"), "p90_1s": float("nan"), "max_1s": float("nan")}
         ends = np.asarray(self.ends, dtype=np.float64)
         starts = ends - np.asarray(self.seconds, dtype=np.float64)
-        edges = np.arange(start, end + 1e-9, 1.0)
-        if edges[-1] < end:
-            edges = np.append(edges, end)
+        edges = np.append(np.arange(start, end, 1.0), end)
         lo = np.maximum(starts[:, None], edges[None, :-1])
         hi = np.minimum(ends[:, None], edges[None, 1:])
         per_bin = np.clip(hi - lo, 0.0, None).sum(axis=0)
         widths = np.diff(edges)
-        whole = widths >= 1.0 - 1e-9
-        shares = per_bin[whole] / widths[whole] if whole.any() else per_bin / widths
+        kept = widths > 1e-9
+        shares = per_bin[kept] / widths[kept]
         return {
             "mean": round(float(per_bin.sum() / (end - start)), 3),
             "p90_1s": round(float(np.quantile(shares, 0.9)), 3),
