@@ -33,6 +33,10 @@ from pipeline.cli import (  # noqa: F401
 from pipeline.cli.common import CliState
 from pipeline.cli.errors import as_user_error, one_line
 from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, active_format, configure_logging
+from pipeline.cli.openmp import openmp_defaults
+
+# How torch's OpenMP threads wait, before any command imports torch (libgomp reads it once).
+openmp_defaults()
 
 
 class StreamrankApp(typer.Typer):

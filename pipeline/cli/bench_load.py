@@ -7,6 +7,7 @@ Both register on :data:`pipeline.cli.bench.bench_app`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -142,6 +143,13 @@ def bench_latency_command(
         Path | None,
         typer.Option(help="With --plot: also draw this earlier `bench latency --json` report."),
     ] = None,
+    busy_cores: Annotated[
+        int,
+        typer.Option(
+            help="Run the loads beside this many busy processes (one core each), as on a "
+            "shared host; capacity is measured before they start."
+        ),
+    ] = 0,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -158,6 +166,11 @@ def bench_latency_command(
         )
     if capacity_events < 1:
         raise UserError(f"--capacity-events must be >= 1, got {capacity_events}")
+    if not 0 <= busy_cores <= (os.cpu_count() or 1):
+        raise UserError(
+            f"--busy-cores must be between 0 and the host's {os.cpu_count()} cores, "
+            f"got {busy_cores}"
+        )
     if plot is not None and not plot.parent.is_dir():
         raise UserError(f"--plot: no such directory: {plot.parent}")
     if compare is not None and plot is None:
@@ -174,6 +187,7 @@ def bench_latency_command(
         seconds=seconds,
         capacity_events=capacity_events,
         warmup_s=warmup_seconds,
+        busy_cores=busy_cores,
         report=say,
     )
     if plot is not None:

@@ -1,23 +1,38 @@
-"""When an open batch is scored: as soon as the scorer is free, within a latency budget.
+"""When an open batch is scored: as soon as the scorer is free, with headroom, within a budget.
 
 Like an inference server's dynamic batcher (Triton launches a batch as soon as a model
-instance is free), the loop does not wait out a fixed delay while the scorer idles:
+instance is free), the loop does not wait out a fixed delay while the scorer idles; unlike a
+plain one, it keeps the loop out of saturation, because on a CPU the loop itself runs the
+forward and every batch pays a fixed cost (the forward's per-call work, one Redis round trip,
+the produce and the bookkeeping) whatever its size:
 
-- **Free scorer, input drained** (nothing more is queued in the consumer): the batch is scored
-  once its oldest event has waited as long as one batch's fixed cost (the ski-rental rule:
-  waiting that long for company at most doubles the cost of going alone, and a batch of one
-  event on a loaded host costs little more than its fixed part). Under load this is at once:
-  what queued during the last forward is already older than that.
+- **Free scorer, input drained** (nothing more is queued in the consumer): the batch is held
+  until its oldest event has waited as long as one batch's fixed cost (the ski-rental rule:
+  waiting that long for company at most doubles the cost of going alone), and then **until it
+  holds the headroom rows**: the rows at which, at the recent arrival rate, the loop would be
+  busy :data:`TARGET_BUSY_SHARE` of the time (``rate * (fixed / rows + per_row) <= target``).
+  An idle loop (low rate) needs few rows, so its batches close early for latency; a loop whose
+  busy share climbs lets its batches grow, so that the fixed cost is paid less often. The hold
+  ends, whatever the rows, once the batch has been held ``max_delay_ms`` (counted from when
+  the scorer became free or its first event arrived, whichever is later: the time spent behind
+  the previous batch is queueing, not batching), or once its oldest event's wait plus its
+  estimated processing reaches :data:`HOLD_BUDGET_SHARE` of the budget.
+- **Input behind** (more is queued): what is queued joins the batch first, up to its row cap.
 - **Busy scorer** (a forward in flight, ``overlap``): the batch keeps growing up to
-  ``max_batch_rows`` and is scored the moment the forward returns.
-- **Always**: a batch is scored once its oldest event has waited ``max_delay_ms``, or when
-  waiting any longer would make its oldest event's wait plus its estimated processing time
-  exceed ``latency_budget_ms``; and it is cut at the rows whose estimated processing still fits
-  that budget (never fewer than the rows at which the fixed cost is a fifth of the batch's).
+  ``max_batch_rows`` and is scored the moment the forward returns, or once its oldest event has
+  waited ``max_delay_ms``.
+- **Always**: a batch is scored when waiting any longer would make its oldest event's wait plus
+  its estimated processing time exceed ``latency_budget_ms``; and it is cut at the rows whose
+  estimated processing still fits that budget (never fewer than the rows at which the fixed
+  cost is a fifth of the batch's: below those the budget is lost for this batch, and it takes
+  the largest size allowed, to catch up), and at the rows whose estimated processing alone
+  takes :data:`MAX_BATCH_BUDGET_SHARE` of the budget (the events that arrive meanwhile wait
+  behind it; never fewer than the rows at which the fixed cost is half the batch's).
 
 Waits count from the time the batch's first event was consumed. The processing time of a batch
 (enrich, features, forward, top-K, publish) is estimated online by :class:`BatchCost`, a
-least-squares line ``fixed + per_row * rows`` over recent batches (exponentially weighted).
+least-squares line ``fixed + per_row * rows`` over recent batches (exponentially weighted); the
+arrival rate and the loop's busy share by :class:`LoopLoad`, over about the last second.
 
 Example::
 
@@ -36,13 +51,29 @@ import math
 
 from pipeline.runtime.budget_account import BudgetAccount
 
-__all__ = ["BatchCost", "BatchPolicy"]
+__all__ = ["BatchCost", "BatchPolicy", "LoopLoad"]
 
 BUSY_POLL_S = 0.002
 """While a forward is in flight, the loop looks at it at least this often."""
 
 MIN_EFFICIENCY = 0.8
 """A budget cut never makes the fixed cost more than ``1 - MIN_EFFICIENCY`` of a batch."""
+
+TARGET_BUSY_SHARE = 0.6
+"""The loop's busy share (batch processing over wall time) the headroom rows aim at: the rest
+is left to polling and decoding, to the broker, Redis and the producers on the same cores, and
+to absorb a slow batch without a queue building up."""
+
+MAX_BATCH_BUDGET_SHARE = 0.5
+"""A batch is cut where its estimated processing alone would take more than this share of the
+latency budget: the events that arrive while it is processed wait behind it."""
+
+HOLD_BUDGET_SHARE = 0.5
+"""A free scorer holds a batch for headroom only while its oldest event's wait plus the batch's
+estimated processing stays within this share of the latency budget."""
+
+LOAD_WINDOW_S = 1.0
+"""Time constant of the arrival rate and busy share (:class:`LoopLoad`)."""
 
 
 class BatchCost:
@@ -124,14 +155,72 @@ class BatchCost:
         self.fixed_s, self.per_row_s = fixed, per_row
 
 
+class LoopLoad:
+    """The loop's recent arrival rate (rows per second) and busy share (batch processing per
+    wall second), each an exponentially decayed sum over about ``window_s``.
+
+    A sum of events decayed by ``exp(-age / window_s)`` is, in a steady state, the rate times
+    ``window_s``; it starts from 0 (an underestimate for the first window: batches close early)
+    and decays while nothing happens.
+
+    Args:
+        window_s: the time constant.
+
+    Example::
+
+        load = LoopLoad()
+        load.arrived(600, now)        # a batch of 600 rows closed
+        load.worked(0.012, now)       # a batch took 12 ms to process
+        load.rows_per_s(now), load.busy_share(now)
+    """
+
+    def __init__(self, window_s: float = LOAD_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._rows = 0.0
+        self._busy = 0.0
+        self._at: float | None = None
+
+    def _age(self, now: float) -> None:
+        if self._at is not None and now > self._at:
+            keep = math.exp(-(now - self._at) / self.window_s)
+            self._rows *= keep
+            self._busy *= keep
+        if self._at is None or now > self._at:
+            self._at = now
+
+    def arrived(self, rows: int, now: float) -> None:
+        """``rows`` joined a batch that closed at ``now`` (monotonic seconds)."""
+        self._age(now)
+        self._rows += max(rows, 0)
+
+    def worked(self, seconds: float, now: float) -> None:
+        """A batch took ``seconds`` of processing, ending at ``now``."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        self._age(now)
+        self._busy += seconds
+
+    def rows_per_s(self, now: float) -> float:
+        """Recent rows per second."""
+        self._age(now)
+        return self._rows / self.window_s
+
+    def busy_share(self, now: float) -> float:
+        """Recent share of wall time spent processing batches."""
+        self._age(now)
+        return self._busy / self.window_s
+
+
 class BatchPolicy:
     """Decides, per loop iteration, whether the open batch is scored now (module docstring).
 
     Args:
-        max_delay_ms: longest the oldest event of a batch waits for it to be scored.
+        max_delay_ms: longest a free scorer holds a batch open for more events (and, with a
+            forward in flight, longest its oldest event waits for it).
         latency_budget_ms: a batch's oldest event's wait plus the batch's estimated processing
             time stays within this, when the input allows.
         cost: the processing time estimate (a fresh :class:`BatchCost` by default).
+        load: the recent arrival rate and busy share (a fresh :class:`LoopLoad` by default).
 
     Attributes:
         budget: batches within and over the budget, by cause (:class:`BudgetAccount`).
@@ -144,35 +233,71 @@ class BatchPolicy:
     """
 
     def __init__(
-        self, max_delay_ms: float, latency_budget_ms: float, cost: BatchCost | None = None
+        self,
+        max_delay_ms: float,
+        latency_budget_ms: float,
+        cost: BatchCost | None = None,
+        load: LoopLoad | None = None,
     ) -> None:
         self.max_delay_s = max_delay_ms / 1000
         self.budget_s = latency_budget_ms / 1000
         self.cost = cost or BatchCost()
+        self.load = load or LoopLoad()
         self.budget = BudgetAccount(self.budget_s)
+        self._free_since = -math.inf
+        """When the last batch was published: the scorer has been free since."""
 
     def closed(self, rows: int, oldest: float | None, now: float) -> None:
         """The open batch (``rows``, oldest event consumed at ``oldest``) is closed at ``now``:
-        its budget is charged when its cost arrives (:meth:`observe`)."""
+        its rows count as arrivals, its budget is charged when its cost arrives
+        (:meth:`observe`)."""
+        self.load.arrived(rows, now)
         self.budget.closed(rows, oldest, now, self.cost.estimate(rows))
 
     def observe(self, rows: int, seconds: float, now: float) -> None:
         """A batch of ``rows`` took ``seconds`` from enrich to publish and was published at
-        ``now``: the cost model learns from it and its budget is charged."""
+        ``now``: the cost model learns from it, the loop was busy for it, its budget is
+        charged."""
         self.cost.observe(rows, seconds)
+        self.load.worked(seconds, now)
         self.budget.published(rows, seconds, now)
+        self._free_since = max(self._free_since, now)
+
+    def headroom_rows(self, now: float) -> int:
+        """Rows a batch should hold so that, at the recent arrival rate, processing batches of
+        that size keeps the loop busy at most :data:`TARGET_BUSY_SHARE` of the time (0 with no
+        recent input; unbounded when even endless batches would not: then the row cap and the
+        hold's bound decide)."""
+        rate = self.load.rows_per_s(now)
+        if rate <= 0:
+            return 0
+        spare = TARGET_BUSY_SHARE - rate * self.cost.per_row_s
+        if spare <= 0:
+            return 2**62
+        return math.ceil(rate * self.cost.fixed_s / spare)
 
     def row_cap(self, oldest: float | None, now: float) -> int:
-        """Rows the open batch may grow to: what fits the budget after the oldest event's wait,
-        but never so few that the fixed cost exceeds a fifth of the batch."""
+        """Rows the open batch may grow to.
+
+        What fits the budget after the oldest event's wait, never so few that the fixed cost
+        exceeds a fifth of the batch; when not even those rows fit (the input is behind: the
+        budget is lost for this batch), as many as catch up fastest. In both cases no more
+        than what is processed within :data:`MAX_BATCH_BUDGET_SHARE` of the budget, never so
+        few that the fixed cost exceeds half of the batch.
+        """
         waited = 0.0 if oldest is None else max(0.0, now - oldest)
         cost = self.cost
-        efficient = (
-            0
-            if cost.per_row_s <= 0
-            else math.ceil(cost.fixed_s * MIN_EFFICIENCY / (1 - MIN_EFFICIENCY) / cost.per_row_s)
+        within = cost.rows_within(self.budget_s - waited)
+        if cost.per_row_s <= 0:
+            return max(within, 1)
+        share = max(
+            cost.rows_within(self.budget_s * MAX_BATCH_BUDGET_SHARE),
+            math.ceil(cost.fixed_s / cost.per_row_s),
         )
-        return max(cost.rows_within(self.budget_s - waited), efficient, 1)
+        efficient = math.ceil(cost.fixed_s * MIN_EFFICIENCY / (1 - MIN_EFFICIENCY) / cost.per_row_s)
+        if within < efficient:  # behind: catch up with the largest batch allowed
+            within = share
+        return max(min(within, share), 1)
 
     def decide(
         self, rows: int, oldest: float | None, now: float, scorer_free: bool, drained: bool
@@ -194,17 +319,25 @@ class BatchPolicy:
         if oldest is None or rows <= 0:
             return False, math.inf
         waited = max(0.0, now - oldest)
-        left = min(
-            self.max_delay_s - waited,
-            self.budget_s - waited - self.cost.estimate(rows),
-        )
+        estimate = self.cost.estimate(rows)
+        left = self.budget_s - waited - estimate
         if left <= 0:
             return True, 0.0
         if not scorer_free:  # look again soon: the batch goes the moment the forward returns
-            return False, min(left, BUSY_POLL_S)
+            if waited >= self.max_delay_s:
+                return True, 0.0
+            return False, min(left, self.max_delay_s - waited, BUSY_POLL_S)
         if not drained:
             return False, 0.0  # take what is queued first
         hold = min(self.cost.fixed_s, self.max_delay_s)
-        if waited >= hold:
+        if waited < hold:
+            return False, min(left, hold - waited)
+        held = now - max(oldest, self._free_since)  # held by a free scorer, not behind a batch
+        missing = self.headroom_rows(now) - rows
+        hold_left = min(
+            self.max_delay_s - held, self.budget_s * HOLD_BUDGET_SHARE - waited - estimate
+        )
+        if missing <= 0 or hold_left <= 0:
             return True, 0.0
-        return False, min(left, hold - waited)
+        rate = self.load.rows_per_s(now)  # > 0: missing > 0 needs recent input
+        return False, min(hold_left, missing / rate)

@@ -11,18 +11,24 @@ from pipeline.settings.section import Section
 
 class BatchingSettings(Section):
     """Dynamic micro-batching (:mod:`pipeline.runtime.batch_policy`): a batch is scored as soon
-    as the scorer is free, and at the latest at ``max_batch_rows``, ``max_delay_ms`` or when the
-    latency budget would be exceeded."""
+    as the scorer is free and the batch holds enough rows to leave the loop headroom, and at the
+    latest at ``max_batch_rows``, ``max_delay_ms`` of holding or when the latency budget would
+    be exceeded."""
 
     max_batch_rows: int = 4096
     """Rows are (event x candidate) pairs; an event is never split across batches."""
     max_delay_ms: float = 20.0
-    """Longest an event waits for its batch to be scored, measured from when it was consumed
-    (a free scorer does not wait this long: it waits at most one batch's fixed cost)."""
+    """Longest a free scorer holds a batch open for more events, from when the scorer became free
+    or the batch's first event arrived, whichever is later (a quiet loop holds it one batch's
+    fixed cost; a busy one until it has the rows that leave the loop headroom); with a forward
+    in flight, the longest the batch's first event waits for it."""
     latency_budget_ms: float = 100.0
     """A batch's oldest event's wait plus the batch's estimated processing time (enrich to
     publish, learnt online) stays within this: the batch is scored, or cut, before it would not.
-    A cut never makes a batch so small that its fixed cost is more than a fifth of it."""
+    A batch's estimated processing alone is at most half of it, and holding a batch for
+    headroom stops at half of it. A cut never makes a batch so small that its fixed cost is
+    more than a fifth of it (when that is all that still fits, the batch is cut at half of
+    the budget instead: the input is behind)."""
     consume_batch_size: int = 500
     """Messages asked from Kafka per poll."""
     max_in_flight_batches: int = 4

@@ -19,19 +19,25 @@ are created with ``message.timestamp.type=LogAppendTime``). The split of each ev
 Every pipeline is the one ``streamrank run`` builds (:mod:`pipeline.tools.bench.served`; the
 report's ``pipeline`` says what it left out). Each load's ``budget`` (and the capacity run's
 ``capacity_budget``) is the batch policy's account of batches that overran
-``batching.latency_budget_ms`` and why (:mod:`pipeline.runtime.budget_account`).
+``batching.latency_budget_ms`` and why (:mod:`pipeline.runtime.budget_account`). Each load also
+reports how busy the loop was (``loop_busy_share``: batch processing over the load's wall time),
+its batches (``batch_rows``, ``batch_events_mean``), the per-batch fixed cost
+(``batch_cost``: the line ``fixed + per_row * rows`` through its batches,
+:class:`~pipeline.tools.bench.latency_trace.BatchCosts`) and where the CPU went (``cpu``: per
+thread of the pipeline and per process: broker, Redis, producer, busy processes;
+:mod:`pipeline.tools.bench.cpu_account`). With ``busy_cores`` the loads run beside that many
+busy processes (:mod:`pipeline.tools.bench.busy`; capacity is measured before they start).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
@@ -41,6 +47,7 @@ from pipeline.connectors.avro.reference import (
 from pipeline.connectors.avro.rules import epoch_millis
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.loading import Settings
+from pipeline.tools.bench.busy import BusyProcesses
 from pipeline.tools.bench.common import (
     create_topics,
     delete_run_topics,
@@ -48,7 +55,9 @@ from pipeline.tools.bench.common import (
     record_count,
     seeded_world,
 )
+from pipeline.tools.bench.cpu_account import CpuAccount
 from pipeline.tools.bench.latency_trace import (
+    BatchCosts,
     Decomposition,
     StageTrace,
     decompose,
@@ -56,6 +65,7 @@ from pipeline.tools.bench.latency_trace import (
 )
 from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferPlan
 from pipeline.tools.bench.pipeline import drain_backlog
+from pipeline.tools.bench.replay import thread_settings
 from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
 from pipeline.tools.recommendation_reader import read_messages
 
@@ -114,6 +124,8 @@ class LoadRun:
         trace: the run's stage observations.
         budget: the batch policy's account of batches over ``batching.latency_budget_ms``
             (:mod:`pipeline.runtime.budget_account`).
+        costs: each batch's rows and processing time, as the batch policy saw them.
+        cpu: the CPU account of the run (:meth:`CpuAccount.result`).
         duplicates: Recommendations beyond one per event.
     """
 
@@ -125,6 +137,8 @@ class LoadRun:
     appended_in_ms: npt.NDArray[np.int64]
     trace: StageTrace
     budget: dict[str, Any]
+    costs: BatchCosts = field(default_factory=BatchCosts)
+    cpu: dict[str, Any] = field(default_factory=dict)
     duplicates: int = 0
 
     @property
@@ -160,6 +174,7 @@ class LoadRun:
         _, rows = self.trace.batch_rows.arrays()
         _, forward_s = self.trace.stages["forward"].arrays()
         delivered = (self.delivered_ms - sent.event_time_ms)[found][steady].astype(np.float64)
+        window = (sent.event_time_ms.min() / 1000, self.scored_at_ms[found].max() / 1000)
         return {
             "load": self.fraction,
             "offered_events_per_s": round(self.rate, 1),
@@ -180,7 +195,10 @@ class LoadRun:
             "batch_rows": quantiles_ms(rows),
             "batch_events_mean": round(len(parts.e2e) / max(1, len(rows)), 1),
             "forward_ms": quantiles_ms(forward_s * 1000),
+            "loop_busy_share": self.costs.busy_share(*window),
+            "batch_cost": self.costs.line(),
             "budget": self.budget,
+            "cpu": self.cpu,
         }
 
 
@@ -193,6 +211,7 @@ def run_load(
     *,
     seed: int = 0,
     idle_s: float = 5.0,
+    busy: dict[str, int] | None = None,
 ) -> LoadRun:
     """Offer ``rate`` events/s for ``seconds`` to a fresh pipeline on fresh topics.
 
@@ -204,6 +223,7 @@ def run_load(
         seconds: how long.
         seed: the producer's sampling seed.
         idle_s: the pipeline stops after this long without input (after the last event).
+        busy: busy processes running beside it (name -> pid), accounted in its CPU.
 
     Returns:
         The :class:`LoadRun` (:meth:`LoadRun.summary` is the report's entry).
@@ -222,8 +242,10 @@ def run_load(
         metrics = Metrics()
         trace = StageTrace(metrics)
         pipeline = bench_pipeline_of(run, checkpoint, metrics)
+        costs = BatchCosts.tap(pipeline.policy)
         offer.wait_ready(300)
-        pipeline.run(exit_when_idle_s=idle_s)
+        with CpuAccount.of_stack(run, producer=offer.pid, **(busy or {})) as account:
+            pipeline.run(exit_when_idle_s=idle_s)
         sent = offer.result(60 + seconds)
         out, out_records = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE)
         inp, _ = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE)
@@ -239,6 +261,8 @@ def run_load(
         appended_in_ms=_aligned(sent, inp, 0),
         trace=trace,
         budget=pipeline.policy.budget.as_dict(),
+        costs=costs,
+        cpu=account.result(),
         duplicates=out_records - len(out),
     )
     missing = int((~result.found).sum())
@@ -256,6 +280,7 @@ def bench_latency(
     warmup_events: int = 200,
     warmup_s: float = 1.0,
     idle_s: float = 5.0,
+    busy_cores: int = 0,
     report: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Capacity, then latency at each load fraction (see the module docstring).
@@ -272,11 +297,13 @@ def bench_latency(
         warmup_s: at each load, events sent in the first ``warmup_s`` seconds after the group
             join are left out of the latency figures (reported apart, ``warmup_latency_ms``).
         idle_s: a load's pipeline stops after this long without input.
+        busy_cores: busy processes running beside the loads (not beside the capacity run):
+            a shared host (:class:`~pipeline.tools.bench.busy.BusyProcesses`).
         report: called with one line of progress per measurement.
 
     Returns:
         ``capacity_events_per_s``, the configuration measured, and ``loads``: one entry per
-        fraction (:func:`summarise_load`; none when ``loads`` is empty).
+        fraction (:meth:`LoadRun.summary`; none when ``loads`` is empty).
 
     Example::
 
@@ -293,25 +320,26 @@ def bench_latency(
         capacity = drained.events_per_s
         report(f"capacity: {capacity:,.0f} events/s draining {capacity_events:,} events")
         entries = []
-        for i, fraction in enumerate(loads):
-            rate = capacity * fraction
-            run = run_load(settings, checkpoint, fraction, rate, seconds, seed=i, idle_s=idle_s)
-            entry = run.summary(warmup_s)
-            lat, share, budget = entry["latency_ms"], entry["share"], entry["budget"]
-            report(
-                f"load {fraction:g} ({entry['offered_events_per_s']:,.0f} events/s): "
-                f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
-                f"{entry['batch_rows']['mean']:.0f} rows/batch; waiting behind earlier batches "
-                f"{share['behind']:.0%}, batching {share['batching']:.0%}, "
-                f"forward {share['forward']:.0%}; over the {budget['budget_ms']:g} ms budget: "
-                f"{budget['over_budget']} of {budget['batches']} batches "
-                f"{budget['over_budget_causes']}"
-            )
-            entries.append(entry)
+        with BusyProcesses(busy_cores if loads else 0) as busy:
+            for i, fraction in enumerate(loads):
+                rate = capacity * fraction
+                run = run_load(
+                    settings, checkpoint, fraction, rate, seconds, seed=i, idle_s=idle_s,
+                    busy=busy.pids,
+                )  # fmt: skip
+                entries.append(run.summary(warmup_s))
+                report(_load_line(entries[-1]))
+    cost = pipeline.policy.cost
     return {
         "capacity_events_per_s": round(capacity, 1),
         "capacity_events": capacity_events,
         "capacity_budget": pipeline.policy.budget.as_dict(),
+        "capacity_batches": {
+            "batches": drained.batches,
+            "rows_mean": round(drained.rows_scored / max(1, drained.batches), 1),
+            "fixed_ms_estimate": round(cost.fixed_s * 1000, 2),
+            "per_row_us_estimate": round(cost.per_row_s * 1e6, 2),
+        },
         "seconds": seconds,
         "model_version": pipeline.scorer.model_version,
         "pipeline": describe(pipeline, notes),
@@ -319,6 +347,23 @@ def bench_latency(
         "max_delay_ms": batching.max_delay_ms,
         "latency_budget_ms": batching.latency_budget_ms,
         "warmup_s": warmup_s,
-        "torch_threads": torch.get_num_threads(),
+        "busy_cores": busy_cores,
+        "threads": thread_settings(),
         "loads": entries,
     }
+
+
+def _load_line(entry: dict[str, Any]) -> str:
+    """One line of progress for a load's entry."""
+    lat, share, budget = entry["latency_ms"], entry["share"], entry["budget"]
+    cost, busy = entry["batch_cost"], entry["loop_busy_share"]
+    return (
+        f"load {entry['load']:g} ({entry['offered_events_per_s']:,.0f} events/s): "
+        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms; "
+        f"loop busy {busy['mean']:.0%} (max {busy['max_1s']:.0%} in a second); "
+        f"{entry['batch_events_mean']:g} events, {entry['batch_rows']['mean']:.0f} rows/batch, "
+        f"fixed cost {cost['fixed_ms']} ms + {cost['per_row_us']} us/row; "
+        f"waiting behind earlier batches {share['behind']:.0%}, batching {share['batching']:.0%}, "
+        f"forward {share['forward']:.0%}; over the {budget['budget_ms']:g} ms budget: "
+        f"{budget['over_budget']} of {budget['batches']} batches {budget['over_budget_causes']}"
+    )

@@ -24,18 +24,25 @@ the wall-clock time it was made (the histograms themselves are untouched).
 An event's batch is the last forward that ended at or before its ``scored_at``; a batch's
 enrich and features are the last ones that ended before that forward started. **queued** in the
 reports is ``behind + batching``.
+
+:class:`BatchCosts` keeps what the loop's batch policy learns from each batch (its rows and its
+processing time, enrich to publish): the loop's busy share over a load, and the line
+``fixed + per_row * rows`` through the batches (the per-batch fixed cost).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.observability.metrics import Metrics
+
+if TYPE_CHECKING:
+    from pipeline.runtime.batch_policy import BatchPolicy
 
 TRACED_STAGES = ("enrich", "features", "forward", "produce")
 BUSY_STAGES = ("enrich", "features", "forward", "produce")
@@ -78,6 +85,79 @@ class StageTrace:
         for name, kept in self.stages.items():
             _tap(metrics.stage_seconds.labels(stage=name), kept)
         _tap(metrics.batch_rows, self.batch_rows)
+
+
+@dataclass
+class BatchCosts:
+    """Each batch's rows and processing seconds (enrich to publish) as the loop's batch policy
+    observes them, with the wall-clock time it did (the batch's publish).
+
+    Example::
+
+        costs = BatchCosts.tap(pipeline.policy)
+        pipeline.run(exit_when_idle_s=3)
+        costs.line()["fixed_ms"], costs.busy_share(start, end)["mean"]
+    """
+
+    rows: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+
+    @classmethod
+    def tap(cls, policy: BatchPolicy) -> BatchCosts:
+        """Keep every batch ``policy.observe`` is told about (the method is wrapped in place)."""
+        costs = cls()
+        observe = policy.observe
+
+        def tapped(rows: int, seconds: float, now: float) -> None:
+            costs.rows.append(rows)
+            costs.seconds.append(seconds)
+            costs.ends.append(time.time())
+            observe(rows, seconds, now)
+
+        policy.observe = tapped  # type: ignore[method-assign]
+        return costs
+
+    def line(self) -> dict[str, Any]:
+        """The least-squares line ``fixed + per_row * rows`` through every batch: ``fixed_ms``
+        (the per-batch fixed cost), ``per_row_us``, the batches and their rows' spread
+        (``rows_p10``, ``rows_p90``: a line through batches of one size says little), and
+        ``processing_ms`` quantiles. NaN when fewer than two sizes were seen."""
+        rows = np.asarray(self.rows, dtype=np.float64)
+        seconds = np.asarray(self.seconds, dtype=np.float64)
+        out: dict[str, Any] = {"batches": len(rows), "processing_ms": quantiles_ms(seconds * 1000)}
+        if len(rows) < 2 or np.ptp(rows) == 0:
+            return {**out, "fixed_ms": float("nan"), "per_row_us": float("nan")}
+        per_row, fixed = np.polyfit(rows, seconds, 1)
+        p10, p90 = np.quantile(rows, [0.1, 0.9])
+        return {
+            **out,
+            "fixed_ms": round(float(fixed) * 1000, 2),
+            "per_row_us": round(float(per_row) * 1e6, 2),
+            "rows_p10": round(float(p10)),
+            "rows_p90": round(float(p90)),
+        }
+
+    def busy_share(self, start: float, end: float) -> dict[str, float]:
+        """The share of ``[start, end]`` (wall seconds) the loop spent processing batches:
+        ``mean``, and over each second of it (the last one as long as what is left),
+        ``p90_1s`` and ``max_1s``."""
+        if end <= start:
+            return {"mean": float("nan"), "p90_1s": float("nan"), "max_1s": float("nan")}
+        ends = np.asarray(self.ends, dtype=np.float64)
+        starts = ends - np.asarray(self.seconds, dtype=np.float64)
+        edges = np.append(np.arange(start, end, 1.0), end)
+        lo = np.maximum(starts[:, None], edges[None, :-1])
+        hi = np.minimum(ends[:, None], edges[None, 1:])
+        per_bin = np.clip(hi - lo, 0.0, None).sum(axis=0)
+        widths = np.diff(edges)
+        kept = widths > 1e-9
+        shares = per_bin[kept] / widths[kept]
+        return {
+            "mean": round(float(per_bin.sum() / (end - start)), 3),
+            "p90_1s": round(float(np.quantile(shares, 0.9)), 3),
+            "max_1s": round(float(shares.max()), 3),
+        }
 
 
 def _tap(histogram: Any, kept: Observations) -> None:

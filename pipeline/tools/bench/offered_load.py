@@ -230,6 +230,11 @@ class OfferedLoad:
             process.stdin.write(pickle.dumps(plan))
         return cls(process, Connection(receive_fd, writable=False))
 
+    @property
+    def pid(self) -> int:
+        """The producer process's pid."""
+        return self._process.pid
+
     def _receive(self, timeout_s: float) -> object:
         try:
             if not self._conn.poll(timeout_s):

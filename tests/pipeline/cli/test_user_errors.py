@@ -139,6 +139,8 @@ def test_report_with_a_bad_duration(run_cli: CliRunner, tmp_path: Path) -> None:
         (["--plot", "/no/such/dir/l.png"], "/no/such/dir"),
         (["--compare", "old.json"], "--plot"),
         (["--capacity-only", "--plot", "l.png"], "--capacity-only"),
+        (["--busy-cores", "-1"], "--busy-cores"),
+        (["--busy-cores", "999"], "--busy-cores"),
     ],
 )
 def test_bench_latency_bad_options(run_cli: CliRunner, args: list[str], fragment: str) -> None:

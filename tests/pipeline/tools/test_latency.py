@@ -12,11 +12,20 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.observability.metrics import Metrics
+from pipeline.runtime.batch_policy import BatchPolicy
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
+from pipeline.tools.bench.busy import BusyProcesses
+from pipeline.tools.bench.cpu_account import process_cpu_s
 from pipeline.tools.bench.latency import bench_latency
 from pipeline.tools.bench.latency_plot import plot_latency
-from pipeline.tools.bench.latency_trace import BusyTime, StageTrace, decompose, quantiles_ms
+from pipeline.tools.bench.latency_trace import (
+    BatchCosts,
+    BusyTime,
+    StageTrace,
+    decompose,
+    quantiles_ms,
+)
 from pipeline.tools.bench.offered_load import OfferPlan, Pacer
 from tests.integration.conftest import WORLD, model_settings
 
@@ -135,6 +144,50 @@ def test_busy_time_counts_overlapping_stages_once() -> None:
     assert busy.between(lo, hi).tolist() == pytest.approx([5.0, 2.0, 0.5])
 
 
+def test_batch_costs_keep_what_the_policy_learns_and_fit_the_fixed_cost() -> None:
+    policy = BatchPolicy(max_delay_ms=20, latency_budget_ms=100)
+    costs = BatchCosts.tap(policy)
+    for rows in (100, 400, 1600, 3200) * 3:
+        policy.observe(rows, 0.004 + 12e-6 * rows, now=1.0)
+    assert costs.rows[:4] == [100, 400, 1600, 3200]
+    line = costs.line()
+    assert (line["batches"], line["fixed_ms"], line["per_row_us"]) == (12, 4.0, 12.0)
+    assert policy.load.busy_share(1.0) > 0  # the policy was still told
+
+
+def test_the_loop_busy_share_is_processing_over_wall_time_second_by_second() -> None:
+    costs = BatchCosts()
+    # [100.1, 100.3], [100.7, 101.2] (straddles a second), [101.3, 101.9]:
+    # second 0 busy 0.2 + 0.3 s, second 1 0.2 + 0.6 s, second 2 none
+    for end, seconds in ((100.3, 0.2), (101.2, 0.5), (101.9, 0.6)):
+        costs.rows.append(100)
+        costs.seconds.append(seconds)
+        costs.ends.append(end)
+    busy = costs.busy_share(100.0, 103.0)
+    assert busy["mean"] == pytest.approx(1.3 / 3, abs=1e-3)
+    assert busy["max_1s"] == pytest.approx(0.8)
+    # a window ending within a second: the last, shorter second counts over its own length
+    short = costs.busy_share(100.5, 101.9)  # [100.5, 101.5]: 0.5 + 0.2; [101.5, 101.9]: 0.4
+    assert short["max_1s"] == pytest.approx(1.0) and short["mean"] <= short["max_1s"]
+    assert math.isnan(costs.busy_share(5.0, 5.0)["mean"])
+    assert math.isnan(BatchCosts().line()["fixed_ms"])  # no batches: no line
+
+
+def test_busy_processes_spin_and_end_by_pid() -> None:
+    with BusyProcesses(1) as busy:
+        (pid,) = busy.pids.values()
+        cpu = process_cpu_s(pid)
+        deadline = time.monotonic() + 30  # a loaded host may give it little of a core
+        while process_cpu_s(pid) < cpu + 0.2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process_cpu_s(pid) >= cpu + 0.2  # it spins
+    with pytest.raises(ProcessLookupError):
+        process_cpu_s(pid)  # ended and reaped
+    assert busy.pids == {}
+    with BusyProcesses(0) as none:
+        assert none.pids == {}
+
+
 def test_quantiles_of_nothing_are_nan() -> None:
     assert all(math.isnan(v) for v in quantiles_ms(np.array([])).values())
     q = quantiles_ms(np.arange(1, 101, dtype=np.float64))
@@ -174,9 +227,11 @@ def test_smoke_run_on_the_stack_reports_every_load_and_deletes_its_topics(
         capacity_events=150,
         warmup_events=20,
         idle_s=2.0,
+        busy_cores=1,
         report=lines.append,
     )
     assert report["capacity_events_per_s"] > 0
+    assert report["busy_cores"] == 1 and "torch_threads" in report["threads"]
     assert [entry["load"] for entry in report["loads"]] == [0.2, 0.4]
     for entry in report["loads"]:
         rate = report["capacity_events_per_s"] * entry["load"]
@@ -190,6 +245,10 @@ def test_smoke_run_on_the_stack_reports_every_load_and_deletes_its_topics(
         assert sum(entry["share"].values()) == pytest.approx(1.0, abs=0.01)
         assert 0 < entry["batches"] <= entry["events"]
         assert entry["batch_rows"]["max"] <= 256
+        assert 0 < entry["loop_busy_share"]["mean"] <= entry["loop_busy_share"]["max_1s"] <= 1.0
+        assert entry["batch_cost"]["batches"] == entry["batches"]
+        assert {"loop", "broker", "redis", "producer", "busy-1"} <= set(entry["cpu"]["cores"])
+        assert entry["cpu"]["cores"]["busy-1"] > 0.3  # it spun beside the load
     assert len(lines) == 3  # capacity, then one line per load
     assert _new_topics(admin, topics_before) == set()
 
