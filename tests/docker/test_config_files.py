@@ -71,8 +71,10 @@ def test_streamrank_services_share_one_set_of_settings_from_the_env_file(
     env = _env_file()
     services = compose_config["services"]
     shared = services["scorer"]["environment"]
-    for name in ("init", "producer"):
-        assert services[name]["environment"] == shared
+    assert services["producer"]["environment"] == shared
+    init = dict(services["init"]["environment"])
+    assert init.pop("STREAMRANK_INIT_EVENTS") == env["INIT_EVENTS"]
+    assert init == shared
     assert shared["STREAMRANK_KAFKA__BOOTSTRAP_SERVERS"] == f"kafka:{env['KAFKA_PORT']}"
     assert shared["STREAMRANK_REDIS__URL"] == f"redis://redis:{env['REDIS_PORT']}/0"
     assert shared["STREAMRANK_TOPICS__INPUT"] == env["TOPIC_INPUT"]
