@@ -107,6 +107,11 @@ UP=0
 PASSED=0
 
 # Host state before our dockerd, to put back after it.
+# engine_pids: the processes of a Docker engine (containerd-shim-runc-v2's name is cut at 15).
+engine_pids() {
+    ps -e -o pid=,comm= |
+        awk '$2 ~ /^(dockerd|containerd|containerd-shim.*|docker-proxy)$/ {print $1}' | sort
+}
 links_now() { ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort; }
 # iptables_rules: the rules and chains of an iptables-save dump (stdin), counters and
 # comments left out, built-in chains only when their policy is not ACCEPT.
@@ -117,11 +122,11 @@ snapshot_host() {
     cat /proc/sys/net/ipv4/ip_forward >"$STATE/ip_forward.before"
     iptables-save >"$STATE/iptables.before"
     links_now >"$STATE/links.before"
-    pgrep -x 'dockerd|containerd|containerd-shim.*|docker-proxy' | sort >"$STATE/pids.before" || true
+    engine_pids >"$STATE/pids.before"
 }
 
 start_dockerd() {
-    [[ ! -S /var/run/docker.sock ]] || ! pgrep -x dockerd >/dev/null ||
+    [[ ! -S /var/run/docker.sock ]] || [[ -z "$(engine_pids)" ]] ||
         die "a dockerd runs but does not answer ($DOCKER info); not starting another"
     snapshot_host
     say "starting dockerd (log $STATE/dockerd.log)"
@@ -181,8 +186,7 @@ stop_dockerd() {
     wait "$DOCKERD_PID" 2>/dev/null || true
     # Its containerd stops with it; anything of the engine that is new and still there is ours.
     for ((i = 0; i < 50; i++)); do
-        left="$(comm -13 "$STATE/pids.before" \
-            <(pgrep -x 'dockerd|containerd|containerd-shim.*|docker-proxy' | sort) || true)"
+        left="$(comm -13 "$STATE/pids.before" <(engine_pids))"
         [[ -z "$left" ]] && break
         sleep 0.2
     done
