@@ -260,24 +260,30 @@ def dead_letters(messages: list[Any]) -> list[DeadLetter]:
 # ------------------------------------------------------------------------------ subcommands
 
 
-def _until(check: Callable[[], tuple[bool, str]], timeout_s: float, what: str) -> bool:
-    """Poll ``check`` every second until it holds; print its last word either way."""
+def _until(
+    check: Callable[[], tuple[bool, str]], timeout_s: float, what: str, since: float | None = None
+) -> bool:
+    """Poll ``check`` every half second until it holds; print its last word either way.
+
+    ``since``: the epoch time (``time.time()``) of what is waited for, e.g. the kill; the time
+    printed is from then (else from the start of the wait)."""
     started = time.monotonic()
+    origin = time.time() if since is None else since
     while True:
         try:
             ok, word = check()
         except Exception as error:  # a broker or Prometheus not answering yet: try again
             ok, word = False, f"{type(error).__name__}: {error}"
         if ok:
-            say(f"{what} after {time.monotonic() - started:.1f} s: {word}")
+            say(f"{what} after {time.time() - origin:.1f} s: {word}")
             return True
         if time.monotonic() - started > timeout_s:
             say(f"FAILED: {what} not reached in {timeout_s:.0f} s: {word}")
             return False
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
-def group(members: int, timeout_s: float) -> bool:
+def group(members: int, timeout_s: float, since: float | None = None) -> bool:
     """The group has ``members`` members that own every input partition between them."""
     from pipeline.connectors.kafka.admin import make_admin
 
@@ -303,7 +309,8 @@ def group(members: int, timeout_s: float) -> bool:
         wanted = settings.topics.partitions
         return len(owned) == members and total == wanted and all(p for _, p in owned), word
 
-    return _until(check, timeout_s, f"group {group_id}: {members} member(s) own {topic}")
+    what = f"group {group_id}: {members} member(s) own {topic}"
+    return _until(check, timeout_s, what, since)
 
 
 def _prometheus(path: str, **params: str) -> Any:
@@ -334,7 +341,9 @@ def _target_health(targets: list[str]) -> dict[str, str]:
     return {target: health.get(target, "absent") for target in targets}
 
 
-def versions(expect: str, replicas: list[str], ranks: int, timeout_s: float) -> bool:
+def versions(
+    expect: str, replicas: list[str], ranks: int, timeout_s: float, since: float | None = None
+) -> bool:
     """Every rank's target reports ``streamrank_model_info{model_version=expect}``."""
     wanted = rank_targets(replicas, ranks)
 
@@ -347,7 +356,8 @@ def versions(expect: str, replicas: list[str], ranks: int, timeout_s: float) -> 
         word = ", ".join(f"{target} serves {version}" for target, version in now.items())
         return all(version == expect for version in now.values()), word
 
-    return _until(check, timeout_s, f"every rank of {len(replicas)} replicas on {expect}")
+    what = f"every rank of {len(replicas)} replicas on {expect}"
+    return _until(check, timeout_s, what, since)
 
 
 def prometheus(replicas: list[str], ranks: int, timeout_s: float) -> bool:
@@ -484,11 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("group")
     p.add_argument("--members", type=int, required=True)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--since", type=float, help="epoch time the wait is timed from")
     p = sub.add_parser("versions")
     p.add_argument("--expect", required=True)
     p.add_argument("--replica", action="append", required=True)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--since", type=float, help="epoch time the wait is timed from")
     p = sub.add_parser("prometheus")
     p.add_argument("--replica", action="append", required=True)
     p.add_argument("--ranks", type=int, default=1)
@@ -499,9 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guarantee", choices=["at_least_once", "exactly_once"], required=True)
     args = parser.parse_args(argv)
     if args.command == "group":
-        ok = group(args.members, args.timeout)
+        ok = group(args.members, args.timeout, args.since)
     elif args.command == "versions":
-        ok = versions(args.expect, args.replica, args.ranks, args.timeout)
+        ok = versions(args.expect, args.replica, args.ranks, args.timeout, args.since)
     elif args.command == "prometheus":
         ok = prometheus(args.replica, args.ranks, args.timeout)
     elif args.command == "drained":
