@@ -257,6 +257,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# A command that fails outside a check of its own says where (set -e then ends the check).
+trap 'say "FAILED: line $LINENO: $BASH_COMMAND (exit status $?)"' ERR
 
 if "$DOCKER" info >/dev/null 2>&1; then
     say "using the Docker daemon that answers ($("$DOCKER" version --format '{{.Server.Version}}'))"
@@ -295,7 +297,7 @@ BASE=local/debian:bookworm
 build_base() {
     "$DOCKER" image inspect "$BASE" >/dev/null 2>&1 && return 0
     local mirror root
-    mirror="$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)"
+    mirror="$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 1p)"
     [[ -n "$mirror" ]] ||
         mirror="$(awk '$1 == "deb" && $3 ~ /^bookworm$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)"
     mirror="${mirror:-http://deb.debian.org/debian}"
@@ -380,7 +382,7 @@ else
     # The host's address on the default bridge, where `docker build`'s containers run.
     bridge="$("$DOCKER" network inspect bridge \
         --format '{{index .Options "com.docker.network.bridge.name"}}')"
-    gateway="$(ip -4 -o addr show dev "${bridge:-docker0}" | awk '{print $4}' | cut -d/ -f1 | head -n1)"
+    gateway="$(ip -4 -o addr show dev "${bridge:-docker0}" | awk '{print $4}' | cut -d/ -f1 | sed -n 1p)"
     [[ -n "$gateway" ]] || die "no IPv4 address on the docker bridge ${bridge:-docker0}"
     python3 -m http.server "$WHEEL_PORT" --bind "$gateway" --directory "$WHEELS" \
         >"$STATE/wheelhouse-server.log" 2>&1 3>&- &
@@ -495,7 +497,7 @@ say "versions switched: $v1 -> $v2 on $REPLICAS/$REPLICAS replicas"
 sleep "$PHASE_S"
 
 # One replica killed while events flow.
-victim="$(replica_ids | head -n 1)"
+victim="$(replica_ids | sed -n 1p)" # sed reads it all: no SIGPIPE under pipefail
 victim_name="$("$DOCKER" inspect --format '{{.Name}}' "$victim")"
 say "kill: docker kill ${victim_name#/} (SIGKILL to every process of the replica)"
 killed="$(date +%s.%N)"
