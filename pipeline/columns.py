@@ -54,6 +54,8 @@ class FieldColumns:
         list_ids: int64[list_counts.sum()], entity-major, an entity's lists one after another.
         int_present: bool[n, I] whether each single id is present.
         list_present: bool[n, L] whether each list is present (an empty list is present).
+        list_weights: float32[len(list_ids)], each list id's weight (a weighted key's list);
+            ``None``: every weight is 1.0.
 
     Example::
 
@@ -67,6 +69,7 @@ class FieldColumns:
     list_ids: Int64Array
     int_present: npt.NDArray[np.bool_]
     list_present: npt.NDArray[np.bool_]
+    list_weights: npt.NDArray[np.float32] | None = None
 
     @classmethod
     def empty(cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0) -> FieldColumns:
@@ -99,24 +102,36 @@ class FieldColumns:
             self.list_ids[first:last],
             self.int_present[start:stop],
             self.list_present[start:stop],
+            None if self.list_weights is None else self.list_weights[first:last],
         )
 
     def take(self, order: Int64Array) -> FieldColumns:
         """Entities ``order``, in that order."""
         per_entity = self.list_counts.sum(axis=1)
+        segments = take_segments(per_entity, order)
         return FieldColumns(
             self.ints[order],
             self.floats[order],
             self.list_counts[order],
-            self.list_ids[take_segments(per_entity, order)],
+            self.list_ids[segments],
             self.int_present[order],
             self.list_present[order],
+            None if self.list_weights is None else self.list_weights[segments],
         )
+
+    def weights(self) -> npt.NDArray[np.float32]:
+        """:attr:`list_weights`, or 1.0 for every list id when there are none."""
+        if self.list_weights is None:
+            return np.ones(len(self.list_ids), dtype=np.float32)
+        return self.list_weights
 
     @classmethod
     def concat(cls, parts: list[FieldColumns]) -> FieldColumns:
         """The entities of ``parts`` one after the other."""
-        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
+        joined = cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
+        if any(p.list_weights is not None for p in parts):
+            joined.list_weights = np.concatenate([p.weights() for p in parts])
+        return joined
 
 
 _FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids", "int_present", "list_present")
