@@ -51,6 +51,12 @@ _LIST_KINDS = {FieldKind.INT_LIST, FieldKind.STRING_LIST}
 _NUMBER_KINDS = {FieldKind.INT, FieldKind.FLOAT}
 _STRING_KINDS = {FieldKind.STRING, FieldKind.STRING_LIST}
 _INT64 = range(-(2**63), 2**63)
+_NAMES = {
+    RecordKind.VECTOR: "a vector",
+    RecordKind.ID: "an id",
+    RecordKind.ID_LIST: "an id_list",
+    RecordKind.WEIGHTS: "a weights field",
+}
 
 
 class _EventFields:
@@ -138,7 +144,7 @@ def _sparse(
         never = ""
         if rf.kind in (RecordKind.VECTOR, RecordKind.WEIGHTS):
             raise FeatureMapError(
-                f"{where}.field = {cfg.field!r} is {rf.kind.value}: a sparse feature needs an id "
+                f"{where}.field = {cfg.field!r} is {_NAMES[rf.kind]}: a sparse feature needs an id "
                 "or an id_list (a vector is a [[features.dense]] part)"
             )
         if cfg.weights:
@@ -208,7 +214,7 @@ def _dense(
     rf = record_field(where, cfg.source, cfg.field, records)
     if rf.kind is not RecordKind.VECTOR:
         raise FeatureMapError(
-            f"{where}.field = {cfg.field!r} is {rf.kind.value}: a dense part needs a vector"
+            f"{where}.field = {cfg.field!r} is {_NAMES[rf.kind]}: a dense part needs a vector"
         )
     return DensePart(f"{cfg.source}.{rf.name}", cfg.source, rf.column, rf.width, cfg.default)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import subprocess
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -455,3 +457,37 @@ def assert_scores(
         kth = sorted(want.values(), reverse=True)[len(rec["items"]) - 1]
         assert min(i["score"] for i in rec["items"]) >= kth - 1e-5
     assert worst <= 1e-5
+
+
+class Stream:
+    """Produces ``n`` example events at ``rate`` per second on a thread."""
+
+    def __init__(self, settings: Settings, ex: Example, n: int, rate: float) -> None:
+        self.settings, self.ex, self.n, self.rate = settings, ex, n, rate
+        self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.records
+
+    def _run(self) -> None:
+        try:
+            producer = make_producer(self.settings.kafka)
+            started = time.monotonic()
+            for i, record in enumerate(self.ex.script.events(self.n, seed_=7)):
+                time.sleep(max(0.0, started + i / self.rate - time.monotonic()))
+                produce(producer, self.settings.topics.input, self.ex.script.encode(record))
+                self.records.append(record)
+                producer.poll(0)
+            assert producer.flush(30) == 0
+        except BaseException as exc:
+            self.error = exc

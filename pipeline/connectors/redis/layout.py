@@ -244,6 +244,8 @@ def parse_hashes(
             malformed += int((both & ~paired).sum())
             rows.present[:, ids] &= paired
             rows.present[:, index] &= paired
+            rows.ints[~paired, layout.count(RecordKind.ID) + field.pairs] = 0  # an empty list
+            rows.floats[~paired, field.column : field.column + field.width] = 0
     _warn(side, malformed)
     return rows
 

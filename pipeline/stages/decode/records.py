@@ -180,7 +180,8 @@ def _weights(f: EventField, record: Any) -> list[float] | None:
             f"features.sparse.{f.key}: {len(weights)} weights ({f.weights.name}) for "
             f"{len(ids)} ids ({f.field.name}): one weight per id",
         )
-    kept = np.asarray(weights[: f.max_ids], dtype=np.float32)
+    with np.errstate(over="ignore"):  # a double beyond float32: inf, refused below
+        kept = np.asarray(weights[: f.max_ids], dtype=np.float32)
     if not np.isfinite(kept).all():
         bad = next(w for w, ok in zip(weights, np.isfinite(kept), strict=False) if not ok)
         raise RejectedMessage(

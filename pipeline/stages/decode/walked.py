@@ -240,7 +240,8 @@ class WalkedColumns:
         index = np.repeat(self._out.list_start[self._rows, wslot], kept) + positions(kept)
         readable = np.repeat(have >= kept, kept)  # the others are flagged: never read past
         values = np.full(len(index), np.nan, dtype=np.float32)
-        values[readable] = self._out.list_values[index[readable]].view(np.float64)
+        with np.errstate(over="ignore"):  # a double beyond float32: inf, flagged below
+            values[readable] = self._out.list_values[index[readable]].view(np.float64)
         bad |= _any(~np.isfinite(values), kept)
         return values
 
