@@ -223,14 +223,12 @@ def plan_sharding(
     work = [0.0] * world_size
     by_hand_tables = [t for t in tables if t.name not in planned]
     meta_ebc = EmbeddingBagCollection(tables=embedding_bag_configs(by_hand_tables), device="meta")
-    meta_ec = EmbeddingCollection(
-        tables=embedding_configs(by_hand_tables), device=torch.device("meta")
-    )
     bag_sharder, sequence_sharder = make_sharder(), make_sequence_sharder()
-    params = {
-        **bag_sharder.shardable_parameters(meta_ebc),
-        **sequence_sharder.shardable_parameters(meta_ec),
-    }
+    params = bag_sharder.shardable_parameters(meta_ebc)
+    sequence = embedding_configs(by_hand_tables)
+    if sequence:
+        meta_ec = EmbeddingCollection(tables=sequence, device=torch.device("meta"))
+        params.update(sequence_sharder.shardable_parameters(meta_ec))
 
     def account(name: str, ps: ParameterSharding) -> None:
         result[name] = ps
