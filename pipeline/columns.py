@@ -10,7 +10,7 @@ in :data:`ROW_COLUMNS`, so :meth:`EventColumns.slice`, :meth:`EventColumns.take`
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,12 @@ class FieldColumns:
         list_ids: int64[list_counts.sum()], entity-major, an entity's lists one after another.
         int_present: bool[n, I] whether each single id is present.
         list_present: bool[n, L] whether each list is present (an empty list is present).
+        raw_counts: int64[n, W] bytes of each of the ``W`` raw fields of each entity: event
+            fields carried into the output as their Avro encoding (``[output].echo``); 0 when
+            null. Default: none (``W = 0``).
+        raw_present: uint8[n, W] 1 where the raw field is not null.
+        raw_bytes: uint8[raw_counts.sum()], entity-major, an entity's raw fields one after
+            another.
         list_weights: float32[len(list_ids)], each list id's weight (a weighted key's list);
             ``None``: every weight is 1.0.
 
@@ -69,11 +75,23 @@ class FieldColumns:
     list_ids: Int64Array
     int_present: npt.NDArray[np.bool_]
     list_present: npt.NDArray[np.bool_]
+    raw_counts: Int64Array = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    raw_present: npt.NDArray[np.uint8] = field(
+        default_factory=lambda: np.zeros((0, 0), dtype=np.uint8)
+    )
+    raw_bytes: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
     list_weights: npt.NDArray[np.float32] | None = None
 
+    def __post_init__(self) -> None:
+        if len(self.raw_counts) != len(self.ints):  # no raw fields given: none
+            self.raw_counts = np.zeros((len(self.ints), 0), dtype=np.int64)
+            self.raw_present = np.zeros((len(self.ints), 0), dtype=np.uint8)
+
     @classmethod
-    def empty(cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0) -> FieldColumns:
-        """``n`` entities of zeros and empty lists, every value present."""
+    def empty(
+        cls, n: int, ints: int = 0, floats: int = 0, lists: int = 0, raw: int = 0
+    ) -> FieldColumns:
+        """``n`` entities of zeros, empty lists and null raw fields, every id and list present."""
         return cls(
             np.zeros((n, ints), dtype=np.int64),
             np.zeros((n, floats), dtype=np.float32),
@@ -81,6 +99,8 @@ class FieldColumns:
             np.zeros(0, dtype=np.int64),
             np.ones((n, ints), dtype=bool),
             np.ones((n, lists), dtype=bool),
+            np.zeros((n, raw), dtype=np.int64),
+            np.zeros((n, raw), dtype=np.uint8),
         )
 
     def __len__(self) -> int:
@@ -95,6 +115,9 @@ class FieldColumns:
         per_entity = self.list_counts.sum(axis=1)
         first = int(per_entity[:start].sum())
         last = first + int(per_entity[start:stop].sum())
+        raw = self.raw_counts.sum(axis=1)
+        raw_first = int(raw[:start].sum())
+        raw_last = raw_first + int(raw[start:stop].sum())
         return FieldColumns(
             self.ints[start:stop],
             self.floats[start:stop],
@@ -102,7 +125,10 @@ class FieldColumns:
             self.list_ids[first:last],
             self.int_present[start:stop],
             self.list_present[start:stop],
-            None if self.list_weights is None else self.list_weights[first:last],
+            self.raw_counts[start:stop],
+            self.raw_present[start:stop],
+            self.raw_bytes[raw_first:raw_last],
+            list_weights=None if self.list_weights is None else self.list_weights[first:last],
         )
 
     def take(self, order: Int64Array) -> FieldColumns:
@@ -116,7 +142,10 @@ class FieldColumns:
             self.list_ids[segments],
             self.int_present[order],
             self.list_present[order],
-            None if self.list_weights is None else self.list_weights[segments],
+            self.raw_counts[order],
+            self.raw_present[order],
+            self.raw_bytes[take_segments(self.raw_counts.sum(axis=1), order)],
+            list_weights=None if self.list_weights is None else self.list_weights[segments],
         )
 
     def weights(self) -> npt.NDArray[np.float32]:
@@ -134,7 +163,10 @@ class FieldColumns:
         return joined
 
 
-_FIELD_ARRAYS = ("ints", "floats", "list_counts", "list_ids", "int_present", "list_present")
+_FIELD_ARRAYS = (
+    "ints", "floats", "list_counts", "list_ids", "int_present", "list_present",
+    "raw_counts", "raw_present", "raw_bytes",
+)  # fmt: skip
 
 
 @dataclass

@@ -341,6 +341,9 @@ class ScoredBatch:
         scores: float64[counts.sum()].
         model_version: of the model that scored the batch.
         forward_s: seconds its forward and top-K took.
+        task_scores: float32[counts.sum(), P] the kept items' published task columns (a
+            configured output schema's task scores, in ``OutputConfig.task_columns`` order);
+            ``None`` when none are published.
     """
 
     counts: Int64Array
@@ -348,6 +351,7 @@ class ScoredBatch:
     scores: npt.NDArray[np.float64]
     model_version: str
     forward_s: float = 0.0
+    task_scores: npt.NDArray[np.float32] | None = None
 
 
 class Shutdown:

@@ -13,12 +13,14 @@ stages:
 - features lays out one KJT key per :attr:`FeatureMap.sparse` and the dense input from
   :attr:`FeatureMap.dense`.
 
-A field lives in one of three stores of its columns: ``ints`` (one id; a string's 64-bit hash),
+A field lives in one of the stores of its columns: ``ints`` (one id; a string's 64-bit hash),
 ``floats`` (numbers; a vector spans ``width`` columns), ``lists`` (id lists, and nullable single
 ids: null is an absent list; a list of a weighted key carries its weights beside its ids, 1.0
-where a list has none). Where a value can be absent (a null event field, a Redis record or
-field that is missing or malformed), the columns say so (``int_present`` / ``list_present``,
-NaN floats) and each key's :class:`Missing` policy says what the model receives instead.
+where a list has none); an event field an output schema carries through (``[output]``'s
+``echo``) also in ``raw`` (its Avro bytes). Where a value can be absent (a null event field, a
+Redis record or field that is missing or malformed), the columns say so (``int_present`` /
+``list_present``, NaN floats) and each key's :class:`Missing` policy says what the model
+receives instead.
 
 Example::
 
@@ -160,6 +162,8 @@ class Store(enum.StrEnum):
     INTS = "ints"
     FLOATS = "floats"
     LISTS = "lists"
+    RAW = "raw"
+    """The field's Avro encoding as it was written (carried into the output: ``echo``)."""
 
 
 class RecordKind(enum.StrEnum):
@@ -363,7 +367,7 @@ class FeatureMap:
     weighted: bool = False
 
     def event_count(self, store: Store) -> int:
-        """Columns of the event's ``store`` (ints, floats or lists)."""
+        """Columns of the event's ``store`` (ints, floats, lists or raw)."""
         return sum(1 for f in self.event_fields if f.store is store)
 
     @property

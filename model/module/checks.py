@@ -285,4 +285,9 @@ def check_output(config: ModuleConfig, out: object, rows: int) -> int:
         raise ModelConfigError(
             f"model.module.score_column = {column}: the module returns {columns} column(s)"
         )
+    names = config.output.column_names
+    if names and len(names) != columns:
+        raise ModelConfigError(
+            f"model.module.output_names: {len(names)} names for an output of {columns} column(s)"
+        )
     return columns

@@ -145,26 +145,44 @@ class OutputConfig:
         score_column: the column of a ``[R, T]`` output that ranks (ignored with weights).
         score_weights: a weighted sum of the ``T`` columns ranks instead (after the
             activation); ``()``: one column.
+        task_columns: columns carried beside the ranking score for the kept items (after the
+            activation), in this order: the task scores a configured output schema publishes
+            by name; ``()``: none (the built-in Recommendation carries the ranking score only).
+        column_names: the name of every output column (``model.module.output_names``);
+            ``()``: unnamed.
 
     Example::
 
         OutputConfig(Activation.LOGITS, score_weights=(0.8, 0.2))  # two tasks
+        OutputConfig(Activation.LOGITS, score_weights=(0.8, 0.2), task_columns=(0, 1))
     """
 
     activation: Activation = Activation.LOGITS
     score_column: int = 0
     score_weights: tuple[float, ...] = ()
+    task_columns: tuple[int, ...] = ()
+    column_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activation", Activation(self.activation))
         object.__setattr__(self, "score_weights", tuple(float(w) for w in self.score_weights))
+        object.__setattr__(self, "task_columns", tuple(int(c) for c in self.task_columns))
+        object.__setattr__(self, "column_names", tuple(self.column_names))
         if self.score_column < 0:
             raise ModelConfigError("model.module.score_column must be >= 0")
+        if any(c < 0 for c in self.task_columns):
+            raise ModelConfigError("model.module: a published task column must be >= 0")
+        names = self.column_names
+        if len(set(names)) != len(names) or not all(names):
+            raise ModelConfigError(
+                f"model.module.output_names = {list(names)}: names must be distinct and not empty"
+            )
 
     @property
     def columns_needed(self) -> int:
         """The fewest output columns this config can read."""
-        return len(self.score_weights) if self.score_weights else self.score_column + 1
+        ranked = len(self.score_weights) if self.score_weights else self.score_column + 1
+        return max(ranked, len(self.column_names), *(c + 1 for c in self.task_columns))
 
 
 EVICTION_POLICIES = ("lfu", "lru", "distance_lfu")

@@ -38,11 +38,12 @@ def score_probabilities(
             sharded model agree on one row count); the padding's scores are dropped. ``None``
             or a value ``<= inp.num_rows`` runs the batch as is.
         precision: see :mod:`model.serving.precision`; the scores are float32 either way.
-        output: logits or probabilities, and which column ranks
+        output: logits or probabilities, which column ranks, which columns are published
             (:func:`model.module.output.output_scores`).
 
     Returns:
-        float32[inp.num_rows] scores in ``[0, 1]``.
+        float32[inp.num_rows] scores in ``[0, 1]``; float32[inp.num_rows, 1 + P] with
+        ``output.task_columns`` (the ranking score first, then the published columns).
 
     Example::
 

@@ -131,7 +131,8 @@ class Scorer:
                 they are returned); ``None``: all of ``inp``'s.
 
         Returns:
-            float32[rows] probabilities.
+            float32[rows] probabilities; float32[rows, 1 + P] when the output config publishes
+            task columns (the ranking score first: :meth:`top_k` takes either).
         """
         if self.graph_shapes:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are read
@@ -149,7 +150,10 @@ class Scorer:
         num_results: npt.NDArray[np.int64],
     ) -> TopK:
         """The best ``min(num_results, candidates)`` rows of every event (on the device; one
-        synchronisation: :func:`model.serving.topk.top_k_per_event`)."""
+        synchronisation: :func:`model.serving.topk.top_k_per_event`); with published task
+        columns (a 2-d :meth:`forward` result) their values for the kept rows too."""
+        if probs.dim() == 2:
+            return top_k_per_event(probs[:, 0], candidate_counts, num_results, probs[:, 1:])
         return top_k_per_event(probs, candidate_counts, num_results)
 
     def warm_up(self, batch_rows: Sequence[int]) -> float:

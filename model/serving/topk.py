@@ -30,6 +30,8 @@ class TopK:
         row_index: int64[counts.sum()] batch row of each kept item, event-major and best first
             within an event; ``candidate_ids[row_index]`` gives the item ids.
         scores: [counts.sum()] the kept scores: float64 for float64 input, else float32.
+        tasks: [counts.sum(), P] the kept rows' task columns (as given, float32), gathered
+            with the selection; ``None`` when none were given.
 
     Example::
 
@@ -42,6 +44,7 @@ class TopK:
     counts: npt.NDArray[np.int64]
     row_index: npt.NDArray[np.int64]
     scores: npt.NDArray[np.floating]
+    tasks: npt.NDArray[np.float32] | None = None
 
     @property
     def offsets(self) -> npt.NDArray[np.int64]:
@@ -53,6 +56,7 @@ def top_k_per_event(
     scores: torch.Tensor,
     candidate_counts: npt.NDArray[np.int64],
     k_per_event: npt.NDArray[np.int64],
+    tasks: torch.Tensor | None = None,
 ) -> TopK:
     """The best ``k_e`` rows of every event, on the scores' device.
 
@@ -70,6 +74,9 @@ def top_k_per_event(
         candidate_counts: int64[E] rows per event; sums to ``R``.
         k_per_event: int64[E] results wanted per event (values ``<= 0`` give none;
             values above ``C_e`` give all ``C_e``).
+        tasks: [R, P] other columns of the rows (a multi-task module's published task
+            scores), on the scores' device: the kept rows' come back with the selection (on a
+            GPU gathered there, in the same synchronisation); ``None``: none.
 
     Returns:
         A :class:`TopK` of numpy arrays: the selection runs on the scores' device and only
@@ -96,36 +103,48 @@ def top_k_per_event(
     num_rows = int(counts.sum())
     if scores.shape[0] != num_rows:
         raise ValueError(f"scores has {scores.shape[0]} rows, candidate_counts sum to {num_rows}")
+    if tasks is not None and (tasks.ndim != 2 or tasks.shape[0] != num_rows):
+        raise ValueError(f"tasks must be [{num_rows}, P], got shape {tuple(tasks.shape)}")
 
     num_events = counts.shape[0]
     take = np.minimum(np.maximum(wanted, 0), counts)
     k_max = int(take.max()) if num_events else 0
     dtype = scores.dtype if scores.dtype in _NUMPY_DTYPES else torch.float32
+    tasks = None if tasks is None else tasks.detach().float()
     if k_max == 0:
         return TopK(
             counts=take,
             row_index=np.zeros(0, dtype=np.int64),
             scores=np.zeros(0, dtype=_NUMPY_DTYPES[dtype]),
+            tasks=None if tasks is None else np.zeros((0, tasks.shape[1]), dtype=np.float32),
         )
     if scores.device.type == "cpu":
-        return _host_top_k(scores.detach().to(dtype), counts, take)
-    return _device_top_k(scores.detach().to(dtype), counts, take, k_max)
+        return _host_top_k(scores.detach().to(dtype), counts, take, tasks)
+    return _device_top_k(scores.detach().to(dtype), counts, take, k_max, tasks)
 
 
 def _host_top_k(
-    scores: torch.Tensor, counts: npt.NDArray[np.int64], take: npt.NDArray[np.int64]
+    scores: torch.Tensor,
+    counts: npt.NDArray[np.int64],
+    take: npt.NDArray[np.int64],
+    tasks: torch.Tensor | None = None,
 ) -> TopK:
     """On the CPU: one compiled pass over the scores (no tensor calls)."""
     row_index, kept = _sorted_heads(scores.contiguous().numpy(), counts, take)
-    return TopK(counts=take, row_index=row_index, scores=kept)
+    kept_tasks = None if tasks is None else tasks.numpy()[row_index]
+    return TopK(counts=take, row_index=row_index, scores=kept, tasks=kept_tasks)
 
 
 def _device_top_k(
-    scores: torch.Tensor, counts: npt.NDArray[np.int64], take: npt.NDArray[np.int64], k_max: int
+    scores: torch.Tensor,
+    counts: npt.NDArray[np.int64],
+    take: npt.NDArray[np.int64],
+    k_max: int,
+    tasks: torch.Tensor | None = None,
 ) -> TopK:
     """On the scores' device: scatter into [E, max C] padded with -inf, stable sort per event,
-    keep the first ``k_max`` columns. Only those come back to the host, in one
-    synchronisation."""
+    keep the first ``k_max`` columns (and gather the task columns of their rows there). Only
+    those come back to the host, in one synchronisation."""
     device = scores.device
     row_starts = starts(counts)
     row_event = segment_ids(counts)
@@ -135,11 +154,22 @@ def _device_top_k(
     )
     padded[where[0], where[1]] = scores
     sorted_t, sorted_pos_t = torch.sort(padded, dim=1, descending=True, stable=True)
-    sorted_scores, sorted_pos = _download(sorted_t[:, :k_max], sorted_pos_t[:, :k_max])
+    heads, head_pos = sorted_t[:, :k_max], sorted_pos_t[:, :k_max]
+    if tasks is None:
+        sorted_scores, sorted_pos = _download(heads, head_pos)
+    else:  # each head's row (padding heads clamped to a real row, dropped below)
+        first = _upload(row_starts, device)
+        rows = (head_pos + first[:, None]).clamp_(max=len(scores) - 1)
+        sorted_scores, sorted_pos, head_tasks = _download(heads, head_pos, tasks[rows])
 
     keep = np.arange(k_max, dtype=np.int64)[None, :] < take[:, None]
     row_index = (sorted_pos + row_starts[:, None])[keep]
-    return TopK(counts=take, row_index=row_index.astype(np.int64), scores=sorted_scores[keep])
+    return TopK(
+        counts=take,
+        row_index=row_index.astype(np.int64),
+        scores=sorted_scores[keep],
+        tasks=None if tasks is None else head_tasks[keep],
+    )
 
 
 @numba.njit(cache=True, nogil=True)

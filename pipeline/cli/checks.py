@@ -210,9 +210,10 @@ def require_schema_registry(
 
 
 def require_configured_model(settings: Settings, checkpoint: Path | None = None) -> None:
-    """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]`` or
-    ``[features]`` (:mod:`pipeline.models.preflight`), and, given the ``checkpoint`` to serve,
-    for a version imported for another module; nothing without ``[model.module]``.
+    """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]``,
+    ``[features]`` or ``[output]`` (:mod:`pipeline.models.preflight`,
+    :mod:`pipeline.models.output`), and, given the ``checkpoint`` to serve, for a version
+    imported for another module; without ``[model.module]``, only ``[output]`` is checked.
 
     ``[events]`` or ``[features]`` without ``[model.module]`` is a mistake too: the built-in
     model reads the built-in schema and features.
@@ -231,6 +232,12 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
                 "[events] and [features] map the input of a configured model: set "
                 "[model.module] (the built-in model reads UserEvent and its own features)"
             )
+        from pipeline.models.output import resolve_output
+
+        try:
+            resolve_output(settings)
+        except ValueError as error:  # OutputContractError: one line naming the key
+            raise UserError(str(error)) from error
         return
     from pipeline.models.preflight import check_configured_model  # torch: only then
 

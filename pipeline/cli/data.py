@@ -82,7 +82,8 @@ def consume(
     timeout: Annotated[float, typer.Option(help="Stop after S seconds without a record.")] = 10.0,
     config: ConfigOption = None,
 ) -> None:
-    """Print Recommendations from the output topic as JSON lines."""
+    """Print Recommendations (or the records of your [output] schema) from the output topic as
+    JSON lines."""
     from pipeline.tools.recommendation_reader import read_recommendations
 
     settings = command_settings(ctx, config)

@@ -126,6 +126,7 @@ def run(
     from pipeline.jobs.launch import DEGRADATIONS_ENV
     from pipeline.jobs.summaries import summary_path
     from pipeline.models.mapping import FeatureMapError
+    from pipeline.models.output import OutputContractError
     from pipeline.serve import serve
 
     if served != settings.model.checkpoint:
@@ -140,7 +141,7 @@ def run(
             checkpoint=served,
             worker_setup=_worker_logging(ctx),
         )
-    except (UnsupportedOption, ModelConfigError, FeatureMapError) as exc:
+    except (UnsupportedOption, ModelConfigError, FeatureMapError, OutputContractError) as exc:
         raise UserError(str(exc)) from exc
     if rank.distributed:
         _finish_rank(summary, rank, rank_steps, summary_path(summary_json, rank))

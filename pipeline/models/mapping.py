@@ -268,6 +268,11 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
     dense = [_dense(i, cfg, schema, events, records) for i, cfg in enumerate(features.dense)]
     if not dense:
         raise FeatureMapError("features.dense: declare at least one [[features.dense]] part")
+    for name, dotted in settings.output.echo.items():  # carried into the output as written
+        found = schema_leaf(
+            schema, dotted, f"output.echo.{name}", set(FieldKind), "an echoed field"
+        )
+        events.add(found, Store.RAW)
     return FeatureMap(
         schema, schema_name, roles, tuple(events.fields), records[Source.USER],
         records[Source.ITEM], tuple(sparse), tuple(dense), module.weighted,

@@ -12,7 +12,9 @@ traceback from the first batch. In order:
 3. a trial forward on one-row tables takes the configured dense width and returns an output the
    output config can read;
 4. the served version (when there is one) was imported for this architecture;
-5. what the configured path does not serve is refused: ingest workers, retrieval.
+5. what the configured path does not serve is refused: ingest workers, retrieval;
+6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
+   its task scores naming columns of ``model.module.output_names``.
 
 Example::
 
@@ -21,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from model.features.mapping import FeatureMap
@@ -29,16 +32,18 @@ from model.module.factory import build_module
 from model.module.store import check_architecture, is_module_version, load_module_meta
 from model.module.types import ModelConfigError, ModuleConfig
 from pipeline.models.mapping import resolve_feature_map
+from pipeline.models.output import published_columns, resolve_output
 from pipeline.settings.loading import Settings
 
 __all__ = ["check_configured_model", "configured_module"]
 
 
 def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
-    """The module config (with the map's ids per key) and the feature map of ``settings``.
+    """The module config (with the map's ids per key, and the task columns ``[output]``
+    publishes) and the feature map of ``settings``.
 
     Raises:
-        ModelConfigError / FeatureMapError: one line naming the key.
+        ModelConfigError / FeatureMapError / OutputContractError: one line naming the key.
     """
     if settings.model.module is None:
         raise ModelConfigError("no [model.module]: the built-in model is served")
@@ -47,7 +52,8 @@ def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
     config = settings.model.module.to_config(
         dict(zip(layout.keys, layout.ids_per_key, strict=True))
     )
-    return config, fmap
+    output = dataclasses.replace(config.output, task_columns=published_columns(settings))
+    return dataclasses.replace(config, output=output), fmap
 
 
 def check_configured_model(
@@ -63,7 +69,8 @@ def check_configured_model(
         The module config and the feature map.
 
     Raises:
-        ModelConfigError / FeatureMapError: the first mistake, one line naming the key.
+        ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
+            naming the key.
     """
     if settings.batching.ingest_workers:
         raise ModelConfigError(
@@ -95,4 +102,5 @@ def check_configured_model(
                 "with `streamrank model import STATE_DICT_FILE`"
             )
         check_architecture(config, load_module_meta(checkpoint), checkpoint)
+    resolve_output(settings, fmap)
     return config, fmap

@@ -12,11 +12,8 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-import fastavro
 
 from model.features.mapping import EventRoles
 from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE
@@ -26,6 +23,7 @@ from pipeline.connectors.avro.schema_fields import (
     SchemaFieldError,
     schema_field,
 )
+from pipeline.connectors.avro.schema_registry import SchemaFileError, load_record_schema
 from pipeline.settings.loading import Settings
 
 __all__ = ["FeatureMapError", "event_roles", "load_event_schema", "schema_leaf"]
@@ -43,16 +41,9 @@ def load_event_schema(path: Path | None) -> tuple[Any, str]:
     """
     chosen = path or USER_EVENT_SCHEMA_FILE
     try:
-        schema = fastavro.parse_schema(json.loads(chosen.read_text()))
-    except OSError as exc:
-        raise FeatureMapError(f"events.schema_file {chosen}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # JSONDecodeError, SchemaParseException, ...
-        raise FeatureMapError(
-            f"events.schema_file {chosen} is not an Avro schema: {' '.join(str(exc).split())}"
-        ) from exc
-    if not isinstance(schema, dict) or schema.get("type") != "record":
-        raise FeatureMapError(f"events.schema_file {chosen}: the event must be a record schema")
-    return schema, str(chosen)
+        return load_record_schema(chosen, "events.schema_file", "the event"), str(chosen)
+    except SchemaFileError as exc:
+        raise FeatureMapError(str(exc)) from exc
 
 
 def schema_leaf(

@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING
 
 from model.rank import RankContext
 from model.serving import Scorer
-from pipeline.connectors.avro.reference import RECOMMENDATION_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.avro.reference import RecordCodec
 from pipeline.connectors.kafka.clients import ClientFactory, connect
 from pipeline.models.inputs import serving_inputs
+from pipeline.models.output import resolve_output
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
@@ -136,6 +137,7 @@ class ScoringPipeline:
             settings, self.metrics, scorer.spec if scorer.builtin else None, enricher
         )
         self.decoder = inputs.decoder
+        self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
         self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
         self.models = models
         self.enricher: BatchEnricher = inputs.enricher
@@ -219,11 +221,12 @@ class ScoringPipeline:
         pause = InputPause(source)
         producer = BackpressuredProducer(clients.producer, pause, self.shutdown)
         dead_letters = DeadLetterSink(producer, settings.topics.dlq, metrics)
-        codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
+        codec = RecordCodec(settings.codec, self.output.schema_file, settings.topics.output)
+        program = self.output.program
         processor = BatchProcessor(
             self.enricher,
             ForwardExecutor(self.scorer, metrics, self._warm_up_rows),
-            RecommendationSink(producer, settings.topics.output, codec.header, metrics),
+            RecommendationSink(producer, settings.topics.output, codec.header, metrics, program),
             dead_letters,
             metrics,
             self.summary,

@@ -10,7 +10,8 @@ order) and :mod:`pipeline.runtime.isolation` retries them on parts of a failed b
   (:meth:`model.serving.Scorer.stage`).
 - **score**: one forward and the top-K (:mod:`pipeline.stages.score`; on the scoring thread
   when the processor starts it there).
-- **encode, publish** (:mod:`pipeline.stages.publish`): one Recommendation per event.
+- **encode, publish** (:mod:`pipeline.stages.publish`): one record per event (the
+  Recommendation, or the user's output schema).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from pipeline.settings.features import FeatureSettings
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.metrics import MetricsSettings
 from pipeline.settings.model import ModelSettings
+from pipeline.settings.output import OutputSettings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import ModelSwapSettings, RetrievalSettings
 from pipeline.settings.topics import RECORD_OVERHEAD_BYTES, TopicsSettings
@@ -91,6 +92,7 @@ class Settings(BaseSettings):
     model_swap: ModelSwapSettings = Field(default_factory=ModelSwapSettings)
     events: EventSettings = Field(default_factory=EventSettings)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
+    output: OutputSettings = Field(default_factory=OutputSettings)
     synthetic: dict[str, Any] = Field(default_factory=dict)
     """``[synthetic]``, the tools' section (``seed-features``, ``produce``, ``init-model``):
     kept as written and validated only by the tools that read it

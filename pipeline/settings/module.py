@@ -99,6 +99,10 @@ class ModuleSettings(Section):
     """The output column that ranks (a ``[rows, T]`` output)."""
     score_weights: list[float] = Field(default_factory=list)
     """Rank by this weighted sum of the ``T`` columns instead (after the sigmoid of logits)."""
+    output_names: list[str] = Field(default_factory=list)
+    """A name for each of the ``T`` output columns (e.g. ``["click", "purchase"]``): an output
+    schema of your own (``[output]``) publishes a column's score under its name
+    (``output.task_scores``); empty: the columns are unnamed."""
     state_dict_prefix: str = ""
     """Stripped from the keys of a state_dict file by ``streamrank model import``
     (``"model."`` for TorchRec's ``DLRMTrain``)."""
@@ -142,7 +146,12 @@ class ModuleSettings(Section):
             kwargs=self.kwargs,
             tables=tables,
             collection_argument=self.collection_argument,
-            output=OutputConfig(self.output, self.score_column, tuple(self.score_weights)),
+            output=OutputConfig(
+                self.output,
+                self.score_column,
+                tuple(self.score_weights),
+                column_names=tuple(self.output_names),
+            ),
             code_dir=str(self.code_dir) if self.code_dir else "",
             device_argument=self.device_argument,
             sequence_collection_argument=self.sequence_collection_argument,

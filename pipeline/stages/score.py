@@ -48,6 +48,7 @@ def score_batch(
         item_ids=events.candidate_ids[top.row_index],
         scores=top.scores.astype("float64"),
         model_version=scorer.model_version,
+        task_scores=top.tasks,
     )
 
 

@@ -3,6 +3,8 @@ the benchmarks and tests."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import time
 import uuid
 from collections.abc import Iterator
@@ -75,14 +77,39 @@ def read_messages(
 
 
 def recommendation_codec(settings: Settings) -> RecordCodec:
-    """The codec readers of the output topic use: the current Recommendation schema, and
-    the previous one for records written before it (raw framing)."""
+    """The codec readers of the output topic use: the user's output schema (``[output]``), or
+    the current Recommendation schema and the previous one for records written before it (raw
+    framing)."""
+    own = settings.output.schema_file
+    if own is not None:
+        return RecordCodec(settings.codec, own, settings.topics.output)
     return RecordCodec(
         settings.codec,
         RECOMMENDATION_SCHEMA_FILE,
         settings.topics.output,
         previous=[RECOMMENDATION_V1_SCHEMA_FILE],
     )
+
+
+def json_ready(value: Any) -> Any:
+    """A decoded record with what JSON cannot hold made plain: times (fastavro's datetimes of
+    ``timestamp-*``) as epoch milliseconds, dates and times of day as ISO text, bytes as
+    Latin-1 text (Avro's JSON encoding), decimals and UUIDs as text."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_ready(v) for v in value]
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:  # local-timestamp-*: the wall clock, read as if UTC
+            value = value.replace(tzinfo=datetime.UTC)
+        return epoch_millis(value)
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    return value
 
 
 def read_recommendations(
@@ -106,9 +133,11 @@ def read_recommendations(
         Decoded records; ``scored_at`` is epoch milliseconds. Records written before the
         schema gained ``retrieved`` read as ``retrieved = False`` (in raw framing they are
         decoded with the previous schema, ``schemas/v1``; in Confluent framing the registry
-        resolves them).
+        resolves them). With an output schema of the user's (``[output]``), its records,
+        made ready for JSON (:func:`json_ready`: times as epoch milliseconds).
     """
     codec = recommendation_codec(settings)
+    own = settings.output.configured
     for msg in read_messages(
         settings,
         settings.topics.output,
@@ -118,6 +147,9 @@ def read_recommendations(
         from_beginning=from_beginning,
     ):
         record = codec.decode(msg.value() or b"")
+        if own:
+            yield json_ready(record)
+            continue
         scored_at = record["scored_at"]
         if not isinstance(scored_at, int):
             record["scored_at"] = epoch_millis(scored_at)

@@ -11,6 +11,7 @@ import importlib.util
 import subprocess
 import threading
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,6 +145,17 @@ def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int
     toml = tmp / f"{name}.toml"
     toml.write_text(text)
     return Example(name, script, toml, user_key, item_key, state_dict)
+
+
+def documented_output(name: str = "dcn") -> dict[str, Any]:
+    """The ``[output]`` section the example's streamrank.toml documents in its comments (its
+    output schema of the user's), as TOML reads it; ``schema_file`` made absolute."""
+    lines = (EXAMPLES / name / "streamrank.toml").read_text().splitlines()
+    start = lines.index("# [output]")
+    block = [line.removeprefix("#").strip() for line in lines[start:] if line.startswith("#")]
+    section = tomllib.loads("\n".join(block))["output"]
+    section["schema_file"] = str(REPO_ROOT / section["schema_file"])
+    return dict(section)
 
 
 def _kjt(
@@ -413,16 +425,10 @@ def expected_scores(
 _CANDIDATES = ("offer_ids", "listing_ids", "article_ids", "video_ids")
 
 
-def run_example(
-    cli: Callable[..., subprocess.Popen],
-    settings: Settings,
-    ex: Example,
-    records: list[dict[str, Any]],
-    nproc: int,
-    log: Path,
-) -> list[dict[str, Any]]:
-    """``streamrank run --nproc N`` of the example until idle, and the Recommendations it
-    wrote: one per event of ``records``, none repeated."""
+def run_pipeline(
+    cli: Callable[..., subprocess.Popen], settings: Settings, ex: Example, nproc: int, log: Path
+) -> None:
+    """``streamrank run --nproc N`` of the example over what was sent, until idle."""
     proc = cli(
         settings,
         "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
@@ -431,6 +437,19 @@ def run_example(
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     assert proc.wait(400) == 0, log.read_text()[-4000:]
+
+
+def run_example(
+    cli: Callable[..., subprocess.Popen],
+    settings: Settings,
+    ex: Example,
+    records: list[dict[str, Any]],
+    nproc: int,
+    log: Path,
+) -> list[dict[str, Any]]:
+    """:func:`run_pipeline`, and the Recommendations it wrote: one per event of ``records``,
+    none repeated."""
+    run_pipeline(cli, settings, ex, nproc, log)
     recs = collect(settings, expected=len(records))
     counts = Counter(r["event_id"] for r in recs)
     assert set(counts) == {event_id(r) for r in records}

@@ -317,6 +317,27 @@ def _put_bytes(
 
 
 @numba.njit(cache=True, nogil=True)
+def put_fallbacks(
+    out: npt.NDArray[np.uint8],
+    pos: int,
+    user: bool,
+    item: bool,
+    names: npt.NDArray[np.uint8],
+    name_offsets: npt.NDArray[np.int64],
+) -> int:
+    """``fallback_features``: an array of the names (user, item) of the groups that fell back."""
+    flags = int(user) + int(item)
+    if flags:
+        pos = _put_long(out, pos, flags)
+        if user:
+            pos = _put_bytes(out, pos, names, name_offsets[0], name_offsets[1])
+        if item:
+            pos = _put_bytes(out, pos, names, name_offsets[1], name_offsets[2])
+    out[pos] = 0  # end of the array
+    return pos + 1
+
+
+@numba.njit(cache=True, nogil=True)
 def encode_recommendations(
     header: npt.NDArray[np.uint8],
     event_ids: npt.NDArray[np.uint8],
@@ -370,14 +391,7 @@ def encode_recommendations(
         out[pos] = 0  # end of the items array
         pos = _put_bytes(out, pos + 1, model_version, 0, len(model_version))
         pos = _put_long(out, pos, scored_at)
-        flags = int(fallback_user[e]) + int(fallback_item[e])
-        if flags:
-            pos = _put_long(out, pos, flags)
-            if fallback_user[e]:
-                pos = _put_bytes(out, pos, names, name_offsets[0], name_offsets[1])
-            if fallback_item[e]:
-                pos = _put_bytes(out, pos, names, name_offsets[1], name_offsets[2])
-        out[pos] = 0  # end of the fallback_features array
-        out[pos + 1] = 1 if retrieved[e] else 0  # retrieved (boolean: one byte)
-        pos += 2
+        pos = put_fallbacks(out, pos, fallback_user[e], fallback_item[e], names, name_offsets)
+        out[pos] = 1 if retrieved[e] else 0  # retrieved (boolean: one byte)
+        pos += 1
     out_offsets[len(user_ids)] = pos

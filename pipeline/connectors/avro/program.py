@@ -18,7 +18,8 @@ store       Avro leaf                              per event and slot
 ==========  =====================================  =========================================
 
 A leaf behind a null (a nullable field, or a nullable record on its path) is simply never
-reached: its present flag stays 0.
+reached: its present flag stays 0. A leaf can also be asked for *raw* (``raw``): where its Avro
+encoding starts and ends in the body (an event field carried into the output as written).
 
 Example::
 
@@ -64,6 +65,8 @@ class Program:
         enum_ids: per enum node, its symbols' 64-bit ids (``string_to_id``), else ``None``.
         stores: how many slots each store has.
         by_path: a leaf's path -> ``(store, slot, node)``.
+        raw_slots: int64[nodes]: each node's raw slot (-1: none).
+        raw_by_path: a leaf's path -> its raw slot.
     """
 
     kinds: list[int] = field(default_factory=list)
@@ -74,13 +77,19 @@ class Program:
     enum_ids: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     stores: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_STORES, 0))
     by_path: dict[tuple[str, ...], tuple[str, int, int]] = field(default_factory=dict)
+    raw_slots: list[int] = field(default_factory=list)
+    raw_by_path: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], ...]:
-        """``(kinds, args, counts, slots, children)`` as int64 arrays for the walker."""
+        """``(kinds, args, counts, slots, children, raw_slots)`` as int64 arrays for the
+        walker."""
         return tuple(
             np.asarray(a, dtype=np.int64)
-            for a in (self.kinds, self.args, self.counts, self.slots, self.children or [0])
-        )
+            for a in (
+                self.kinds, self.args, self.counts, self.slots, self.children or [0],
+                self.raw_slots,
+            )
+        )  # fmt: skip
 
     def slot(self, path: Sequence[str]) -> tuple[str, int, int]:
         """``(store, slot, node)`` of the leaf at ``path``."""
@@ -88,9 +97,15 @@ class Program:
 
 
 class _Compiler:
-    def __init__(self, named: Mapping[str, Any], wanted: set[tuple[str, ...]]) -> None:
+    def __init__(
+        self,
+        named: Mapping[str, Any],
+        wanted: set[tuple[str, ...]],
+        raw: set[tuple[str, ...]],
+    ) -> None:
         self.named = named
         self.wanted = wanted
+        self.raw = raw
         self.program = Program()
         self._expanding: list[str] = []
 
@@ -111,13 +126,14 @@ class _Compiler:
         p.args.append(0)
         p.counts.append(0)
         p.slots.append(-1)
+        p.raw_slots.append(-1)
         if isinstance(schema, list):
             branches = [self.node(b, path) for b in schema]
             self._children(index, KIND["union"], branches)
             return index
         kind = schema if isinstance(schema, str) else schema["type"]
         if isinstance(kind, (dict, list)):  # {"type": {...}}: the inner type
-            p.kinds.pop(), p.args.pop(), p.counts.pop(), p.slots.pop()
+            p.kinds.pop(), p.args.pop(), p.counts.pop(), p.slots.pop(), p.raw_slots.pop()
             return self.node(kind, path)
         if isinstance(schema, dict) and schema.get("logicalType") in _TIME_UNITS:
             raise UnsupportedSchema(f"{'.'.join(path)}: {schema['logicalType']}")
@@ -140,6 +156,9 @@ class _Compiler:
             )
         if path in self.wanted and kind != "null":
             self._assign(index, kind, path)
+        if path in self.raw and kind not in ("null", "record", "map"):
+            p.raw_slots[index] = len(p.raw_by_path)
+            p.raw_by_path[path] = len(p.raw_by_path)
         return index
 
     def _children(self, index: int, kind: int, nodes: list[int]) -> None:
@@ -172,17 +191,23 @@ class _Compiler:
         p.stores[store] += 1
 
 
-def compile_program(schema: Mapping[str, Any], fields: Sequence[SchemaField]) -> Program:
-    """The program of a parsed record ``schema`` that extracts ``fields``.
+def compile_program(
+    schema: Mapping[str, Any], fields: Sequence[SchemaField], raw: Sequence[SchemaField] = ()
+) -> Program:
+    """The program of a parsed record ``schema`` that extracts ``fields`` (their values) and
+    ``raw`` (where their Avro encodings lie).
 
     Raises:
         UnsupportedSchema: a recursive type, a microsecond time, or a leaf of a kind the walker
             does not extract (the caller decodes with fastavro alone).
     """
-    compiler = _Compiler(schema.get("__named_schemas", {}), {f.path for f in fields})
+    compiler = _Compiler(
+        schema.get("__named_schemas", {}), {f.path for f in fields}, {f.path for f in raw}
+    )
     root = compiler.node(schema, ())
     assert root == 0
     missing = {f.path for f in fields} - set(compiler.program.by_path)
+    missing |= {f.path for f in raw} - set(compiler.program.raw_by_path)
     if missing:
         raise UnsupportedSchema(f"fields not reached: {sorted(missing)}")
     return compiler.program

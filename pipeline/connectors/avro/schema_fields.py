@@ -29,7 +29,16 @@ from typing import Any
 
 from model.features.mapping import FieldKind, SchemaField
 
-__all__ = ["FieldKind", "SchemaField", "SchemaFieldError", "schema_field"]
+__all__ = [
+    "FieldKind",
+    "SchemaField",
+    "SchemaFieldError",
+    "named_types",
+    "resolve_named",
+    "schema_field",
+    "schema_node",
+    "type_name",
+]
 
 
 class SchemaFieldError(ValueError):
@@ -51,11 +60,12 @@ _LIST_KINDS = {
 }
 
 
-def _named(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+def named_types(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The named types of a parsed schema, by full name."""
     return schema.get("__named_schemas", {})  # fastavro.parse_schema's named types
 
 
-def _resolve(node: Any, named: Mapping[str, Any]) -> Any:
+def resolve_named(node: Any, named: Mapping[str, Any]) -> Any:
     """A named type's definition for a reference by name; other nodes as they are."""
     if isinstance(node, str) and node in named:
         return named[node]
@@ -64,23 +74,26 @@ def _resolve(node: Any, named: Mapping[str, Any]) -> Any:
 
 def _unwrap(node: Any, named: Mapping[str, Any], where: str) -> tuple[Any, bool]:
     """``(type, nullable)`` of ``node``, a ``["null", T]`` union unwrapped."""
-    node = _resolve(node, named)
+    node = resolve_named(node, named)
     if isinstance(node, list):
         branches = [b for b in node if b != "null"]
         if len(branches) != 1:
             raise SchemaFieldError(
                 f'{where} is a union of {len(branches)} types; only ["null", T] is read'
             )
-        return _resolve(branches[0], named), len(branches) != len(node)
+        return resolve_named(branches[0], named), len(branches) != len(node)
     return node, False
 
 
-def _type_name(node: Any) -> str:
+def type_name(node: Any) -> str:
+    """A type as messages name it: ``long``, ``array<string>``, ``enum Device``..."""
+    if isinstance(node, list):
+        return "[" + ", ".join(type_name(b) for b in node) + "]"
     if isinstance(node, str):
         return node.rpartition(".")[2]
     kind = node.get("type")
     if kind == "array":
-        return f"array<{_type_name(node['items'])}>"
+        return f"array<{type_name(node['items'])}>"
     if kind in ("record", "enum", "fixed"):
         return f"{kind} {str(node.get('name', '')).rpartition('.')[2]}"
     logical = node.get("logicalType")
@@ -117,14 +130,32 @@ def schema_field(schema: Mapping[str, Any], dotted: str) -> SchemaField:
             through something that is not a record, a union of several types, or a type the
             pipeline does not read (bytes, fixed, map, record, arrays of those).
     """
-    named = _named(schema)
+    node, nullable = schema_node(schema, dotted)
+    kind = _leaf_kind(node, named_types(schema))
+    if kind is None:
+        raise SchemaFieldError(
+            f"{dotted} is {type_name(node)}: only long, int, boolean, string, enum, float, "
+            "double and arrays of long/int/string/float/double are read"
+        )
+    return SchemaField(tuple(dotted.split(".")), kind, nullable, type_name(node))
+
+
+def schema_node(schema: Mapping[str, Any], dotted: str) -> tuple[Any, bool]:
+    """The type of the field at ``dotted`` (named types resolved, a ``["null", T]`` union
+    unwrapped) and whether a null may stand in its place (or in a record's on its path).
+
+    Raises:
+        SchemaFieldError: no such field, a path through something that is not a record, or a
+            union of several types.
+    """
+    named = named_types(schema)
     node: Any = schema
     nullable = False
     path = tuple(dotted.split("."))
     for depth, part in enumerate(path):
         here = ".".join(path[:depth]) or "the event"
         if not isinstance(node, Mapping) or node.get("type") != "record":
-            raise SchemaFieldError(f"{here} is {_type_name(node)}, not a record: no field {part!r}")
+            raise SchemaFieldError(f"{here} is {type_name(node)}, not a record: no field {part!r}")
         fields = {f["name"]: f["type"] for f in node["fields"]}
         if part not in fields:
             raise SchemaFieldError(
@@ -132,10 +163,4 @@ def schema_field(schema: Mapping[str, Any], dotted: str) -> SchemaField:
             )
         node, null_here = _unwrap(fields[part], named, ".".join(path[: depth + 1]))
         nullable = nullable or null_here
-    kind = _leaf_kind(node, named)
-    if kind is None:
-        raise SchemaFieldError(
-            f"{dotted} is {_type_name(node)}: only long, int, boolean, string, enum, float, "
-            "double and arrays of long/int/string/float/double are read"
-        )
-    return SchemaField(path, kind, nullable, _type_name(node))
+    return node, nullable

@@ -24,6 +24,33 @@ def load_schema(path: Path) -> Schema:
         return fastavro.parse_schema(json.load(f))
 
 
+class SchemaFileError(ValueError):
+    """A schema file that is not a record schema, told in one line naming its setting."""
+
+
+def load_record_schema(path: Path, key: str, what: str) -> Schema:
+    """The parsed record schema at ``path`` (the file of setting ``key``, which holds ``what``).
+
+    Raises:
+        SchemaFileError: the file is missing, not JSON, not a schema, or not a record.
+
+    Example::
+
+        load_record_schema(Path("page_view.avsc"), "events.schema_file", "the event")
+    """
+    try:
+        schema = fastavro.parse_schema(json.loads(path.read_text()))
+    except OSError as exc:
+        raise SchemaFileError(f"{key} {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # JSONDecodeError, SchemaParseException, ...
+        raise SchemaFileError(
+            f"{key} {path} is not an Avro schema: {' '.join(str(exc).split())}"
+        ) from exc
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise SchemaFileError(f"{key} {path}: {what} must be a record schema")
+    return schema
+
+
 def schema_text(path: Path) -> str:
     """The schema file's canonical JSON text (what a registry stores)."""
     with path.open() as f:

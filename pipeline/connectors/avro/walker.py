@@ -51,6 +51,8 @@ class WalkOutputs:
         strs_start / strs_count / strs_present: ``[M, slots]``: each string list's items in
             ``strs_items``, and where it was reached.
         strs_items: ``[items, 3]``: start, bytes and characters of each string-list item.
+        raw_span: ``[M, 2 * raw slots]``: where each raw leaf's encoding starts and ends in
+            the buffer; ``raw_present``: ``[M, raw slots]`` 1 where reached.
     """
 
     ints: I64
@@ -67,12 +69,14 @@ class WalkOutputs:
     strs_count: I64
     strs_present: npt.NDArray[np.uint8]
     strs_items: I64
+    raw_span: I64
+    raw_present: npt.NDArray[np.uint8]
 
     @classmethod
     def allocate(cls, program: Program, messages: int, buffer_bytes: int) -> WalkOutputs:
         """Outputs for ``messages`` bodies of ``buffer_bytes`` in all (each list item takes a
         byte at least, so the flat arrays cannot overflow)."""
-        n, s = messages, program.stores
+        n, s, r = messages, program.stores, len(program.raw_by_path)
         return cls(
             np.zeros((n, s["int"]), dtype=np.int64),
             np.zeros((n, s["int"]), dtype=np.uint8),
@@ -88,6 +92,8 @@ class WalkOutputs:
             np.zeros((n, s["strs"]), dtype=np.int64),
             np.zeros((n, s["strs"]), dtype=np.uint8),
             np.empty((buffer_bytes if s["strs"] else 0, 3), dtype=np.int64),
+            np.zeros((n, 2 * r), dtype=np.int64),
+            np.zeros((n, r), dtype=np.uint8),
         )
 
 
@@ -100,12 +106,12 @@ def walk(
     out: WalkOutputs,
 ) -> None:
     """Walk every body ``buf[starts[m]:ends[m]]`` whose ``status`` is OK (module docstring)."""
-    kinds, args, counts, slots, children = program.arrays()
+    kinds, args, counts, slots, children, raw_slots = program.arrays()
     _walk(
-        buf, starts, ends, status, kinds, args, counts, slots, children,
+        buf, starts, ends, status, kinds, args, counts, slots, children, raw_slots,
         out.ints, out.int_present, out.floats, out.float_present, out.strs, out.str_present,
         out.list_start, out.list_count, out.list_present, out.list_values, out.strs_start,
-        out.strs_count, out.strs_present, out.strs_items,
+        out.strs_count, out.strs_present, out.strs_items, out.raw_span, out.raw_present,
     )  # fmt: skip
 
 
@@ -129,6 +135,7 @@ def _walk(
     counts: I64,
     slots: I64,
     children: I64,
+    raw_slots: I64,
     ints: I64,
     int_present: npt.NDArray[np.uint8],
     floats: npt.NDArray[np.float64],
@@ -143,6 +150,8 @@ def _walk(
     strs_count: I64,
     strs_present: npt.NDArray[np.uint8],
     strs_items: I64,
+    raw_span: I64,
+    raw_present: npt.NDArray[np.uint8],
 ) -> None:
     stack = np.zeros(_DEPTH, dtype=np.int64)
     step = np.zeros(_DEPTH, dtype=np.int64)
@@ -183,13 +192,16 @@ def _walk(
                 slot = slots[node]
                 item = args[node]
                 if left[sp - 1] == 0:
-                    if slot >= 0 and step[sp - 1] == 0:  # an extracted list starts here
-                        if kinds[item] == _STRING:
-                            strs_start[m, slot] = ni
-                            strs_present[m, slot] = 1
-                        else:
-                            list_start[m, slot] = nv
-                            list_present[m, slot] = 1
+                    if step[sp - 1] == 0:
+                        if slot >= 0:  # an extracted list starts here
+                            if kinds[item] == _STRING:
+                                strs_start[m, slot] = ni
+                                strs_present[m, slot] = 1
+                            else:
+                                list_start[m, slot] = nv
+                                list_present[m, slot] = 1
+                        if raw_slots[node] >= 0:  # a raw array starts here
+                            raw_span[m, 2 * raw_slots[node]] = pos
                     step[sp - 1] = 1
                     block, pos = _varint(buf, pos, end)
                     if pos < 0:
@@ -197,6 +209,9 @@ def _walk(
                         continue
                     if block == 0:
                         sp -= 1
+                        if raw_slots[node] >= 0:
+                            raw_span[m, 2 * raw_slots[node] + 1] = pos
+                            raw_present[m, raw_slots[node]] = 1
                         continue
                     if block < 0:
                         block = -block
@@ -252,6 +267,8 @@ def _walk(
                     sp += 1
                 continue
             slot = slots[node]
+            raw = raw_slots[node]
+            at = pos
             sp -= 1
             if kind == _NULL:
                 continue
@@ -278,6 +295,9 @@ def _walk(
                         floats[m, slot] = buf[pos : pos + 8].view(np.float64)[0]
                     float_present[m, slot] = 1
                 pos += size
+                if raw >= 0:
+                    raw_span[m, 2 * raw], raw_span[m, 2 * raw + 1] = at, pos
+                    raw_present[m, raw] = 1
                 continue
             elif kind == _STRING:
                 start, length, pos = _string(buf, pos, end)
@@ -288,6 +308,9 @@ def _walk(
                     strs[m, 3 * slot], strs[m, 3 * slot + 1] = start, length
                     strs[m, 3 * slot + 2] = _chars(buf, start, length)
                     str_present[m, slot] = 1
+                if raw >= 0:
+                    raw_span[m, 2 * raw], raw_span[m, 2 * raw + 1] = at, pos
+                    raw_present[m, raw] = 1
                 continue
             elif kind == _BYTES:
                 length, pos = _varint(buf, pos, end)
@@ -305,6 +328,9 @@ def _walk(
             if slot >= 0:
                 ints[m, slot] = value
                 int_present[m, slot] = 1
+            if raw >= 0:
+                raw_span[m, 2 * raw], raw_span[m, 2 * raw + 1] = at, pos
+                raw_present[m, raw] = 1
         if not ok or pos != end:
             status[m] = STATUS_UNDECODABLE
             nv, ni = nv0, ni0

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import Message
 
-from model.features.mapping import FeatureMap
+from model.features.mapping import FeatureMap, Store
 from pipeline.connectors.avro import framing as wire
 from pipeline.connectors.avro.program import Program, UnsupportedSchema, compile_program
 from pipeline.connectors.avro.rules import (
@@ -67,11 +67,12 @@ class ConfiguredDecoder:
         roles = fmap.roles
         wanted = [roles.event_id, roles.user_id, roles.candidates, roles.event_time]
         wanted += [roles.num_results] if roles.num_results is not None else []
-        wanted += [f.field for f in fmap.event_fields]
+        wanted += [f.field for f in fmap.event_fields if f.store is not Store.RAW]
         wanted += [f.weights for f in fmap.event_fields if f.weights is not None]
+        raw = [f.field for f in fmap.event_fields if f.store is Store.RAW]
         self._program: Program | None = None
         try:
-            self._program = compile_program(fmap.schema, wanted)
+            self._program = compile_program(fmap.schema, wanted, raw)
         except UnsupportedSchema as why:
             log.info("decoding %s with fastavro alone: %s", fmap.schema_name, why)
         if self._program is not None:

@@ -23,10 +23,12 @@ Example::
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import numpy as np
 
 from model.features.mapping import EventField, FeatureMap, SparseKey, Store
@@ -34,7 +36,7 @@ from model.features.segments import offsets
 from model.features.spec import string_to_id
 from pipeline.connectors.avro.reference import make_framing
 from pipeline.connectors.avro.rules import EARLIEST_EVENT_MS, Limits, epoch_millis
-from pipeline.connectors.avro.schema_fields import FieldKind
+from pipeline.connectors.avro.schema_fields import FieldKind, named_types, schema_node
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.features import OutOfRange, Source, Transform
 from pipeline.types import EventColumns, FieldColumns, RejectedMessage
@@ -62,6 +64,11 @@ class RecordDecoder:
         self._fmap = fmap
         self._strings: dict[str, int] = {}
         self._checks = _range_checks(fmap)
+        self._raw = {
+            f.field.path: _RawWriter(fmap.schema, f.field.name)
+            for f in fmap.event_fields
+            if f.store is Store.RAW
+        }
 
     def columns(self, rows: list[tuple[Any, ...]]) -> EventColumns:
         """The events :meth:`event` returned, as columns (in the order given)."""
@@ -133,9 +140,11 @@ class RecordDecoder:
             )
 
     def _field(self, f: EventField, value: Any) -> Any:
-        """One event field's value as its store keeps it (int, float, or list of ints; a null
-        list ``None``)."""
+        """One event field's value as its store keeps it (int, float, list of ints, or its
+        Avro bytes; a null list ``None``)."""
         kind = f.field.kind
+        if f.store is Store.RAW:
+            return None if value is None else self._raw[f.field.path](value)
         if f.store is Store.FLOATS:
             return float("nan") if value is None else float(value)
         if value is None:
@@ -230,6 +239,22 @@ def _range_checks(fmap: FeatureMap) -> list[_RangeCheck]:
     return checks
 
 
+class _RawWriter:
+    """A field's value -> its Avro encoding (what the compiled walk cuts out of the body)."""
+
+    def __init__(self, schema: Any, dotted: str) -> None:
+        node, _ = schema_node(schema, dotted)
+        wrapper = {"type": "record", "name": "streamrank.Raw", "fields": [
+            {"name": "v", "type": node},
+        ]}  # fmt: skip
+        self._schema = fastavro.parse_schema(wrapper, named_schemas=dict(named_types(schema)))
+
+    def __call__(self, value: Any) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, self._schema, {"v": value})
+        return buf.getvalue()
+
+
 class _Batch:
     """The accepted events' values, appended per event, made columns once."""
 
@@ -268,12 +293,17 @@ class _Batch:
         n, fmap = len(values), self._fmap
         out = FieldColumns.empty(
             n, fmap.event_count(Store.INTS), fmap.event_count(Store.FLOATS),
-            fmap.event_count(Store.LISTS),
+            fmap.event_count(Store.LISTS), fmap.event_count(Store.RAW),
         )  # fmt: skip
         lists: list[list[list[int]]] = [[] for _ in range(fmap.event_count(Store.LISTS))]
+        raw: list[list[bytes | None]] = [[] for _ in range(fmap.event_count(Store.RAW))]
         for at, f in enumerate(fmap.event_fields):
             column = [v[at] for v in values]
-            if f.store is Store.INTS:
+            if f.store is Store.RAW:
+                raw[f.column] = column
+                out.raw_present[:, f.column] = [b is not None for b in column]
+                out.raw_counts[:, f.column] = [len(b or b"") for b in column]
+            elif f.store is Store.INTS:
                 out.ints[:, f.column] = np.fromiter(column, np.int64, n)
             elif f.store is Store.FLOATS:
                 out.floats[:, f.column] = np.fromiter(column, np.float32, n)
@@ -286,6 +316,9 @@ class _Batch:
         if lists:  # entity-major: each event's lists one after another
             flat = [v for e in range(n) for one in lists for v in one[e]]
             out.list_ids = np.fromiter(flat, np.int64, len(flat))
+        if raw:  # entity-major too
+            data = b"".join(one[e] or b"" for e in range(n) for one in raw)
+            out.raw_bytes = np.frombuffer(data, dtype=np.uint8).copy()
         if any(f.weights is not None for f in fmap.event_fields):
             at_column = {
                 f.column: at for at, f in enumerate(fmap.event_fields) if f.store is Store.LISTS

@@ -177,17 +177,36 @@ class WalkedColumns:
         present = self._out.strs_present[self._rows, slot].astype(bool)
         return kept, ids, present, _any(long, kept)
 
+    def _raw(self, fields: FieldColumns) -> None:
+        """The raw event fields: each one's Avro bytes as written, entity-major."""
+        raw = [f for f in self._fmap.event_fields if f.store is Store.RAW]
+        if not raw:
+            return
+        at = np.zeros(fields.raw_counts.shape, dtype=np.int64)
+        span = self._out.raw_span[self._rows]
+        for f in raw:
+            slot = self._program.raw_by_path[f.field.path]
+            present = self._out.raw_present[self._rows, slot]
+            at[:, f.column] = span[:, 2 * slot]
+            fields.raw_counts[:, f.column] = (span[:, 2 * slot + 1] - span[:, 2 * slot]) * present
+            fields.raw_present[:, f.column] = present
+        counts = fields.raw_counts.reshape(-1)
+        fields.raw_bytes = self._buf[np.repeat(at.reshape(-1), counts) + positions(counts)]
+
     def _fields(self, bad: Flags) -> FieldColumns:
         """The feature map's event fields (``bad`` gains string-length breaks)."""
         fmap, n = self._fmap, len(self._rows)
         fields = FieldColumns.empty(
             n, fmap.event_count(Store.INTS), fmap.event_count(Store.FLOATS),
-            fmap.event_count(Store.LISTS),
+            fmap.event_count(Store.LISTS), fmap.event_count(Store.RAW),
         )  # fmt: skip
+        self._raw(fields)
         lists: list[I64] = []
         weights: list[npt.NDArray[np.float32]] = []
         weighted = any(f.weights is not None for f in fmap.event_fields)
         for f in fmap.event_fields:
+            if f.store is Store.RAW:
+                continue
             kind, store = f.field.kind, self._program.slot(f.field.path)[0]
             if f.store is Store.FLOATS:
                 if store == "float":

@@ -128,7 +128,7 @@ class _Side:
             found.side[keep],
             present[:, self._id_fields],
             present[:, self._list_fields],
-            self._weights(found.floats, keep) if self._pairs else None,
+            list_weights=self._weights(found.floats, keep) if self._pairs else None,
         )
         return fields, ~present.all(axis=1)
 

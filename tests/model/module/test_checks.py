@@ -89,6 +89,11 @@ def test_output_columns_are_checked_against_the_output_config() -> None:
     weighted = dataclasses.replace(config, output=OutputConfig(score_weights=(1.0, 2.0, 3.0)))
     with pytest.raises(ModelConfigError, match="3 weights for an output of 2 column"):
         trial_forward(weighted, DCN_LAYOUT)
+    named = dataclasses.replace(config, output=OutputConfig(column_names=("click",)))
+    with pytest.raises(ModelConfigError, match="output_names: 1 names for an output of 2 col"):
+        trial_forward(named, DCN_LAYOUT)
+    with pytest.raises(ModelConfigError, match="output_names = \\['a', 'a'\\]: names must be"):
+        OutputConfig(column_names=("a", "a"))
 
 
 def test_scores_follow_the_output_config() -> None:
@@ -100,6 +105,12 @@ def test_scores_follow_the_output_config() -> None:
     probs = torch.tensor([0.2, 0.9])
     assert torch.equal(output_scores(probs, OutputConfig(Activation.PROBABILITIES)), probs)
     assert output_scores(torch.zeros(0)).shape == (0,)
+    # published task columns come beside the ranking score, after the same activation
+    published = OutputConfig(score_weights=(0.25, 0.75), task_columns=(1, 0))
+    table = output_scores(logits, published)
+    assert table.shape == (2, 3)
+    assert torch.allclose(table[:, 0], sig @ torch.tensor([0.25, 0.75]))
+    assert torch.equal(table[:, 1:], sig[:, [1, 0]])
 
 
 def test_a_layout_with_a_key_the_module_lacks_fails_the_trial_forward() -> None:

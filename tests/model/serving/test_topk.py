@@ -111,6 +111,29 @@ def test_host_kernel_equals_the_tensor_sort(dtype: torch.dtype, seed: int) -> No
     assert top.row_index.tolist() == slow_rows and top.counts.tolist() == slow_counts
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_task_columns_come_back_for_the_kept_rows_on_both_paths(seed: int) -> None:
+    """A multi-task module's published columns: the kept rows' values, gathered with the
+    selection (the tensor path gathers them on the device, in its one download)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 30, size=40).astype(np.int64)
+    counts[:2] = [0, 1]
+    ks = rng.integers(-1, 12, size=40).astype(np.int64)
+    rows = int(counts.sum())
+    scores = _hard_scores(rng, rows, torch.float32)
+    tasks = torch.from_numpy(rng.random((rows, 3)).astype(np.float32))
+    top = top_k_per_event(scores, counts, ks, tasks)
+    take = np.minimum(np.maximum(ks, 0), counts)
+    device = topk_mod._device_top_k(scores, counts, take, int(take.max()), tasks)
+    assert top.tasks is not None and device.tasks is not None
+    np.testing.assert_array_equal(top.tasks, tasks.numpy()[top.row_index])
+    np.testing.assert_array_equal(device.tasks, tasks.numpy()[device.row_index])
+    assert top.row_index.tolist() == device.row_index.tolist()
+    none = top_k_per_event(scores, counts, np.zeros_like(ks), tasks)
+    assert none.tasks is not None and none.tasks.shape == (0, 3)
+    assert top_k_per_event(scores, counts, ks).tasks is None
+
+
 def test_scores_made_under_inference_mode() -> None:
     with torch.inference_mode():
         scores = torch.tensor([0.2, 0.7, 0.1]) * 1.0

@@ -14,16 +14,17 @@ import fastavro
 import numpy as np
 import pytest
 
-from model.features.mapping import EventField, EventRoles, FeatureMap, Store
+from model.features.mapping import EventField, EventRoles, FeatureMap, FieldKind, SchemaField, Store
 from model.features.spec import string_to_id
 from pipeline.connectors.avro import framing as wire
-from pipeline.connectors.avro.schema_fields import schema_field
+from pipeline.connectors.avro.schema_fields import named_types, schema_field, schema_node
 from pipeline.connectors.avro.schema_registry import SchemaLookup
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import load_settings
+from pipeline.settings.output import OutputSettings
 from pipeline.stages.decode import ConfiguredDecoder
-from pipeline.types import RejectedMessage
+from pipeline.types import FieldColumns, RejectedMessage
 from tests.conftest import REPO_ROOT
 from tests.integration.byom import load_example
 
@@ -31,12 +32,26 @@ DEEPFM = load_example("deepfm")
 DCN = load_example("dcn")
 
 
-def _map(name: str) -> FeatureMap:
+ECHOES = {
+    "deepfm": {"browser": "viewer.browser", "at": "viewed_at", "slots": "slots",
+               "recent": "recent_offer_ids", "viewer": "viewer.id", "hour": "hour_of_day"},
+    "dcn": {"country": "session.country", "device": "session.device", "price": "price_ceiling",
+            "terms": "query_terms", "want": "want", "listings": "listing_ids"},
+}  # fmt: skip
+"""Event fields carried into an output schema (``[output].echo``): every kind of field."""
+
+
+def _map(name: str, echo: bool = False) -> FeatureMap:
     settings = load_settings(REPO_ROOT / "examples" / name / "streamrank.toml")
     events = settings.events.model_copy(
         update={"schema_file": REPO_ROOT / str(settings.events.schema_file)}
     )
-    return resolve_feature_map(settings.model_copy(update={"events": events}))
+    update: dict[str, Any] = {"events": events}
+    if echo:  # only the echoes matter to the decode
+        update["output"] = OutputSettings(
+            schema_file=Path("out.avsc"), items="i", echo=ECHOES[name]
+        )
+    return resolve_feature_map(settings.model_copy(update=update))
 
 
 @pytest.fixture(scope="module")
@@ -202,10 +217,31 @@ def _mutations(ex: Any, seed: int) -> list[bytes]:
     return values
 
 
+def _raw_values(fmap: FeatureMap, fields: FieldColumns, event: int) -> dict[str, Any]:
+    """One event's raw (echoed) fields, decoded with their schema types."""
+    flat = fields.raw_counts.reshape(-1)  # event-major: an event's columns one after another
+    starts = (np.cumsum(flat) - flat).reshape(fields.raw_counts.shape)
+    out = {}
+    for f in fmap.event_fields:
+        if f.store is not Store.RAW:
+            continue
+        if not fields.raw_present[event, f.column]:
+            out[f.field.name] = None
+            continue
+        node, _ = schema_node(fmap.schema, f.field.name)
+        wrapper = {"type": "record", "name": "W", "fields": [{"name": "v", "type": node}]}
+        schema = fastavro.parse_schema(wrapper, named_schemas=dict(named_types(fmap.schema)))
+        at, n = starts[event, f.column], fields.raw_counts[event, f.column]
+        buf = io.BytesIO(fields.raw_bytes[at : at + n].tobytes())
+        out[f.field.name] = fastavro.schemaless_reader(buf, schema, None)["v"]  # type: ignore[index,call-overload]
+        assert buf.tell() == n
+    return out
+
+
 @pytest.mark.parametrize("name", ["deepfm", "dcn"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_walk_decodes_as_the_record_path(name: str, seed: int) -> None:
-    fmap = _map(name)
+    fmap = _map(name, echo=True)
     decoder = ConfiguredDecoder(CodecSettings(), fmap)
     assert decoder._program is not None  # these schemas take the compiled walk
     values = _mutations(DEEPFM if name == "deepfm" else DCN, seed)
@@ -232,6 +268,19 @@ def test_the_compiled_walk_decodes_as_the_record_path(name: str, seed: int) -> N
     np.testing.assert_array_equal(events.fields.list_ids, want.fields.list_ids)
     np.testing.assert_array_equal(events.fields.int_present, want.fields.int_present)
     np.testing.assert_array_equal(events.fields.list_present, want.fields.list_present)
+    # echoed fields: the bytes as written, equal on both paths, and the input's values
+    assert events.fields.raw_counts.shape[1] == len(ECHOES[name])
+    for array in ("raw_counts", "raw_present", "raw_bytes"):
+        np.testing.assert_array_equal(getattr(events.fields, array), getattr(want.fields, array))
+    ex = DEEPFM if name == "deepfm" else DCN
+    schema = ex.SCHEMA
+    for event, index in enumerate(accepted.tolist()):
+        record = fastavro.schemaless_reader(io.BytesIO(values[index]), schema, None)
+        got = _raw_values(fmap, events.fields, event)
+        for dotted, value in got.items():
+            assert value == SchemaField(tuple(dotted.split(".")), FieldKind.INT, True, "").read(
+                record  # type: ignore[arg-type]
+            ), dotted
 
 
 def test_a_null_field_is_absent_and_an_empty_list_is_present_on_both_paths(

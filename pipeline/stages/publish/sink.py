@@ -1,55 +1,63 @@
-"""Publish: one Recommendation per event of a scored batch to the output topic.
+"""The sink: one record per event of a scored batch to the output topic.
 
-The sink is passive: it encodes the batch (one compiled call,
-:mod:`pipeline.connectors.avro.kernels`) and produces each record with its batch's
-:class:`~pipeline.types.Checkpoint` as the delivery callback (``checkpoint.expect_delivery()``), so
-the broker's acknowledgement flows back to the offsets it covers. What is committed, and when, is
-the commit stage's business.
+The sink is passive: it encodes the batch (one compiled call: the built-in Recommendation's
+encoder, or the user's schema's, :mod:`pipeline.stages.publish.configured`) and produces each
+record with its batch's :class:`~pipeline.types.Checkpoint` as the delivery callback
+(``checkpoint.expect_delivery()``), so the broker's acknowledgement flows back to the offsets
+it covers. What is committed, and when, is the commit stage's business.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from model.features.segments import offsets, starts
-from pipeline.connectors.avro.kernels import encode_recommendations
+from pipeline.connectors.avro.write_program import WriteProgram
 from pipeline.connectors.kafka.clients import RecordProducer
 from pipeline.observability.metrics import Metrics
-from pipeline.types import Enrichment, EventColumns, FallbackFeature, PreparedBatch, ScoredBatch
+from pipeline.stages.publish.configured import SchemaEncoder
+from pipeline.stages.publish.flags import FallbackFlags, fallback_flags
+from pipeline.stages.publish.recommendation import RecommendationEncoder
+from pipeline.types import EventColumns, FallbackFeature, FieldColumns, PreparedBatch, ScoredBatch
 
-__all__ = ["EncodedBatch", "FallbackFlags", "RecommendationSink", "fallback_flags"]
-
-_MAX_VARINT = 10
-_FALLBACK_NAMES = np.frombuffer(
-    (FallbackFeature.USER.value + FallbackFeature.ITEM.value).encode(), dtype=np.uint8
-)
-_FALLBACK_OFFSETS = np.array(
-    [0, len(FallbackFeature.USER.value), len(_FALLBACK_NAMES)], dtype=np.int64
-)
+__all__ = ["EncodedBatch", "RecommendationSink", "RecordEncoder"]
 
 
-@dataclass
-class FallbackFlags:
-    """Per event: which feature groups fell back to defaults (``fallback_features``)."""
+class RecordEncoder(Protocol):
+    """Encodes a scored batch's records (:class:`RecommendationEncoder`,
+    :class:`SchemaEncoder`)."""
 
-    user: npt.NDArray[np.bool_]
-    item: npt.NDArray[np.bool_]
+    def encode(
+        self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
+    ) -> list[bytes]:
+        """The record of every event, in event order (one compiled call).
+
+        Args:
+            events: the batch's events.
+            scored: their top-K (flat, event-major, best first within each event), task
+                scores and the model version that scored them.
+            flags: per event, the feature groups that fell back to defaults.
+            now_ms: when they were scored (``scored_at``), epoch milliseconds.
+
+        Returns:
+            One encoded value per event (with the Confluent header when so framed).
+        """
+        ...
 
 
 @dataclass
 class EncodedBatch:
-    """A batch's Recommendation records, ready to produce.
+    """A batch's records, ready to produce.
 
     Attributes:
         keys: per event, the record key (the user id, decimal).
-        values: per event, the encoded Recommendation.
+        values: per event, the encoded record.
         flags: per event, the feature groups that fell back to defaults.
-        produced_at_ms: ``scored_at`` of every record, epoch milliseconds.
+        produced_at_ms: when the records were made (``scored_at``), epoch milliseconds.
     """
 
     keys: list[bytes]
@@ -58,26 +66,18 @@ class EncodedBatch:
     produced_at_ms: int
 
 
-def fallback_flags(events: EventColumns, enrichment: Enrichment) -> FallbackFlags:
-    """Per-event flags; an event's item flag is set when any of its candidates fell back."""
-    event_starts = starts(events.candidate_counts)
-    item_any = (
-        np.logical_or.reduceat(enrichment.item_missing, event_starts)
-        if len(event_starts)
-        else event_starts
-    )
-    return FallbackFlags(user=enrichment.user_missing.copy(), item=item_any.astype(bool))
-
-
 class RecommendationSink:
-    """Encodes and produces one Recommendation per event, keyed by user id.
+    """Encodes and produces one record per event, keyed by user id: the built-in
+    Recommendation, or a record of the user's output schema (``program``).
 
     Args:
         producer: shared with the dead-letter sink.
         topic: the output topic.
-        header: what precedes each Avro body (the Confluent header of the registered
-            Recommendation schema, or nothing in raw framing).
+        header: what precedes each Avro body (the Confluent header of the registered output
+            schema, or nothing in raw framing).
         metrics: events out, end-to-end latency, fallbacks, batch rows.
+        program: the user's output schema and its roles, compiled (``[output]``); ``None``:
+            the built-in Recommendation.
 
     Example::
 
@@ -86,12 +86,19 @@ class RecommendationSink:
     """
 
     def __init__(
-        self, producer: RecordProducer, topic: str, header: bytes, metrics: Metrics
+        self,
+        producer: RecordProducer,
+        topic: str,
+        header: bytes,
+        metrics: Metrics,
+        program: WriteProgram | None = None,
     ) -> None:
         self._producer = producer
         self._topic = topic
-        self._header = np.frombuffer(header, dtype=np.uint8)
         self._metrics = metrics
+        self._encoder: RecordEncoder = (
+            RecommendationEncoder(header) if program is None else SchemaEncoder(header, program)
+        )
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -113,6 +120,12 @@ class RecommendationSink:
             retrieved=np.zeros(1, dtype=bool),
         )
         scored = ScoredBatch(one, one, np.ones(1), "warm-up")
+        encoder = self._encoder
+        if isinstance(encoder, SchemaEncoder):  # what its program reads, one of each
+            raw = encoder.raw_columns
+            events.fields = FieldColumns.empty(1, raw=raw)
+            events.fields.raw_present[:] = 1
+            scored.task_scores = np.zeros((1, encoder.task_columns), dtype=np.float32)
         no = np.zeros(1, dtype=bool)
         self.encode(events, scored, FallbackFlags(user=no, item=no), 0)
 
@@ -154,43 +167,10 @@ class RecommendationSink:
         return latency_s
 
     def encode(
-        self,
-        events: EventColumns,
-        scored: ScoredBatch,
-        flags: FallbackFlags,
-        now_ms: int,
+        self, events: EventColumns, scored: ScoredBatch, flags: FallbackFlags, now_ms: int
     ) -> list[bytes]:
-        """The Recommendation value of every event, in event order (one compiled call).
-
-        Args:
-            events: the batch's events (ids, user ids, ``retrieved``).
-            scored: their top-K (flat, event-major, best first within each event) and the
-                model version that scored them.
-            flags: per event, the feature groups that fell back to defaults.
-            now_ms: ``scored_at``, epoch milliseconds.
-
-        Returns:
-            One encoded value per event (with the Confluent header when so framed).
-        """
-        n = events.num_events
-        id_bytes, id_offsets = events.event_id_bytes, events.event_id_offsets
-        version = np.frombuffer(scored.model_version.encode(), dtype=np.uint8)
-        header = self._header
-        per_event = len(header) + len(version) + 8 * _MAX_VARINT + 3 + len(_FALLBACK_NAMES)
-        capacity = len(id_bytes) + n * per_event
-        capacity += len(scored.item_ids) * (_MAX_VARINT + 8)
-        out = np.empty(capacity + 16, dtype=np.uint8)
-        out_offsets = np.empty(n + 1, dtype=np.int64)
-        encode_recommendations(
-            header, id_bytes, id_offsets, events.user_ids.astype(np.int64, copy=False),
-            offsets(scored.counts), scored.item_ids.astype(np.int64, copy=False),
-            np.ascontiguousarray(scored.scores, dtype="<f8").view(np.uint8), version, now_ms,
-            flags.user, flags.item, _FALLBACK_NAMES, _FALLBACK_OFFSETS,
-            events.retrieved.astype(bool, copy=False), out, out_offsets,
-        )  # fmt: skip
-        data = out.tobytes()
-        bounds = out_offsets.tolist()
-        return [data[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        """The record of every event (:meth:`RecordEncoder.encode` of this sink's encoder)."""
+        return self._encoder.encode(events, scored, flags, now_ms)
 
     def _count(
         self, flags: FallbackFlags, events: int, rows: int, latency_s: npt.NDArray[np.float64]
