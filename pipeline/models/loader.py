@@ -288,14 +288,15 @@ class ModelLoader:
         """The configured model's retrieval plan, resolved once (``streamrank run`` has checked
         it at start-up: :func:`pipeline.models.preflight.check_configured_model`)."""
         if self._plan is None:
-            from model.module.checks import module_tables
+            from model.module.checks import managed_collisions, module_tables
             from model.module.factory import build_module
             from pipeline.models.preflight import configured_module
             from pipeline.models.retrieval import resolve_retrieval
 
             config, fmap = configured_module(self.settings)
             probe = build_module(config, "meta", embedding_device="meta")
-            plan = resolve_retrieval(self.settings, fmap, module_tables(probe))
+            tables, managed = module_tables(probe), managed_collisions(probe)
+            plan = resolve_retrieval(self.settings, fmap, tables, managed)
             assert plan is not None  # retrieval is on
             self._plan = plan
         return self._plan

@@ -30,7 +30,7 @@ import dataclasses
 from pathlib import Path
 
 from model.features.mapping import FeatureMap
-from model.module.checks import collections, module_tables, trial_forward
+from model.module.checks import collections, managed_collisions, module_tables, trial_forward
 from model.module.factory import build_module
 from model.module.store import check_architecture, is_module_version, load_module_meta
 from model.module.types import ModelConfigError, ModuleConfig
@@ -95,7 +95,7 @@ def check_configured_model(
                 f"(the module's features: {sorted(served)})"
             )
     trial_forward(config, fmap.layout)
-    resolve_retrieval(settings, fmap, tables)
+    resolve_retrieval(settings, fmap, tables, managed_collisions(probe))
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(

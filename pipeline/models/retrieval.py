@@ -35,7 +35,7 @@ from model.features.mapping import (
     Transform,
 )
 from model.features.spec import SparseFeature
-from model.module.types import TableConfig
+from model.module.types import SEQUENCE, TableConfig
 from model.retrieval.sources import RecordVectors, RetrievalPlan, TableVectors, VectorSource
 from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import CatalogueSource, VectorSettings
@@ -48,18 +48,24 @@ class RetrievalConfigError(ValueError):
 
 
 def state_key(table: TableConfig) -> str:
-    """The key of ``table``'s weights in the module's ``state_dict`` (its collection's path).
+    """The key of ``table``'s weights in the module's ``state_dict`` (its collection's path:
+    ``embedding_bags`` of an ``EmbeddingBagCollection``, ``embeddings`` of an
+    ``EmbeddingCollection``).
 
     Example::
 
         state_key(t)  # 'sparse_arch.embedding_bag_collection.embedding_bags.t_offer.weight'
     """
     head = f"{table.module_path}." if table.module_path else ""
-    return f"{head}embedding_bags.{table.name}.weight"
+    tables = "embeddings" if table.kind == SEQUENCE else "embedding_bags"
+    return f"{head}{tables}.{table.name}.weight"
 
 
 def resolve_retrieval(
-    settings: Settings, fmap: FeatureMap, tables: Sequence[TableConfig]
+    settings: Settings,
+    fmap: FeatureMap,
+    tables: Sequence[TableConfig],
+    managed: Sequence[str] = (),
 ) -> RetrievalPlan | None:
     """The retrieval plan of a configured model (``None`` with ``retrieval.enabled = false``).
 
@@ -68,6 +74,9 @@ def resolve_retrieval(
         fmap: the resolved feature map (its keys, roles and Redis layouts).
         tables: the module's own tables, with their collections' paths
             (:func:`model.module.checks.module_tables` of the module built on ``meta``).
+        managed: the paths of its managed-collision collections
+            (:func:`model.module.checks.managed_collisions`): their tables are refused, since an
+            id's row there is the remapper's choice, not its key's transform.
 
     Returns:
         The plan.
@@ -93,8 +102,8 @@ def resolve_retrieval(
             "retrieval.query (drop query_features)"
         )
     by_name = {t.name: t for t in tables}
-    query = _side("query", retrieval.query, fmap, by_name)
-    items = _side("items", retrieval.items, fmap, by_name)
+    query = _side("query", retrieval.query, fmap, by_name, managed)
+    items = _side("items", retrieval.items, fmap, by_name, managed)
     if query.dim != items.dim:
         raise RetrievalConfigError(
             f"retrieval.query: the query vectors are {query.dim} wide ({_what(query)}) but the "
@@ -118,7 +127,11 @@ def resolve_retrieval(
 
 
 def _side(
-    name: str, cfg: VectorSettings, fmap: FeatureMap, tables: dict[str, TableConfig]
+    name: str,
+    cfg: VectorSettings,
+    fmap: FeatureMap,
+    tables: dict[str, TableConfig],
+    managed: Sequence[str],
 ) -> TableVectors | RecordVectors:
     where = f"retrieval.{name}"
     if cfg.source is VectorSource.TABLE:
@@ -127,6 +140,13 @@ def _side(
             raise RetrievalConfigError(
                 f"{where}.table = {cfg.table!r}: model.module has no such table (its tables: "
                 f"{', '.join(tables)})"
+            )
+        if table.module_path in managed:
+            raise RetrievalConfigError(
+                f"{where}.table = {cfg.table!r} is behind a managed-collision remapper "
+                f"({table.module_path}): an id's row is the remapper's state, not its key's "
+                "transform, so the rows cannot be matched to ids; name a Redis vector field "
+                '(source = "user" / "item")'
             )
         keys = [k for k in fmap.sparse if k.key in table.feature_names]
         key = (

@@ -3,28 +3,33 @@ examples resolve to, and what each mistake says (one line naming the key)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 
 from model.features.mapping import Source, Transform
-from model.module.checks import module_tables
+from model.module.checks import managed_collisions, module_tables
 from model.module.factory import build_module
 from model.retrieval.sources import RecordVectors, TableVectors, VectorSource
 from pipeline.models.preflight import configured_module
-from pipeline.models.retrieval import RetrievalConfigError, resolve_retrieval
+from pipeline.models.retrieval import RetrievalConfigError, resolve_retrieval, state_key
 from pipeline.settings.loading import Settings, load_settings
 from pipeline.settings.retrieval import RetrievalSettings
 from tests.conftest import REPO_ROOT
+from tests.integration.managed import managed_toml
 
 EXAMPLES = REPO_ROOT / "examples"
 
 
-def _settings(name: str, item_fields: dict[str, str] | None = None, **retrieval: Any) -> Settings:
-    """The example's settings with ``[retrieval]`` replaced by ``retrieval`` (and its item
-    record's fields by ``item_fields``)."""
-    settings = load_settings(EXAMPLES / name / "streamrank.toml")
+def _settings(
+    name: str | Path, item_fields: dict[str, str] | None = None, **retrieval: Any
+) -> Settings:
+    """The example's settings (``name``, or a TOML file of it) with ``[retrieval]`` replaced by
+    ``retrieval`` (and its item record's fields by ``item_fields``)."""
+    toml = name if isinstance(name, Path) else EXAMPLES / name / "streamrank.toml"
+    settings = load_settings(toml)
     events = settings.events.model_copy(
         update={"schema_file": REPO_ROOT / str(settings.events.schema_file)}
     )
@@ -41,11 +46,11 @@ def _settings(name: str, item_fields: dict[str, str] | None = None, **retrieval:
     )
 
 
-def _resolve(name: str, item_fields: dict[str, str] | None = None, **retrieval: Any):  # type: ignore[no-untyped-def]
+def _resolve(name: str | Path, item_fields: dict[str, str] | None = None, **retrieval: Any):  # type: ignore[no-untyped-def]
     settings = _settings(name, item_fields, **retrieval)
     config, fmap = configured_module(settings)
-    tables = module_tables(build_module(config, "meta", embedding_device="meta"))
-    return resolve_retrieval(settings, fmap, tables)
+    probe = build_module(config, "meta", embedding_device="meta")
+    return resolve_retrieval(settings, fmap, module_tables(probe), managed_collisions(probe))
 
 
 def _table(name: str) -> dict[str, str]:
@@ -94,6 +99,26 @@ def test_redis_vector_fields_resolve_to_their_layouts() -> None:
     assert plan.query.layout.key == "shop:viewer:{id}"
     assert isinstance(plan.items, RecordVectors) and plan.items.side is VectorSource.ITEM
     assert plan.items.field.column == 2  # after stats' two values
+
+
+@pytest.mark.parametrize("name", ["deepfm", "dcn", "sequence", "weighted"])
+def test_every_table_names_its_weights_in_the_module_state_dict(name: str) -> None:
+    config, _ = configured_module(_settings(name))
+    module = build_module(config, "meta", embedding_device="meta")
+    state = module.state_dict()
+    tables = module_tables(module)
+    assert tables and all(state_key(t) in state for t in tables)
+    assert name != "sequence" or any(".embeddings." in state_key(t) for t in tables)
+
+
+def test_a_table_behind_a_managed_collision_remapper_is_refused(tmp_path: Path) -> None:
+    toml = tmp_path / "managed.toml"
+    toml.write_text(managed_toml((EXAMPLES / "deepfm" / "streamrank.toml").read_text()))
+    with pytest.raises(RetrievalConfigError) as caught:
+        _resolve(toml, query=_table("t_viewer"), items=_table("t_offer"))
+    assert "retrieval.query.table = 't_viewer' is behind a managed-collision remapper" in str(
+        caught.value
+    )
 
 
 def test_off_resolves_to_nothing() -> None:
