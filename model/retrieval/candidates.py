@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from model.features.segments import take_segments
-from model.retrieval.index import RetrievalIndex
+from model.retrieval.index import RetrievalIndex, VectorIndex
 
-__all__ = ["CandidateColumns", "RetrievedCandidates", "fill_candidates"]
+__all__ = ["CandidateColumns", "RetrievedCandidates", "fill_candidates", "search_candidates"]
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -105,15 +105,51 @@ def fill_candidates(
         recent_counts=np.asarray(events.recent_counts, dtype=np.int64)[which],
         recent_ids=events.recent_ids[recent],
     )
-    found, _ = index.search(index.queries(subset), k or index.config.num_candidates)
+    queries = index.queries(subset)
+    return search_candidates(counts, events.candidate_ids, which, queries, index, k)
+
+
+def search_candidates(
+    counts: Int64Array,
+    candidate_ids: Int64Array,
+    which: Int64Array,
+    queries: npt.NDArray[np.float32],
+    index: VectorIndex,
+    k: int | None = None,
+) -> RetrievedCandidates:
+    """Give the events ``which`` the best items of ``index`` for their ``queries``; keep the
+    others' candidates as they are (one batched search, no per-event Python).
+
+    Args:
+        counts: int64[E] candidates per event (0 for each event of ``which``).
+        candidate_ids: int64[sum(counts)] event-major.
+        which: int64[W] the events to retrieve for, in order.
+        queries: float32[W, dim] their query vectors.
+        index: the index to search.
+        k: candidates per retrieved event; default ``index.config.num_candidates``.
+
+    Returns:
+        The new candidate columns; ``retrieved`` is set for the events of ``which`` the index
+        found items for.
+
+    Example::
+
+        found = search_candidates(counts, ids, np.flatnonzero(counts == 0), queries, index)
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    retrieved = np.zeros(counts.shape[0], dtype=bool)
+    if which.shape[0] == 0:
+        return RetrievedCandidates(counts, candidate_ids, retrieved)
+    found, _ = index.search(queries, k or index.config.num_candidates)
     valid = found >= 0
     found_counts = valid.sum(axis=1).astype(np.int64)
     # Sources back to back: the old candidates, then one segment per retrieved event.
-    source = np.concatenate([events.candidate_ids, found[valid]])
+    source = np.concatenate([candidate_ids, found[valid]])
     source_counts = np.concatenate([counts, found_counts])
     order = np.arange(counts.shape[0], dtype=np.int64)
     order[which] = counts.shape[0] + np.arange(which.shape[0], dtype=np.int64)
     new_counts = counts.copy()
     new_counts[which] = found_counts
     new_ids = source[take_segments(source_counts, order)]
-    return RetrievedCandidates(new_counts, new_ids, wanted & (new_counts > 0))
+    retrieved[which] = found_counts > 0
+    return RetrievedCandidates(new_counts, new_ids, retrieved)

@@ -28,6 +28,10 @@ the ``refine_factor * k`` best PQ hits are re-ranked with the exact vectors; ``a
 ``flat`` up to ``exact_max_items`` items. Recall is measured against exact inner-product
 search over the same vectors (``streamrank bench retrieval``).
 
+:class:`VectorIndex` is the Faiss part alone (:func:`index_vectors` builds it from any vectors);
+a configured model's index is one (``pipeline.models.configured_index``), its vectors and query
+named by its configuration (:mod:`model.retrieval.sources`).
+
 Threads: Faiss parallelises with OpenMP, and when torch is imported first (as in the pipeline)
 Faiss's OpenMP calls resolve to torch's ``libgomp`` (torch loads it into the global symbol
 scope), so ``faiss.omp_set_num_threads`` would also set the thread count of torch's next forward
@@ -42,7 +46,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import faiss
@@ -58,8 +62,10 @@ __all__ = [
     "IndexKind",
     "RetrievalConfig",
     "RetrievalIndex",
+    "VectorIndex",
     "build_index",
     "faiss_threads",
+    "index_vectors",
 ]
 
 Int64Array = npt.NDArray[np.int64]
@@ -84,31 +90,36 @@ class QueryColumns(Protocol):
 
 
 @dataclass(frozen=True)
-class RetrievalIndex:
-    """A built index and what it needs to answer queries.
+class VectorIndex:
+    """A built Faiss index over catalogue item vectors, and how to search it.
+
+    The part every retrieval shares: the built-in model's (:class:`RetrievalIndex`, which also
+    computes its queries from the model's tables) and a configured model's (whose query
+    vectors come from one of its tables or the user's Redis record: see
+    :mod:`pipeline.models.configured_index`).
 
     Attributes:
         index: the Faiss index (ids are catalogue positions).
         kind: ``flat`` or ``ivfpq`` (what ``auto`` chose).
         item_ids: int64[N] the catalogue: raw item id of each Faiss id.
-        tables: the query-side tables (and the item table).
         config: the settings it was built with.
-        build_seconds: wall time of :func:`build_index` (gathering vectors, training, adding).
+        build_seconds: wall time of the build (gathering vectors, training, adding).
+        model_version: the model version whose vectors are indexed.
         scale: items and queries are multiplied by it before Faiss sees them (order is
             unchanged): untrained DLRM tables hold values around 1e-3, where Faiss's PQ
             training loses most of its precision; scores are divided back.
 
     Example::
 
-        ids, scores = index.search(index.queries(events), 100)
+        ids, scores = index.search(queries, 100)
     """
 
     index: Any
     kind: IndexKind
     item_ids: Int64Array
-    tables: EmbeddingTables
     config: RetrievalConfig
     build_seconds: float
+    model_version: str
     scale: float = 1.0
 
     @property
@@ -117,9 +128,44 @@ class RetrievalIndex:
         return int(self.item_ids.shape[0])
 
     @property
-    def model_version(self) -> str:
-        """The model version whose vectors are indexed."""
-        return self.tables.model_version
+    def dim(self) -> int:
+        """The width of the indexed vectors (and of a query)."""
+        return int(self.index.d)
+
+    def search(self, queries: Float32Array, k: int) -> tuple[Int64Array, Float32Array]:
+        """The ``k`` items with the largest inner product with each query.
+
+        Args:
+            queries: float32[E, dim].
+            k: results per query.
+
+        Returns:
+            ``(raw item ids int64[E, k], inner products float32[E, k])``, best first; where
+            fewer than ``k`` items are found (a small catalogue), ids are -1.
+        """
+        if queries.shape[0] == 0:
+            return np.empty((0, k), np.int64), np.empty((0, k), np.float32)
+        scaled = np.ascontiguousarray(queries * np.float32(self.scale), np.float32)
+        with faiss_threads(self.config.threads):
+            scores, positions = self.index.search(scaled, k)
+        found = positions >= 0
+        ids = np.where(found, self.item_ids[np.where(found, positions, 0)], -1)
+        return ids.astype(np.int64), (scores / np.float32(self.scale**2)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class RetrievalIndex(VectorIndex):
+    """The built-in model's index: its item vectors, and the tables its queries sum.
+
+    Attributes:
+        tables: the query-side tables (and the item table).
+
+    Example::
+
+        ids, scores = index.search(index.queries(events), 100)
+    """
+
+    tables: EmbeddingTables = field(kw_only=True)
 
     def queries(self, events: QueryColumns) -> Float32Array:
         """The query vector of each event (the sum of its ``query_features`` embeddings).
@@ -147,26 +193,6 @@ class RetrievalIndex:
             }[feature]
             out += self.tables.rows(feature, raw)
         return out
-
-    def search(self, queries: Float32Array, k: int) -> tuple[Int64Array, Float32Array]:
-        """The ``k`` items with the largest inner product with each query.
-
-        Args:
-            queries: float32[E, dim].
-            k: results per query.
-
-        Returns:
-            ``(raw item ids int64[E, k], inner products float32[E, k])``, best first; where
-            fewer than ``k`` items are found (a small catalogue), ids are -1.
-        """
-        if queries.shape[0] == 0:
-            return np.empty((0, k), np.int64), np.empty((0, k), np.float32)
-        scaled = np.ascontiguousarray(queries * np.float32(self.scale), np.float32)
-        with faiss_threads(self.config.threads):
-            scores, positions = self.index.search(scaled, k)
-        found = positions >= 0
-        ids = np.where(found, self.item_ids[np.where(found, positions, 0)], -1)
-        return ids.astype(np.int64), (scores / np.float32(self.scale**2)).astype(np.float32)
 
 
 def build_index(
@@ -198,19 +224,54 @@ def build_index(
     catalogue = np.unique(np.asarray(item_ids, dtype=np.int64))
     if catalogue.size == 0:
         raise ValueError("the item catalogue is empty: nothing to retrieve from")
-    vectors = tables.rows(SparseFeature.ITEM_ID, catalogue)
+    built = index_vectors(tables.rows(SparseFeature.ITEM_ID, catalogue), catalogue, config)
+    return RetrievalIndex(
+        index=built.index,
+        kind=built.kind,
+        item_ids=catalogue,
+        config=config,
+        build_seconds=time.perf_counter() - start,
+        model_version=tables.model_version,
+        scale=built.scale,
+        tables=tables,
+    )
+
+
+def index_vectors(
+    vectors: Float32Array, item_ids: Int64Array, config: RetrievalConfig, model_version: str = ""
+) -> VectorIndex:
+    """Index ``vectors`` (row ``i`` is item ``item_ids[i]``) for inner-product search.
+
+    Args:
+        vectors: float32[N, dim] one vector per item (changed in place: scaled).
+        item_ids: int64[N] the raw item id of each vector (unique).
+        config: index kind and parameters.
+        model_version: recorded on the index.
+
+    Returns:
+        The index (its ``build_seconds`` measured here).
+
+    Raises:
+        ValueError: on no vectors.
+
+    Example::
+
+        index = index_vectors(item_table[rows], ids, RetrievalConfig(index=IndexKind.FLAT))
+    """
+    start = time.perf_counter()
+    if vectors.shape[0] == 0:
+        raise ValueError("the item catalogue is empty: nothing to retrieve from")
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     rms = float(np.sqrt(np.mean(np.square(vectors, dtype=np.float64))))
     scale = 1.0 / rms if rms > 0 else 1.0
     vectors *= np.float32(scale)
-    kind = choose_kind(config, catalogue.size)
+    dim = int(vectors.shape[1])
+    kind = choose_kind(config, int(vectors.shape[0]))
     with faiss_threads(config.threads):
-        index = (
-            _flat(tables.dim, vectors)
-            if kind is IndexKind.FLAT
-            else _ivfpq(tables.dim, vectors, config)
-        )
+        index = _flat(dim, vectors) if kind is IndexKind.FLAT else _ivfpq(dim, vectors, config)
     seconds = time.perf_counter() - start
-    return RetrievalIndex(index, kind, catalogue, tables, config, seconds, scale)
+    ids = np.asarray(item_ids, dtype=np.int64)
+    return VectorIndex(index, kind, ids, config, seconds, model_version, scale)
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
+from pipeline.settings.retrieval import CatalogueSource
 from pipeline.settings.secrets import mask_url
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
@@ -231,6 +232,16 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
             raise UserError(
                 "[events] and [features] map the input of a configured model: set "
                 "[model.module] (the built-in model reads UserEvent and its own features)"
+            )
+        retrieval = settings.retrieval
+        configured_only = [f"retrieval.{n}" for n in ("query", "items") if getattr(retrieval, n)]
+        if retrieval.catalogue is CatalogueSource.TABLE:
+            configured_only.append('retrieval.catalogue = "table"')
+        if configured_only:
+            raise UserError(
+                f"{', '.join(configured_only)}: a configured model's retrieval ([model.module]); "
+                "the built-in model queries with retrieval.query_features and lists its items "
+                'with catalogue = "redis" or "file"'
             )
         from pipeline.models.output import resolve_output
 

@@ -51,7 +51,7 @@ from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings
 
 if TYPE_CHECKING:
-    from model.retrieval.index import RetrievalIndex
+    from model.retrieval.index import VectorIndex
 
 __all__ = ["WorkerRuntime", "worker_process"]
 
@@ -94,7 +94,7 @@ class WorkerRuntime:
     link: WorkerLink
     relay: MetricsRelay
     stepper: WorkerStepper
-    index: RetrievalIndex | None = None
+    index: VectorIndex | None = None
 
     def finish(self, summary: RunSummary) -> None:
         """Send the run's summary and final metrics to the rank (the last message)."""

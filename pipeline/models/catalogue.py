@@ -10,6 +10,11 @@ say which items exist. The catalogue says it (``retrieval.catalogue``):
 - ``file``: ``retrieval.catalogue_path``, a ``.npy`` int64 array or a text file with one
   decimal id per line (blank lines and ``#`` comments skipped).
 
+A configured model (``[model.module]``) lists the keys of its ``[features.item].key`` template
+instead with ``redis``, and may take ``table``: the rows of its index table, when the candidate
+key looks it up with ``transform = "identity"`` (the rows are then the ids;
+:func:`configured_catalogue`).
+
 :func:`load_retrieval_index` is what a model loader calls next to loading the scorer: the
 catalogue, the checkpoint's tables and the Faiss index, built off the scoring path.
 """
@@ -28,8 +33,16 @@ from pipeline.settings.retrieval import CatalogueSource, RetrievalSettings
 
 if TYPE_CHECKING:
     from model.retrieval.index import RetrievalIndex
+    from model.retrieval.sources import RetrievalPlan
 
-__all__ = ["catalogue_from_file", "catalogue_from_redis", "load_catalogue", "load_retrieval_index"]
+__all__ = [
+    "catalogue_from_file",
+    "catalogue_from_keys",
+    "catalogue_from_redis",
+    "configured_catalogue",
+    "load_catalogue",
+    "load_retrieval_index",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +65,39 @@ def catalogue_from_redis(client: redis.Redis, key_prefix: str) -> Int64Array:
 
         ids = catalogue_from_redis(redis.Redis.from_url(url), "sr")
     """
-    escaped = "".join(f"\\{c}" if c in _GLOB_SPECIAL else c for c in key_prefix)
-    head = len(key_prefix) + 3  # "<prefix>:i:"
+    return catalogue_from_keys(client, f"{key_prefix}:i:{{id}}")
+
+
+def catalogue_from_keys(client: redis.Redis, template: str) -> Int64Array:
+    """Raw ids of every key of ``template`` (``{id}``: the id in decimal) in Redis (SCAN).
+
+    Args:
+        client: the feature store.
+        template: a key template, e.g. ``[features.item].key`` (``shop:offer:{id}``).
+
+    Returns:
+        int64[N] sorted unique ids; keys whose ``{id}`` part is not an integer are skipped.
+
+    Example::
+
+        ids = catalogue_from_keys(client, "shop:offer:{id}")
+    """
+    prefix, _, suffix = template.partition("{id}")
+    match = _glob_escaped(prefix) + "*" + _glob_escaped(suffix)
+    head, tail = len(prefix), len(suffix)
     ids: list[int] = []
-    for key in client.scan_iter(match=f"{escaped}:i:*", count=_SCAN_COUNT):
+    for key in client.scan_iter(match=match, count=_SCAN_COUNT):
         text = key.decode() if isinstance(key, bytes) else str(key)
         try:
-            ids.append(int(text[head:]))
+            ids.append(int(text[head : len(text) - tail]))
         except ValueError:
             continue
     return np.unique(np.asarray(ids, dtype=np.int64))
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` as a literal in a SCAN ``MATCH`` pattern."""
+    return "".join(f"\\{c}" if c in _GLOB_SPECIAL else c for c in text)
 
 
 def catalogue_from_file(path: Path) -> Int64Array:
@@ -113,9 +149,55 @@ def load_catalogue(
     if settings.catalogue is CatalogueSource.FILE:
         assert settings.catalogue_path is not None  # the settings' validator checked it
         return catalogue_from_file(settings.catalogue_path)
+    if settings.catalogue is CatalogueSource.TABLE:
+        raise ValueError(
+            'retrieval.catalogue = "table" is for a configured model ([model.module]): the '
+            "built-in model hashes item ids into its rows"
+        )
     if client is None:
         raise ValueError('retrieval.catalogue = "redis" needs a Redis client')
     return catalogue_from_redis(client, key_prefix)
+
+
+def configured_catalogue(
+    settings: RetrievalSettings, plan: RetrievalPlan, client: redis.Redis | None
+) -> Int64Array:
+    """The catalogue of a configured model: the ids ``retrieval.catalogue`` names, less those
+    outside ``[0, plan.item_id_limit)`` (ids an event could not bring; a warning counts them).
+
+    Args:
+        settings: ``[retrieval]``.
+        plan: the resolved retrieval (:func:`pipeline.models.retrieval.resolve_retrieval`).
+        client: the feature store (needed for ``catalogue = "redis"``).
+
+    Returns:
+        int64[N] sorted unique raw item ids.
+
+    Raises:
+        ValueError: for ``redis`` without a client; as the loaders.
+
+    Example::
+
+        ids = configured_catalogue(settings.retrieval, plan, client)
+    """
+    if settings.catalogue is CatalogueSource.TABLE:
+        ids = np.arange(plan.catalogue_rows, dtype=np.int64)
+    elif settings.catalogue is CatalogueSource.FILE:
+        assert settings.catalogue_path is not None  # the settings' validator checked it
+        ids = catalogue_from_file(settings.catalogue_path)
+    elif client is None:
+        raise ValueError('retrieval.catalogue = "redis" needs a Redis client')
+    else:
+        ids = catalogue_from_keys(client, plan.catalogue_key)
+    kept = (ids >= 0) & (ids < plan.item_id_limit)
+    if not kept.all():
+        log.warning(
+            "retrieval: %d catalogue ids outside [0, %d) left out (an event could not bring "
+            "them: codec.max_id, or an identity candidate key with out_of_range = 'dlq')",
+            int((~kept).sum()),
+            plan.item_id_limit,
+        )
+    return ids[kept]
 
 
 def load_retrieval_index(

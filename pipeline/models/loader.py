@@ -4,8 +4,10 @@ One loader serves the start-up and every later version (:mod:`pipeline.models.wa
 on its background thread, :mod:`pipeline.runtime.model_swap` finishes what needs the loop). A
 version is a :class:`ServedModel`: the :class:`~model.serving.Scorer` (built by the one
 :class:`~model.serving.ScorerFactory`) and, with ``[retrieval]`` on, the
-:class:`~model.retrieval.index.RetrievalIndex` built from the same checkpoint's item vectors, so the
-candidates a version retrieves and the scores it gives always come from the same weights.
+:class:`~model.retrieval.index.RetrievalIndex` built from the same checkpoint's item vectors (a
+configured model's: :class:`~pipeline.models.configured_index.ConfiguredIndex`, from the vectors
+``[retrieval]`` names), so the candidates a version retrieves and the scores it gives always come
+from the same weights.
 
 Loading has two parts:
 
@@ -43,7 +45,11 @@ from typing import TYPE_CHECKING
 import redis
 
 from model.rank import RankContext
-from pipeline.models.catalogue import load_catalogue, load_retrieval_index
+from pipeline.models.catalogue import (
+    configured_catalogue,
+    load_catalogue,
+    load_retrieval_index,
+)
 from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import CatalogueSource
 
@@ -51,7 +57,8 @@ if TYPE_CHECKING:
     from model.features.layout import InputLayout
     from model.features.spec import FeatureSpec
     from model.module.types import ModuleConfig
-    from model.retrieval.index import RetrievalIndex
+    from model.retrieval.index import VectorIndex
+    from model.retrieval.sources import RetrievalPlan
     from model.serving import Scorer, ServingOptions
 
 __all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel"]
@@ -76,7 +83,7 @@ class ServedModel:
     """
 
     scorer: Scorer
-    index: RetrievalIndex | None
+    index: VectorIndex | None
 
     @property
     def version(self) -> str:
@@ -98,7 +105,7 @@ class PendingModel:
 
     path: Path
     version: str
-    index: RetrievalIndex | None
+    index: VectorIndex | None
     scorer: Scorer | None
 
 
@@ -125,6 +132,8 @@ class ModelLoader:
         self._spec: FeatureSpec | None = None
         self._module: tuple[ModuleConfig, InputLayout] | None = None
         """``[model.module]``'s config and its feature map's layout (made when first asked)."""
+        self._plan: RetrievalPlan | None = None
+        """A configured model's retrieval plan (made when first asked)."""
 
     def options(self, checkpoint: Path) -> ServingOptions:
         """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
@@ -229,7 +238,7 @@ class ModelLoader:
                 "restart the pipeline to serve it"
             )
 
-    def retrieval_index(self, checkpoint: Path) -> RetrievalIndex | None:
+    def retrieval_index(self, checkpoint: Path) -> VectorIndex | None:
         """The retrieval index of ``checkpoint`` (also built alone by each ingest worker).
 
         Args:
@@ -245,24 +254,66 @@ class ModelLoader:
         settings = self.settings
         if not settings.retrieval.enabled:
             return None
+        if settings.model.module is not None:
+            return self._configured_index(checkpoint)
         client = None
         if settings.retrieval.catalogue is CatalogueSource.REDIS:
             client = self._redis_client()
         catalogue = load_catalogue(settings.retrieval, client, settings.redis.key_prefix)
         if catalogue.size == 0:
-            log.warning(
-                "retrieval: the item catalogue (%s) is empty: events without candidates go to "
-                "the dead-letter topic (no_candidates) until a model version loads with items",
-                settings.retrieval.catalogue.value,
-            )
+            _empty_catalogue(settings.retrieval.catalogue)
             return None
         return load_retrieval_index(checkpoint, settings.retrieval, catalogue)
+
+    def _configured_index(self, checkpoint: Path) -> VectorIndex | None:
+        """A configured model version's index (:mod:`pipeline.models.configured_index`)."""
+        from model.module.store import load_module_meta
+        from model.retrieval.sources import RecordVectors
+        from pipeline.models.configured_index import load_configured_index
+
+        retrieval = self.settings.retrieval
+        plan = self._retrieval_plan()
+        redis_items = isinstance(plan.items, RecordVectors)
+        client = None
+        if retrieval.catalogue is CatalogueSource.REDIS or redis_items:
+            client = self._redis_client()
+        catalogue = configured_catalogue(retrieval, plan, client)
+        if catalogue.size == 0:
+            _empty_catalogue(retrieval.catalogue)
+            return None
+        version = load_module_meta(checkpoint).model_version
+        return load_configured_index(checkpoint, self.settings, plan, catalogue, client, version)
+
+    def _retrieval_plan(self) -> RetrievalPlan:
+        """The configured model's retrieval plan, resolved once (``streamrank run`` has checked
+        it at start-up: :func:`pipeline.models.preflight.check_configured_model`)."""
+        if self._plan is None:
+            from model.module.checks import managed_collisions, module_tables
+            from model.module.factory import build_module
+            from pipeline.models.preflight import configured_module
+            from pipeline.models.retrieval import resolve_retrieval
+
+            config, fmap = configured_module(self.settings)
+            probe = build_module(config, "meta", embedding_device="meta")
+            tables, managed = module_tables(probe), managed_collisions(probe)
+            plan = resolve_retrieval(self.settings, fmap, tables, managed)
+            assert plan is not None  # retrieval is on
+            self._plan = plan
+        return self._plan
 
     def _redis_client(self) -> redis.Redis:
         if self._redis is None:
             redis_settings = self.settings.redis
             self._redis = redis.Redis.from_url(redis_settings.url, **redis_settings.client_kwargs())
         return self._redis
+
+
+def _empty_catalogue(source: CatalogueSource) -> None:
+    log.warning(
+        "retrieval: the item catalogue (%s) is empty: events without candidates go to "
+        "the dead-letter topic (no_candidates) until a model version loads with items",
+        source.value,
+    )
 
 
 def _verify_weights(checkpoint: Path, module_version: bool = False) -> None:

@@ -12,8 +12,11 @@ traceback from the first batch. In order:
 3. a trial forward on one-row tables takes the configured dense width and returns an output the
    output config can read;
 4. the served version (when there is one) was imported for this architecture;
-5. what the configured path does not serve is refused: ingest workers, retrieval;
-6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
+5. what the configured path does not serve is refused: ingest workers;
+6. with ``retrieval.enabled``, the vectors that query and those that are indexed resolve
+   (:func:`pipeline.models.retrieval.resolve_retrieval`): tables or Redis vector fields that
+   exist, looked up by the right id, of one width;
+7. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
    its task scores naming columns of ``model.module.output_names``.
 
 Example::
@@ -27,12 +30,13 @@ import dataclasses
 from pathlib import Path
 
 from model.features.mapping import FeatureMap
-from model.module.checks import collections, module_tables, trial_forward
+from model.module.checks import collections, managed_collisions, module_tables, trial_forward
 from model.module.factory import build_module
 from model.module.store import check_architecture, is_module_version, load_module_meta
 from model.module.types import ModelConfigError, ModuleConfig
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.models.output import published_columns, resolve_output
+from pipeline.models.retrieval import resolve_retrieval
 from pipeline.settings.loading import Settings
 
 __all__ = ["check_configured_model", "configured_module"]
@@ -77,15 +81,11 @@ def check_configured_model(
             f"batching.ingest_workers = {settings.batching.ingest_workers}: ingest workers serve "
             "the built-in model only; set batching.ingest_workers = 0 with [model.module]"
         )
-    if settings.retrieval.enabled:
-        raise ModelConfigError(
-            "retrieval.enabled = true: retrieval reads the built-in model's item table; set "
-            "retrieval.enabled = false with [model.module] (events must bring candidates)"
-        )
     fmap_config = settings.model.module
     assert fmap_config is not None
     probe = build_module(fmap_config.to_config(), "meta", embedding_device="meta")
-    served = {f for t in module_tables(probe) for f in t.feature_names}
+    tables = module_tables(probe)
+    served = {f for t in tables for f in t.feature_names}
     collections(probe)  # refuses the embedding modules the contract does not serve
     config, fmap = configured_module(settings)
     for key in fmap.layout.keys:
@@ -95,6 +95,7 @@ def check_configured_model(
                 f"(the module's features: {sorted(served)})"
             )
     trial_forward(config, fmap.layout)
+    resolve_retrieval(settings, fmap, tables, managed_collisions(probe))
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(

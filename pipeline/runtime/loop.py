@@ -75,7 +75,7 @@ from pipeline.stages.source import KafkaSource
 from pipeline.types import Batch, Shutdown
 
 if TYPE_CHECKING:
-    from model.retrieval.index import RetrievalIndex
+    from model.retrieval.index import VectorIndex
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ScoringPipeline:
         stepper: Stepper | None = None,
         clients: ClientFactory = connect,
         rank: RankContext | None = None,
-        index: RetrievalIndex | None = None,
+        index: VectorIndex | None = None,
         models: ModelSwap | None = None,
     ) -> None:
         self.settings = settings
@@ -138,7 +138,9 @@ class ScoringPipeline:
         )
         self.decoder = inputs.decoder
         self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
-        self.retriever = CandidateRetriever(index, retrieval.num_candidates, self.metrics)
+        self.retriever = CandidateRetriever(
+            index, retrieval.num_candidates, self.metrics, inputs.enricher
+        )
         self.models = models
         self.enricher: BatchEnricher = inputs.enricher
         self.features = inputs.features

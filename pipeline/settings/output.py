@@ -75,8 +75,7 @@ class OutputSettings(Section):
     """An array of strings (``user_features``, ``item_features``: the feature groups that fell
     back to defaults), or a boolean (whether any did)."""
     retrieved: str = ""
-    """A boolean field: whether the candidates were retrieved (the built-in model's
-    ``[retrieval]``; always false for a configured model)."""
+    """A boolean field: whether the candidates were retrieved (``[retrieval]``)."""
     echo: dict[str, str] = Field(default_factory=dict)
     """Input event fields carried into the output: ``{ "output.field" = "event.field" }``
     (paths dotted on both sides; a configured event schema, ``[events]``)."""

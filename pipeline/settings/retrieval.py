@@ -5,6 +5,8 @@ how a running pipeline follows a versions directory.
 catalogue items whose ranker item embeddings have the largest inner product with its query
 vector (:mod:`model.retrieval.index`); the ranker then scores them. The index is built whenever a
 model version is loaded, from that version's tables and the item catalogue read at that time.
+With ``[model.module]`` (a configured model), ``query`` and ``items`` name which vectors query
+and which are indexed (:mod:`model.retrieval.sources`).
 
 ``[model_swap]``: with ``model.checkpoint`` pointing at a versions directory
 (:mod:`model.store.versions`), the pipeline polls its pointer and swaps a newly promoted version in
@@ -20,9 +22,16 @@ from pydantic import Field, field_validator, model_validator
 
 from model.features.spec import SparseFeature
 from model.retrieval.config import IndexKind, RetrievalConfig
+from model.retrieval.sources import VectorSource
 from pipeline.settings.section import Section
 
-__all__ = ["CatalogueSource", "ModelSwapSettings", "RetrievalSettings"]
+__all__ = [
+    "CatalogueSource",
+    "ModelSwapSettings",
+    "RetrievalSettings",
+    "VectorSettings",
+    "VectorSource",
+]
 
 
 class CatalogueSource(enum.StrEnum):
@@ -34,6 +43,40 @@ class CatalogueSource(enum.StrEnum):
     features for."""
     FILE = "file"
     """``retrieval.catalogue_path``: a ``.npy`` int64 array, or text with one id per line."""
+    TABLE = "table"
+    """A configured model whose index is a table (``items.source = "table"``) looked up by the
+    candidate id with ``transform = "identity"``: its rows are the item ids ``0..rows-1``."""
+
+
+class VectorSettings(Section):
+    """``retrieval.query`` / ``retrieval.items``: where one side's vectors come from (a
+    configured model).
+
+    Example::
+
+        [retrieval]
+        query = { source = "table", table = "t_viewer" }   # the user's row of t_viewer
+        items = { source = "item", field = "embedding" }   # each item's Redis vector
+    """
+
+    source: VectorSource
+    """``table`` (one of ``[[model.module.tables]]``), ``user`` (a field of the user's Redis
+    record: the query only) or ``item`` (a field of each item's record: the index only)."""
+    table: str = ""
+    """With ``source = "table"``: the table's name. The query is the row the user id looks up
+    (through the transform of the table's key whose field is ``events.user_id``); the index
+    holds each item's row (through the transform of the table's ``candidate`` key)."""
+    field: str = ""
+    """With ``source = "user"`` / ``"item"``: a ``vector:N`` field of ``[features.user]`` /
+    ``[features.item]``."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> VectorSettings:
+        if self.source is VectorSource.TABLE and (not self.table or self.field):
+            raise ValueError('source = "table" takes a table (and no field)')
+        if self.source is not VectorSource.TABLE and (not self.field or self.table):
+            raise ValueError(f'source = "{self.source}" takes a field (and no table)')
+        return self
 
 
 class RetrievalSettings(Section):
@@ -74,14 +117,27 @@ class RetrievalSettings(Section):
     """OpenMP threads of each Faiss build or search (set around Faiss's own calls and restored
     after: torch's thread count is never changed); 0: the calling thread's current setting."""
     catalogue: CatalogueSource = CatalogueSource.REDIS
+    """Which item ids exist: ``redis`` (the item keys of the feature store: the built-in
+    model's ``<prefix>:i:<id>``, a configured model's ``[features.item].key``), ``file`` or
+    ``table`` (a configured model: the rows of its identity index table)."""
     catalogue_path: Path | None = None
     """With ``catalogue = "file"``: the ids (``.npy`` int64, or one per line)."""
+    query: VectorSettings | None = None
+    """A configured model's query vectors: ``{ source = "table", table = ... }`` or
+    ``{ source = "user", field = ... }``. Required with ``[model.module]`` and ``enabled``."""
+    items: VectorSettings | None = None
+    """A configured model's indexed vectors: ``{ source = "table", table = ... }`` or
+    ``{ source = "item", field = ... }``. Required with ``[model.module]`` and ``enabled``."""
 
     @model_validator(mode="after")
     def _valid(self) -> RetrievalSettings:
         self.to_config()  # raises ValueError on values RetrievalConfig rejects
         if self.catalogue is CatalogueSource.FILE and self.catalogue_path is None:
             raise ValueError('catalogue = "file" needs catalogue_path')
+        if self.query is not None and self.query.source is VectorSource.ITEM:
+            raise ValueError('query.source = "item": the query is the user\'s (table or user)')
+        if self.items is not None and self.items.source is VectorSource.USER:
+            raise ValueError('items.source = "user": the index holds items (table or item)')
         return self
 
     def to_config(self) -> RetrievalConfig:

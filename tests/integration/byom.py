@@ -13,7 +13,7 @@ import threading
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -101,12 +101,18 @@ def example_settings(ex: Example, base: Settings) -> Settings:
 
 
 def prepare_example(
-    name: str, tmp: Path, base: Settings, client: redis.Redis, prefix: str
+    name: str,
+    tmp: Path,
+    base: Settings,
+    client: redis.Redis,
+    prefix: str,
+    edits: Sequence[tuple[str, str]] = (),
 ) -> tuple[Example, Settings]:
     """The example's model imported as the current version of ``tmp/versions``, its features
-    seeded under keys of ``prefix``, its settings on the test's stack (``base``)."""
+    seeded under keys of ``prefix``, its settings on the test's stack (``base``); ``edits``:
+    changes to its TOML, as :func:`make_example` makes them."""
     versions = tmp / "versions"
-    ex = make_example(name, tmp, prefix, versions)
+    ex = make_example(name, tmp, prefix, versions, edits=edits)
     settings = example_settings(ex, base)
     ex.script.seed(client, ex.user_key, ex.item_key)
     config, _ = configured_module(settings)
@@ -130,8 +136,16 @@ def event_id(record: dict[str, Any]) -> str:
     return str(record.get("view_id") or record["request_id"])
 
 
-def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int = 5) -> Example:
-    """Initialise the example's model and write the test's copy of its TOML."""
+def make_example(
+    name: str,
+    tmp: Path,
+    prefix: str,
+    checkpoint: Path,
+    steps: int = 5,
+    edits: Sequence[tuple[str, str]] = (),
+) -> Example:
+    """Initialise the example's model and write the test's copy of its TOML, with each
+    ``(old, new)`` of ``edits`` replaced (each must apply)."""
     script = load_example(name)
     state_dict = tmp / f"{name}.pt"
     script.init(state_dict, steps=steps)
@@ -142,6 +156,9 @@ def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int
     text = text.replace('schema_file = "examples/', f'schema_file = "{EXAMPLES}/')
     text = text.replace('code_dir = "examples/', f'code_dir = "{EXAMPLES}/')
     text = text.replace(f'checkpoint = "artifacts/examples/{name}"', f'checkpoint = "{checkpoint}"')
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
     toml = tmp / f"{name}.toml"
     toml.write_text(text)
     return Example(name, script, toml, user_key, item_key, state_dict)

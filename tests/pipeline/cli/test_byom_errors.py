@@ -17,6 +17,7 @@ from tests.pipeline.cli.test_user_errors import _assert_one_line_user_error
 pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "deepfm"
+_RETRIEVAL_OFF = "enabled = false                               # every page view brings its offers"
 
 
 def _config(tmp_path: Path, *replacements: tuple[str, str], append: str = "") -> Path:
@@ -96,6 +97,19 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
             "",
             ("features.sparse.browser.missing = 'id': viewer.browser is never missing",),
         ),
+        (
+            (_RETRIEVAL_OFF, 'query = { source = "table", table = "t_viewer" }'),
+            '\n[retrieval.items]\nsource = "item"\nfield = "stats"\n',
+            (
+                "retrieval.query: the query vectors are 16 wide (table t_viewer) but the "
+                "indexed ones 2 (features.item.fields.stats = 'vector:2')",
+            ),
+        ),
+        (
+            (_RETRIEVAL_OFF, "enabled = true"),
+            "",
+            ("retrieval.enabled = true with [model.module] needs retrieval.query and",),
+        ),
     ],
     ids=[
         "factory-attribute",
@@ -109,6 +123,8 @@ def _run(run_cli: CliRunner, config: Path) -> subprocess.CompletedProcess[str]:
         "missing-row-outside-the-table",
         "missing-row-without-its-policy",
         "missing-for-a-value-never-missing",
+        "retrieval-widths",
+        "retrieval-without-vectors",
     ],
 )
 def test_a_configured_model_mistake_is_one_line_at_start_up(
@@ -151,6 +167,16 @@ def test_events_and_features_without_a_module_are_one_line(
     config = tmp_path / "half.toml"
     config.write_text('[events]\nschema_file = "x.avsc"\n')
     _assert_one_line_user_error(_run(run_cli, config), "set [model.module]")
+
+
+def test_a_configured_model_retrieval_without_a_module_is_one_line(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    config = tmp_path / "builtin.toml"
+    config.write_text('[retrieval]\nquery = { source = "table", table = "t_viewer" }\n')
+    _assert_one_line_user_error(
+        _run(run_cli, config), "retrieval.query: a configured model's retrieval ([model.module])"
+    )
 
 
 @pytest.mark.parametrize("command", [["bench", "model"], ["bench", "latency"], ["bench", "codec"]])
