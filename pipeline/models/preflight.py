@@ -12,7 +12,7 @@ traceback from the first batch. In order:
 3. a trial forward on one-row tables takes the configured dense width and returns an output the
    output config can read;
 4. the served version (when there is one) was imported for this architecture;
-5. what the configured path does not serve is refused: ingest workers, retrieval;
+5. what the configured path does not serve is refused: retrieval;
 6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
    its task scores naming columns of ``model.module.output_names``.
 
@@ -72,11 +72,6 @@ def check_configured_model(
         ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
             naming the key.
     """
-    if settings.batching.ingest_workers:
-        raise ModelConfigError(
-            f"batching.ingest_workers = {settings.batching.ingest_workers}: ingest workers serve "
-            "the built-in model only; set batching.ingest_workers = 0 with [model.module]"
-        )
     if settings.retrieval.enabled:
         raise ModelConfigError(
             "retrieval.enabled = true: retrieval reads the built-in model's item table; set "
