@@ -54,7 +54,7 @@ from pipeline.ingest.transport import (
 )
 from pipeline.models.loader import max_event_rows
 from pipeline.observability.summary import RunSummary
-from pipeline.settings.loading import Settings
+from pipeline.settings.loading import Settings, picklable
 
 __all__ = [
     "KILL_MARGIN_S",
@@ -131,16 +131,13 @@ def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settin
         worker_settings(settings, RankContext(), 1).delivery.transactional_id
         # "streamrank-streamrank-0-w1"
     """
-    # A plain Settings (load_settings builds a subclass per config file, which cannot be
-    # pickled into a spawned process); the sections are the loaded ones, nothing is re-read.
-    sections = {name: getattr(settings, name) for name in Settings.model_fields}
-    if index > 0:
-        kafka = settings.kafka
-        tid = settings.delivery.transactional_id
-        base = tid or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
-        delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
-        sections["delivery"] = delivery
-    return Settings.model_construct(**sections)
+    if index == 0:  # a plain Settings: it is pickled into the spawned worker
+        return picklable(settings)
+    kafka = settings.kafka
+    tid = settings.delivery.transactional_id
+    base = tid or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
+    delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
+    return picklable(settings, delivery=delivery)
 
 
 def share_of(max_events: int | None, index: int, count: int) -> int | None:

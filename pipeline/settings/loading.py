@@ -133,6 +133,19 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+def picklable(settings: Settings, **replaced: Any) -> Settings:
+    """``settings`` as a plain :class:`Settings`, which pickles into another process
+    (:func:`load_settings` builds a subclass per config file, which does not); the loaded
+    sections, nothing read again, with ``replaced`` sections put in their place.
+
+    Example::
+
+        pickle.dumps(picklable(load_settings(Path("streamrank.toml"))))
+    """
+    sections = {name: getattr(settings, name) for name in Settings.model_fields}
+    return Settings.model_construct(**{**sections, **replaced})
+
+
 def check_ingest_workers(settings: Settings) -> None:
     """Refuse ingest workers where the job would follow a versions directory it cannot swap
     with workers.
