@@ -6,7 +6,7 @@ STREAMRANK := $(VENV)/bin/streamrank
 STACK_DIR ?= .stack
 DEMO_EVENTS ?= 5000
 
-.PHONY: install stack-up stack-down demo test test-fast test-unit test-compat test-faults lint typecheck check bench soak clean
+.PHONY: install stack-up stack-down demo test test-fast test-unit test-compat test-faults compose-check lint typecheck check bench soak clean
 
 install:
 	@scripts/install.sh
@@ -47,6 +47,13 @@ test-unit: install
 # The fault suite (tests/faults) alone; -s prints the numbers recorded in RELIABILITY.md.
 test-faults: install
 	@$(PY) -m pytest -q -s tests/faults
+
+# The docker compose stack brought up on a real Docker engine and audited (docs/compose.md):
+# images without a registry (local stand-ins), 2 scorer replicas, the rollout, a replica
+# killed, Prometheus, `down -v`. As root (or sudo); starts and stops its own dockerd when none
+# answers. Not part of `test` (no Docker needed there); no venv needed.
+compose-check:
+	@scripts/compose_check.sh
 
 lint: install
 	@$(VENV)/bin/ruff check pipeline model tests scripts

@@ -69,6 +69,8 @@ class SlotShape:
         score_columns: scores per row: 1 (the ranking score), or 1 + the task columns a
             configured output publishes (the ranking score first, as
             :meth:`~model.serving.Scorer.forward` returns them).
+        weighted: the KJT carries a float32 weight per value (a configured layout's
+            ``weighted``: an ``is_weighted`` collection reads them).
     """
 
     rows: int
@@ -76,6 +78,7 @@ class SlotShape:
     num_keys: int
     dense_dim: int
     score_columns: int = 1
+    weighted: bool = False
 
     @classmethod
     def for_spec(cls, spec: FeatureSpec, max_rows: int) -> SlotShape:
@@ -98,7 +101,14 @@ class SlotShape:
             SlotShape.for_layout(scorer.layout, 4096, score_columns=3)
         """
         per_row = sum(max(n, 1) for n in layout.ids_per_key)
-        return cls(max_rows, max_rows * per_row, len(layout.keys), layout.dense_dim, score_columns)
+        return cls(
+            max_rows,
+            max_rows * per_row,
+            len(layout.keys),
+            layout.dense_dim,
+            score_columns,
+            layout.weighted,
+        )
 
     @classmethod
     def for_model(
@@ -125,6 +135,7 @@ class SlotShape:
             4 * self.rows * self.dense_dim
             + 8 * (self.values + self.num_keys * self.rows)
             + (4 * self.rows * self.score_columns)
+            + (4 * self.values if self.weighted else 0)
         )
 
 
@@ -210,8 +221,9 @@ class SharedSlot:
     Args:
         shape: its capacity.
         dense: float32[rows, dense_dim]; values: int64[values]; lengths: int64[num_keys * rows];
-        scores: float32[rows], or float32[rows, score_columns] with task columns: shared
-            tensors (:meth:`allocate` makes them).
+        scores: float32[rows], or float32[rows, score_columns] with task columns; weights:
+            float32[values] of a weighted shape, else empty: shared tensors (:meth:`allocate`
+            makes them).
     """
 
     def __init__(
@@ -221,12 +233,14 @@ class SharedSlot:
         values: torch.Tensor,
         lengths: torch.Tensor,
         scores: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> None:
         self.shape = shape
         self.dense = dense
         self.values = values
         self.lengths = lengths
         self.scores = scores
+        self.weights = torch.zeros(0, dtype=torch.float32) if weights is None else weights
 
     @classmethod
     def allocate(cls, shape: SlotShape) -> SharedSlot:
@@ -242,6 +256,9 @@ class SharedSlot:
             torch.zeros(max(shape.values, 1), dtype=torch.int64).share_memory_(),
             torch.zeros(max(shape.num_keys * shape.rows, 1), dtype=torch.int64).share_memory_(),
             torch.zeros(_scores_shape(shape), dtype=torch.float32).share_memory_(),
+            torch.zeros(
+                max(shape.values, 1) if shape.weighted else 0, dtype=torch.float32
+            ).share_memory_(),
         )
 
     def write(self, inp: ModelInput, index: int) -> ScoreRequest:
@@ -269,6 +286,12 @@ class SharedSlot:
         self.dense[:rows].copy_(inp.dense)
         self.values[:n].copy_(values)
         self.lengths[: lengths.numel()].copy_(lengths)
+        if self.shape.weighted:  # a KJT without weights weighs each id 1.0
+            weights = sparse.weights_or_none()
+            if weights is None:
+                self.weights[:n].fill_(1.0)
+            else:
+                self.weights[:n].copy_(weights)
         per_key = sparse.length_per_key()
         return ScoreRequest(index, rows, n, tuple(int(v) for v in per_key))
 
@@ -288,6 +311,7 @@ class SharedSlot:
                 self.lengths[: len(keys) * rows],
                 rows,
                 request.length_per_key,
+                self.weights[: request.values] if self.shape.weighted else None,
             ),
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from multiprocessing import Pipe
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from model.features.build import build_model_input
+from model.features.model_input import ModelInput, sparse_features
 from model.module.types import OutputConfig
 from pipeline.ingest.transport import (
     ScoreReply,
@@ -128,3 +130,32 @@ def test_a_configured_models_slot_holds_its_layout_and_every_published_column() 
     plain = SlotShape.for_model(LAYOUT, OutputConfig(), max_rows=16)
     assert plain.score_columns == 1 and SharedSlot.allocate(plain).scores.shape == (16,)
     assert shape.nbytes == plain.nbytes + 4 * 16 * 2
+
+
+def test_a_weighted_layouts_slot_carries_each_ids_weight() -> None:
+    weighted = dataclasses.replace(LAYOUT, weighted=True)
+    shape = SlotShape.for_layout(weighted, max_rows=16)
+    assert shape.weighted and shape.nbytes == SlotShape.for_layout(LAYOUT, 16).nbytes + 4 * (
+        shape.values
+    )
+    slot = SharedSlot.allocate(shape)
+    assert slot.weights.is_shared() and slot.weights.numel() == shape.values
+    inp = random_input(16, seed=2)
+    sparse = inp.sparse
+    weights = torch.rand(sparse.values().numel(), generator=torch.Generator().manual_seed(3))
+    kjt = sparse_features(
+        weighted.keys, sparse.values(), sparse.lengths(), 16, sparse.length_per_key(), weights
+    )
+
+    read = slot.read(slot.write(ModelInput(inp.dense, kjt), index=0), weighted.keys)
+
+    assert torch.equal(read.sparse.weights(), weights)
+    for key in weighted.keys:
+        assert torch.equal(read.sparse[key].weights(), kjt[key].weights())
+    # a KJT without weights (none of its keys weighted) weighs every id 1.0
+    again = slot.read(slot.write(inp, index=0), weighted.keys)
+    assert torch.equal(again.sparse.weights(), torch.ones(sparse.values().numel()))
+    # an unweighted layout's slot carries none
+    assert SharedSlot.allocate(SlotShape.for_layout(LAYOUT, 16)).weights.numel() == 0
+    plain = SharedSlot.allocate(SlotShape.for_layout(LAYOUT, 16))
+    assert plain.read(plain.write(inp, 0), LAYOUT.keys).sparse.weights_or_none() is None
