@@ -74,7 +74,7 @@ def produce(
     ) as progress:
         task = progress.add_task("produce", total=events)
         if synthesized:
-            from pipeline.tools.bench.workload import produce_records
+            from pipeline.tools.bench.event_source import produce_records
 
             count = produce_records(
                 settings,

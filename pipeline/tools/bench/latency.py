@@ -53,6 +53,7 @@ from pipeline.tools.bench.common import (
     record_count,
 )
 from pipeline.tools.bench.cpu_account import CpuAccount
+from pipeline.tools.bench.event_source import OutputFields, event_id_reader
 from pipeline.tools.bench.latency_trace import (
     BatchCosts,
     Decomposition,
@@ -64,7 +65,7 @@ from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferP
 from pipeline.tools.bench.pipeline import drain_backlog
 from pipeline.tools.bench.replay import thread_settings
 from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
-from pipeline.tools.bench.workload import OutputFields, event_id_reader, workload
+from pipeline.tools.bench.workload import workload
 from pipeline.tools.recommendation_reader import read_messages
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}

@@ -163,7 +163,7 @@ def offer_events(plan: OfferPlan, conn: Connection) -> None:
 
 def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
     from pipeline.connectors.kafka.clients import make_producer, produce
-    from pipeline.tools.bench.workload import event_records
+    from pipeline.tools.bench.event_source import event_records
     from pipeline.tools.consumer_group import wait_for_assignment
 
     settings, total = plan.settings, plan.events

@@ -65,6 +65,7 @@ from pipeline.tools.bench.common import (
     score_backlog,
     streamrank_command,
 )
+from pipeline.tools.bench.event_source import OutputFields, event_id_reader
 from pipeline.tools.bench.served import bench_checkpoint, checkpoint_env, model_identity
 from pipeline.tools.bench.soak_plot import plot_soak
 from pipeline.tools.bench.soak_probe import consumer_lag, topic_event_ids
@@ -77,7 +78,7 @@ from pipeline.tools.bench.soak_sampler import (
 )
 from pipeline.tools.bench.soak_trace import summarise
 from pipeline.tools.bench.soak_trend import rss_trend
-from pipeline.tools.bench.workload import OutputFields, Workload, event_id_reader, workload
+from pipeline.tools.bench.workload import Workload, workload
 
 TRACE_FILE = "trace.jsonl"
 
