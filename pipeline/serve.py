@@ -17,8 +17,10 @@ several ranks, each one also:
 With ``batching.ingest_workers = K`` a process (or each rank) loads and warms up its model the
 same way, then starts K worker processes (:func:`serve_ingest_worker`, each a complete loop
 and consumer-group member whose forwards run here) and becomes their scoring server
-(:mod:`pipeline.ingest`). Such a job serves one model version: it refuses to follow a versions
-directory (:func:`check_ingest_workers`).
+(:mod:`pipeline.ingest`). With a configured model (``[model.module]``) the scoring server
+follows a versions directory as the loop does; the built-in model (whose versions may change
+the feature spec the workers lay their input out with) and retrieval (an index in every
+worker) serve one version (:func:`check_ingest_workers`).
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def serve(
 
     Raises:
         UnsupportedOption: a ``[model]`` option this job cannot serve.
-        ValueError: ingest workers with a versions directory to follow
-            (:func:`check_ingest_workers`).
+        ValueError: ingest workers with a versions directory to follow, serving the built-in
+            model or retrieving (:func:`check_ingest_workers`).
 
     Example::
 
@@ -97,7 +99,8 @@ def serve(
     try:
         if settings.batching.ingest_workers:
             check_ingest_workers(settings)
-            served = ModelLoader(settings, rank).load(checkpoint or settings.model.checkpoint)
+            loader = ModelLoader(settings, rank)
+            served = loader.load(checkpoint or settings.model.checkpoint)
             _model_metrics(metrics, served.scorer)
             summary = serve_with_workers(
                 settings,
@@ -110,6 +113,7 @@ def serve(
                 max_events,
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
+                models=_follow_versions(settings, loader, checkpoint, metrics),
             )
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(settings, rank, metrics, checkpoint)

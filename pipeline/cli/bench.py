@@ -8,27 +8,32 @@ TorchRec): a user error is one line at once.
 Without a checkpoint, ``model``, ``pipeline``, ``quantize`` and ``compile`` time an untrained
 model of the configured spec (same shapes, same speed; a warning says so); ``ranks`` runs
 ``streamrank run`` and needs a checkpoint.
+
+With ``[model.module]`` (``-c FILE``), ``model``, ``pipeline``, ``overhead``, ``ingest`` (and
+``latency``, ``soak``) measure the user's model: its events synthesized from its schema, its
+Redis records from its layouts, its module with the current version of ``model.checkpoint``
+(else freshly initialised weights; each report's ``model`` says which). The others measure the
+built-in model only and refuse one (:func:`~pipeline.cli.bench_settings.builtin_only`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pipeline.cli.checks import (
-    require_checkpoint,
-    require_configured_model,
-    require_device,
-    require_kafka,
-    require_redis,
-    require_schema_registry,
+from pipeline.cli.bench_settings import (
+    builtin_only,
+    chosen_config,
+    configured_model,
+    export_config_file,
+    model_settings,
+    stack_settings,
 )
+from pipeline.cli.checks import require_checkpoint
 from pipeline.cli.common import (
-    CliState,
     ConfigOption,
     JsonOption,
     apply_threads,
@@ -38,7 +43,6 @@ from pipeline.cli.common import (
     with_checkpoint,
 )
 from pipeline.cli.errors import UserError
-from pipeline.settings.loading import CONFIG_ENV_VAR, Settings
 
 bench_app = typer.Typer(help="Benchmarks (numbers for BENCHMARKS.md).", no_args_is_help=True)
 
@@ -59,44 +63,6 @@ KeepTopicsOption = Annotated[
 ]
 
 
-def builtin_only(settings: Settings, command: str) -> Settings:
-    """``settings``, unless they configure a model of the user's: the benchmarks but ``bench
-    overhead`` measure the built-in model (its synthetic world and spec).
-
-    Raises:
-        UserError: ``[model.module]`` (or ``[events]``/``[features]``) is set.
-    """
-    if settings.model.module is not None or settings.events.configured:
-        raise UserError(
-            f"bench {command} measures the built-in model; with [model.module] run `bench "
-            "overhead` (the configured path), or leave [model.module] unset"
-        )
-    return settings
-
-
-def _model_settings(ctx: typer.Context, config: ConfigOption, command: str) -> Settings:
-    """Settings for a forward-only bench (no stack needed), torch threads applied."""
-    settings = builtin_only(command_settings(ctx, config), command)
-    require_device(settings.model.device)
-    apply_threads(settings)
-    return settings
-
-
-def stack_settings(ctx: typer.Context, config: ConfigOption, command: str) -> Settings:
-    """Settings of a benchmark on the stack, after checking the device, Kafka and Redis (and,
-    for ``overhead``, a configured model; the others refuse one: :func:`builtin_only`)."""
-    settings = command_settings(ctx, config)
-    if command == "overhead":
-        require_configured_model(settings)
-    else:
-        builtin_only(settings, command)
-    require_device(settings.model.device)
-    require_kafka(settings.kafka)
-    require_redis(settings.redis)
-    require_schema_registry(settings.codec)
-    return settings
-
-
 @bench_app.command("model")
 def bench_model_command(
     ctx: typer.Context,
@@ -113,29 +79,33 @@ def bench_model_command(
     config: ConfigOption = None,
 ) -> None:
     """Bare forward rows/s of the configured model at the configured batch size (or of the
-    batches a `bench pipeline --record` drain recorded, replayed alone)."""
-    settings = _model_settings(ctx, config, "model")
+    batches a `bench pipeline --record` drain recorded, replayed alone). With [model.module]:
+    batches of its own input (events synthesized from its schema, records seeded into Redis)."""
+    settings = model_settings(ctx, config, "model")
     if replay_dir is not None and not (replay_dir / "recording.json").is_file():
         raise UserError(f"--replay: {replay_dir} holds no recording (bench pipeline --record)")
-    from pipeline.tools.bench.common import load_or_build_scorer
     from pipeline.tools.bench.model import bench_model, describe_device
-    from pipeline.tools.synthetic_io import build_world
+    from pipeline.tools.bench.served import bench_scorer, model_identity
+    from pipeline.tools.bench.workload import workload
 
-    scorer = load_or_build_scorer(settings)
-    if replay_dir is not None:
-        from pipeline.tools.bench.replay import Recording, replay
+    with bench_scorer(settings) as (scorer, notes):
+        if replay_dir is not None:
+            from pipeline.tools.bench.replay import Recording, replay
 
-        recording, recorded = Recording.load(replay_dir, scorer.device)
-        result = {
-            **replay(scorer, recording, seconds).as_dict(),
-            "recorded_with": recorded["recorded_with"],
-            "recorded_model_version": recorded.get("model_version"),
-        }
-    else:
-        rows = batch_rows or settings.batching.max_batch_rows
-        result = bench_model(scorer, build_world(settings), rows, seconds).as_dict()
-    result["model_version"] = scorer.model_version
-    result.update(describe_device(scorer.device))
+            recording, recorded = Recording.load(replay_dir, scorer.device)
+            result = {
+                **replay(scorer, recording, seconds).as_dict(),
+                "recorded_with": recorded["recorded_with"],
+                "recorded_model_version": recorded.get("model_version"),
+            }
+        else:
+            rows = batch_rows or settings.batching.max_batch_rows
+            load = workload(settings, seed_redis=False)  # a configured model's: into Redis
+            result = bench_model(scorer, load, rows, seconds).as_dict()
+        result["model_version"] = scorer.model_version
+        result["model"] = model_identity(settings, scorer.model_version)
+        result["notes"] = notes
+        result.update(describe_device(scorer.device))
     emit(result, as_json)
 
 
@@ -206,7 +176,7 @@ def bench_quantize_command(
     config: ConfigOption = None,
 ) -> None:
     """fp16/int8 embedding tables vs fp32: bytes, max score change, forward rows/s."""
-    settings = _model_settings(ctx, config, "quantize")
+    settings = model_settings(ctx, config, "quantize")
     from pipeline.tools.bench.serving import bench_quantization
 
     emit({"quantization": bench_quantization(settings, batch_rows, seconds)}, as_json)
@@ -222,7 +192,7 @@ def bench_compile_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s with and without torch.compile (interleaved)."""
-    settings = _model_settings(ctx, config, "compile")
+    settings = model_settings(ctx, config, "compile")
     from pipeline.tools.bench.serving import bench_compile
 
     rows = batch_rows or settings.batching.max_batch_rows
@@ -242,7 +212,7 @@ def bench_precision_command(
     config: ConfigOption = None,
 ) -> None:
     """Forward rows/s of fp32, tf32 and bf16 (and compiled), max score change vs fp32."""
-    settings = _model_settings(ctx, config, "precision")
+    settings = model_settings(ctx, config, "precision")
     from pipeline.tools.bench.serving import bench_precision
 
     rows = batch_rows or settings.batching.max_batch_rows
@@ -303,6 +273,13 @@ def bench_ingest_command(
     events: Annotated[int, typer.Option(help="Events per run.")] = 20000,
     rounds: RoundsOption = 3,
     keep_topics: KeepTopicsOption = False,
+    versus: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also run the model of this config file after each run, same workers and "
+            "events (interleaved; e.g. a file without [model.module]: the built-in model).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -313,9 +290,17 @@ def bench_ingest_command(
         raise UserError(f"--workers takes worker counts like 0,1,2; got {workers!r}") from exc
     if not counts or min(counts) < 0 or events < 1 or rounds < 1:
         raise UserError("--workers must be >= 0; --events and --rounds >= 1")
+    if versus is not None and not versus.is_file():
+        raise UserError(f"--versus: file not found: {versus}")
 
     settings = stack_settings(ctx, config, "ingest")
-    settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    if settings.model.module is None:  # a configured model without a version runs untrained
+        settings = with_checkpoint(settings, require_checkpoint(settings.model.checkpoint))
+    other = None
+    if versus is not None:
+        from pipeline.settings.loading import load_settings
+
+        other = (configured_model(load_settings(versus)), versus.resolve())
     from pipeline.tools.bench.ingest import bench_ingest
 
     export_config_file(ctx, config)
@@ -326,6 +311,8 @@ def bench_ingest_command(
         rounds=rounds,
         report=say,
         keep_topics=keep_topics,
+        config_file=chosen_config(ctx, config),
+        versus=other,
     )
     emit(result, as_json)
 
@@ -365,7 +352,7 @@ def bench_retrieval_command(
     config: ConfigOption = None,
 ) -> None:
     """IVFPQ vs exact inner-product search: recall@k, ms per event, index build time (no stack)."""
-    settings = _model_settings(ctx, config, "retrieval")
+    settings = model_settings(ctx, config, "retrieval")
     try:
         nprobes = tuple(int(n) for n in nprobe.split(",")) if nprobe else ()
     except ValueError as exc:
@@ -381,11 +368,3 @@ def bench_retrieval_command(
     from pipeline.tools.bench.retrieval import bench_retrieval
 
     emit(bench_retrieval(settings, retrieval_config, items, queries, batch, k, nprobes), as_json)
-
-
-def export_config_file(ctx: typer.Context, config: ConfigOption) -> None:
-    """Hand the chosen ``--config`` file to the child processes a benchmark starts."""
-    state = ctx.find_object(CliState)
-    chosen = config if config is not None else (state.config_file if state else None)
-    if chosen is not None:
-        os.environ[CONFIG_ENV_VAR] = str(chosen.resolve())

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli.bench import bench_app, export_config_file, stack_settings
+from pipeline.cli.bench import bench_app
+from pipeline.cli.bench_settings import export_config_file, stack_settings
 from pipeline.cli.checks import require_checkpoint
 from pipeline.cli.common import ConfigOption, JsonOption, apply_threads, emit, say
 from pipeline.cli.errors import UserError
@@ -69,7 +70,8 @@ def bench_soak_command(
     if rate is not None and rate <= 0:
         raise UserError(f"--rate must be positive, got {rate}")
     settings = stack_settings(ctx, config, "soak")
-    require_checkpoint(settings.model.checkpoint)
+    if settings.model.module is None:  # a configured model without a version runs untrained
+        require_checkpoint(settings.model.checkpoint)
     from pipeline.tools.bench.soak import SoakPlan, bench_soak
 
     export_config_file(ctx, config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,12 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.cli.checks import require_kafka, require_redis, require_schema_registry
+from pipeline.cli.checks import (
+    require_configured_model,
+    require_kafka,
+    require_redis,
+    require_schema_registry,
+)
 from pipeline.cli.common import ConfigOption, command_settings, progress_console, say
 from pipeline.cli.errors import UserError
 from pipeline.settings.secrets import mask_url
@@ -37,15 +43,21 @@ def produce(
     ] = 300.0,
     config: ConfigOption = None,
 ) -> None:
-    """Produce synthetic UserEvents (the synthetic world of the config) to the input topic."""
+    """Produce synthetic UserEvents (the synthetic world of the config) to the input topic; with
+    [model.module] and [events], records of your schema synthesized from it."""
     from pipeline.tools.consumer_group import GroupNotReadyError, wait_for_assignment
     from pipeline.tools.synthetic_io import build_world, produce_events
 
     settings = command_settings(ctx, config)
     require_kafka(settings.kafka)
     require_schema_registry(settings.codec)
-    world = build_world(settings)
+    synthesized = settings.model.module is not None and settings.events.configured
+    if synthesized:
+        require_configured_model(settings)
+        if malformed:
+            raise UserError("--malformed sends malformed UserEvents: not with [events]")
     console = progress_console(ctx)
+    topic = settings.topics.input
     if wait_for_group:
         group, topic = settings.kafka.group_id, settings.topics.input
         try:
@@ -61,9 +73,21 @@ def produce(
         disable=console is None,
     ) as progress:
         task = progress.add_task("produce", total=events)
+        if synthesized:
+            from pipeline.tools.bench.event_source import produce_records
+
+            count = produce_records(
+                settings,
+                events,
+                rate=rate,
+                seed=seed if seed is not None else int.from_bytes(os.urandom(4)),
+                progress=lambda n: progress.advance(task, n),
+            )
+            say(f"produced {count} events of {settings.events.schema_file} to {topic}")
+            return
         sent = produce_events(
             settings,
-            world,
+            build_world(settings),
             events,
             rate=rate,
             seed=seed,

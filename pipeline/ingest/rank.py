@@ -23,6 +23,7 @@ from pipeline.ingest.server import ScoringServer
 from pipeline.ingest.workers import IngestWorkers, WorkerAssignment
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
+from pipeline.runtime.model_swap import ModelSwap
 from pipeline.runtime.stepping import Stepper
 from pipeline.settings.loading import Settings
 
@@ -42,6 +43,7 @@ def serve_with_workers(
     max_events: int | None = None,
     setup: Callable[[], object] | None = None,
     checkpoint: Path | None = None,
+    models: ModelSwap | None = None,
 ) -> RunSummary:
     """Serve ``batching.ingest_workers`` workers until all of them are done.
 
@@ -61,6 +63,9 @@ def serve_with_workers(
         setup: run first in every worker (the CLI's logging; picklable).
         checkpoint: the served checkpoint directory (with ``[retrieval]`` on, each worker
             builds its retrieval index from it).
+        models: follows a versions directory: this process swaps promoted versions in
+            between two forwards (a configured model: its workers' input does not depend on
+            the version).
 
     Returns:
         The rank's summary: its workers' merged, each worker's under ``workers``.
@@ -79,17 +84,19 @@ def serve_with_workers(
         metrics.serve(settings.metrics.host, port, registry=merged.registry)
     bind_thread(scorer.device)
     rows = settings.batching.max_batch_rows
-    scorer.warm_up((rows, max(1, rows // 2)))  # collective with several ranks
+    warm_up_rows = (rows, max(1, rows // 2))
+    scorer.warm_up(warm_up_rows)  # collective with several ranks
     workers = IngestWorkers(
         settings,
         rank,
-        scorer.spec,
+        scorer.spec if scorer.builtin else scorer.layout,
         scorer.model_version,
         target,
         setup=setup,
         exit_when_idle_s=exit_when_idle_s,
         max_events=max_events,
         checkpoint=checkpoint,
+        output=scorer.output,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -98,12 +105,16 @@ def serve_with_workers(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = ScoringServer(scorer, stepper, merged)
+    server = ScoringServer(scorer, stepper, merged, models, warm_up_rows)
     started = time.monotonic()
     try:
         workers.start()
+        if models is not None:
+            models.start()
         server.run(workers)
     finally:
+        if models is not None:
+            models.stop()
         metrics.set_up(False)
         workers.close()
     log.info("scored %d batches of %d ingest workers", server.scored, len(workers.channels))

@@ -5,10 +5,15 @@ runs in the rank's scoring server.
 (:class:`~pipeline.runtime.loop.ScoringPipeline`, :mod:`pipeline.stages.score`,
 :class:`~pipeline.runtime.processor.BatchProcessor`), which need no change:
 
-- :meth:`RemoteScorer.stage` builds the model input on this worker's CPU (hashing, KJT layout)
-  and copies it into the worker's next shared-memory slot (:mod:`pipeline.ingest.transport`);
+- :meth:`RemoteScorer.stage` builds the built-in model's input on this worker's CPU (hashing,
+  KJT layout) and copies it into the worker's next shared-memory slot
+  (:mod:`pipeline.ingest.transport`); a configured model's input, built by the loop's features
+  stage (:class:`~pipeline.stages.features.MappedFeatures`), goes in through
+  :meth:`RemoteScorer.stage_input` the same way;
 - :meth:`RemoteScorer.forward` asks the server to score that slot and returns the scores it
-  wrote there (one round trip through the pipe);
+  wrote there (one round trip through the pipe): the ranking score, and the task columns a
+  configured output publishes; the reply names the version that scored them (the server may
+  have swapped one in), which the loop writes into the batch's records;
 - :meth:`~model.serving.Scorer.top_k` runs here, on the CPU, as the loop calls it.
 
 A forward that raised in the server is raised again here, as the same exception when it could be
@@ -24,8 +29,11 @@ from collections.abc import Sequence
 import torch
 
 from model.features.build import FeatureColumns, build_model_input
+from model.features.layout import InputLayout
 from model.features.model_input import ModelInput
 from model.features.spec import FeatureSpec
+from model.module.output import DEFAULT_OUTPUT
+from model.module.types import OutputConfig
 from model.options import Precision
 from model.serving import Scorer
 from model.serving.transfer import StagedInput
@@ -41,8 +49,11 @@ class RemoteScorer(Scorer):
         link: this worker's pipe to the server.
         slots: this worker's shared-memory slots (numbered by position, as the server knows
             them).
-        spec: the served model's feature spec.
-        model_version: the served model's version (written into every Recommendation).
+        inputs: the built-in model's feature spec, or a configured module's input layout.
+        model_version: the served model's version at the start (each reply says the version
+            that scored the batch).
+        output: the served model's output config (its published task columns come back with
+            the ranking score).
 
     Example::
 
@@ -56,13 +67,15 @@ class RemoteScorer(Scorer):
         self,
         link: WorkerLink,
         slots: Sequence[SharedSlot],
-        spec: FeatureSpec,
+        inputs: FeatureSpec | InputLayout,
         model_version: str,
+        output: OutputConfig = DEFAULT_OUTPUT,
     ) -> None:
         # Not Scorer.__init__: there is no module here; every method that would use one is
         # overridden below.
-        self._spec = spec
-        self.layout = spec.input_layout()
+        self._spec = inputs if isinstance(inputs, FeatureSpec) else None
+        self.layout = inputs.input_layout() if isinstance(inputs, FeatureSpec) else inputs
+        self.output = output
         self.model_version = model_version
         self.device = torch.device("cpu")
         self.precision = Precision.FP32
@@ -97,7 +110,7 @@ class RemoteScorer(Scorer):
         slot = self._slots[index]
         request = slot.write(inp, index)
         self._requests[index] = request
-        return StagedInput(slot.read(request, self.spec.feature_names))
+        return StagedInput(slot.read(request, self.layout.keys))
 
     def forward(
         self, inp: ModelInput, pad_to: int | None = None, rows: int | None = None
@@ -111,7 +124,9 @@ class RemoteScorer(Scorer):
             rows: the real rows (``None``: all of ``inp``'s).
 
         Returns:
-            float32 probabilities (a copy: the slot is reused two batches later).
+            float32[rows] probabilities, or float32[rows, 1 + P] with published task columns
+            (a copy: the slot is reused two batches later). :attr:`model_version` is the
+            version that scored them from now on.
 
         Raises:
             Exception: what the forward raised in the server.
@@ -126,6 +141,8 @@ class RemoteScorer(Scorer):
         reply = self._link.score(request)
         if reply.error is not None:
             raise reply.error
+        if reply.model_version:
+            self.model_version = reply.model_version
         probs = self._slots[request.slot].scores[: request.rows].clone()
         return probs if rows is None else probs[:rows]
 

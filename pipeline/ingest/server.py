@@ -15,10 +15,16 @@ One loop on the rank's main thread (the thread that bound the device and warmed 
    forward, padded to the largest request of the step (a rank without one joins with padding),
    and the ranks stop together when every worker of every rank is done;
 3. **score**: the oldest request's slot is read in place, staged to the device
-   (:meth:`~model.serving.Scorer.stage_input`), scored, and its probabilities written back into
-   the slot; the worker is answered. A forward that raises for reasons the events may cause is
-   answered with the exception (the worker bisects the batch, as one process would); any other
-   error stops the rank.
+   (:meth:`~model.serving.Scorer.stage_input`), scored, and its scores written back into the
+   slot (the ranking score, and every task column a configured output publishes); the worker
+   is answered with the version that scored them. A forward that raises for reasons the events
+   may cause is answered with the exception (the worker bisects the batch, as one process
+   would); any other error stops the rank;
+4. **swap** (a configured model following its versions directory, :mod:`pipeline.runtime.
+   model_swap`): the step also carries this rank's offer of a loaded version; once every rank
+   offers it, each one builds it at the same step (collective when sharded), warms it up on
+   this thread and scores with it from the next request on. A worker's batch is one request,
+   so every event of a batch is scored by one version, and the reply tells the worker which.
 
 Example::
 
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 from model.serving import Scorer
@@ -45,7 +53,8 @@ from pipeline.ingest.transport import (
 )
 from pipeline.ingest.workers import Channel, IngestWorkerFailed
 from pipeline.runtime.isolation import is_isolatable
-from pipeline.runtime.stepping import LocalStep, Stepper
+from pipeline.runtime.model_swap import ModelSwap, SwapAction
+from pipeline.runtime.stepping import NO_SWAP, LocalStep, StepDecision, Stepper
 
 __all__ = ["RemoteForwardError", "ScoringServer", "WorkerPool"]
 
@@ -92,16 +101,26 @@ class ScoringServer:
         scorer: the rank's model (built and warmed up by :class:`~model.serving.ScorerFactory`).
         stepper: when to score (alone or agreed across ranks).
         metrics: where the workers' metrics go (``None``: not kept).
+        models: follows a versions directory and swaps new versions in (``None``: the model
+            never changes).
+        warm_up_rows: batch sizes a swapped-in version is warmed up at (as the first one).
     """
 
     def __init__(
-        self, scorer: Scorer, stepper: Stepper, metrics: MergedMetrics | None = None
+        self,
+        scorer: Scorer,
+        stepper: Stepper,
+        metrics: MergedMetrics | None = None,
+        models: ModelSwap | None = None,
+        warm_up_rows: Sequence[int] = (),
     ) -> None:
         self._scorer = scorer
         self._stepper = stepper
         self._metrics = metrics
+        self._models = models
+        self._warm_up_rows = tuple(warm_up_rows)
         self._collective = stepper.collective
-        self._keys = list(scorer.spec.feature_names)
+        self._keys = list(scorer.layout.keys)
         self._pending: deque[tuple[Channel, ScoreRequest]] = deque()
         self.scored = 0
         """Requests scored so far."""
@@ -127,12 +146,42 @@ class ScoringServer:
                 raise IngestWorkerFailed(workers.failure)
             # agree
             rows = pending[0][1].rows if pending else 0
-            step = self._stepper.agree(LocalStep(bool(pending), rows, False, workers.finished))
+            offer = self._models.offer(drained=True) if self._models is not None else NO_SWAP
+            local = LocalStep(bool(pending), rows, False, workers.finished, offer=offer)
+            step = self._stepper.agree(local)
             # score
             if step.run:
                 self._score(pending.popleft() if pending else None, step.rows)
+            # swap
+            if self._models is not None:
+                self._follow(self._models, step)
             if step.stop:
                 return
+
+    @property
+    def model_version(self) -> str:
+        """The version serving now."""
+        return self._scorer.model_version
+
+    def _follow(self, models: ModelSwap, step: StepDecision) -> None:
+        """Swap the agreed version in after this step (no forward is in flight between two
+        steps; a request waiting is scored by the new version). Every rank decides the same
+        from the agreed offer, so a sharded build and the warm-up are collective at one step."""
+        if models.decide(step.swap, batches_empty=True) is not SwapAction.SWAP:
+            return
+        served = models.complete(self._stepper)
+        if served is None:
+            return
+        start = time.perf_counter()
+        try:
+            served.scorer.warm_up(self._warm_up_rows)
+        except Exception as exc:
+            if self._collective:  # a collective warm-up failed: the ranks cannot go on apart
+                raise
+            models.failed(served, exc)
+            return
+        self._scorer = served.scorer
+        models.swapped(served, warm_up_s=time.perf_counter() - start)
 
     def _start(self, workers: WorkerPool) -> None:
         """Wait until every worker is ready, agree with the other ranks that theirs are too
@@ -182,7 +231,7 @@ class ScoringServer:
             channel.reply(ScoreReply(request.slot, _portable(exc)))
             return
         self.scored += 1
-        channel.reply(ScoreReply(request.slot))
+        channel.reply(ScoreReply(request.slot, model_version=scorer.model_version))
 
 
 def _portable(error: Exception) -> Exception:

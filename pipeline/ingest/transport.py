@@ -1,12 +1,14 @@
 """How an ingest worker hands a batch to its rank's scoring server, and gets the scores back.
 
 Each worker owns a few preallocated **slots** in shared memory (:class:`SharedSlot`: the model
-input's dense matrix, KJT values and lengths, and the scores), allocated once by the rank and
-handed to the worker when it is spawned. Per batch the worker copies its model input into the
-next slot (one ``memcpy`` per tensor, no pickling of arrays) and sends a few integers through
-its pipe (:class:`ScoreRequest`); the server reads the slot in place (zero copy on a CPU), runs
-the forward, writes the scores into the slot and answers with a :class:`ScoreReply`. Two slots
-per worker let a worker build batch n+1 while batch n is scored (``batching.overlap_forward``).
+input's dense matrix, KJT values and lengths, and the scores: one per row, or with a configured
+output contract every column the output publishes), allocated once by the rank for the served
+model's input layout and handed to the worker when it is spawned. Per batch the worker copies
+its model input into the next slot (one ``memcpy`` per tensor, no pickling of arrays) and sends
+a few integers through its pipe (:class:`ScoreRequest`); the server reads the slot in place
+(zero copy on a CPU), runs the forward, writes the scores into the slot and answers with a
+:class:`ScoreReply`. Two slots per worker let a worker build batch n+1 while batch n is scored
+(``batching.overlap_forward``).
 
 The pipe also carries the start (:class:`WorkerReady`, then :class:`StartConsuming` once every
 worker of the rank is ready), the worker's metrics (:class:`MetricsReport`) and, last, its run
@@ -14,7 +16,7 @@ summary (:class:`WorkerDone`); :class:`WorkerLink` is the worker's end (thread s
 
 Example::
 
-    shape = SlotShape.for_spec(spec, max_rows=4096)
+    shape = SlotShape.for_spec(spec, max_rows=4096)  # or for_layout(scorer.layout, ...)
     slot = SharedSlot.allocate(shape)               # in the rank, before spawning
     request = slot.write(build_model_input(cols, spec), index=0)   # in the worker
     inp = slot.read(request, spec.feature_names)    # in the server: views, no copy
@@ -30,8 +32,10 @@ from typing import Any
 
 import torch
 
+from model.features.layout import InputLayout
 from model.features.model_input import ModelInput, sparse_features
 from model.features.spec import FeatureSpec
+from model.module.types import OutputConfig
 from pipeline.observability.latency_sketch import LatencySketch
 
 __all__ = [
@@ -62,12 +66,19 @@ class SlotShape:
             items, at most ``recent_items_cap`` per row).
         num_keys: sparse features.
         dense_dim: width of the dense matrix.
+        score_columns: scores per row: 1 (the ranking score), or 1 + the task columns a
+            configured output publishes (the ranking score first, as
+            :meth:`~model.serving.Scorer.forward` returns them).
+        weighted: the KJT carries a float32 weight per value (a configured layout's
+            ``weighted``: an ``is_weighted`` collection reads them).
     """
 
     rows: int
     values: int
     num_keys: int
     dense_dim: int
+    score_columns: int = 1
+    weighted: bool = False
 
     @classmethod
     def for_spec(cls, spec: FeatureSpec, max_rows: int) -> SlotShape:
@@ -80,13 +91,51 @@ class SlotShape:
         keys = len(spec.feature_names)
         return cls(max_rows, max_rows * (keys + spec.recent_items_cap), keys, spec.dense_dim)
 
+    @classmethod
+    def for_layout(cls, layout: InputLayout, max_rows: int, score_columns: int = 1) -> SlotShape:
+        """The slot that holds any batch of up to ``max_rows`` rows of a model with ``layout``
+        (a configured module's: each key at most its ``ids_per_key`` ids per row).
+
+        Example::
+
+            SlotShape.for_layout(scorer.layout, 4096, score_columns=3)
+        """
+        per_row = sum(max(n, 1) for n in layout.ids_per_key)
+        return cls(
+            max_rows,
+            max_rows * per_row,
+            len(layout.keys),
+            layout.dense_dim,
+            score_columns,
+            layout.weighted,
+        )
+
+    @classmethod
+    def for_model(
+        cls, inputs: FeatureSpec | InputLayout, output: OutputConfig, max_rows: int
+    ) -> SlotShape:
+        """The slot of a model: the built-in model's own (:meth:`for_spec`: one score per
+        row), or a configured module's input layout with a score column per task column its
+        output publishes (:meth:`for_layout`).
+
+        Example::
+
+            SlotShape.for_model(scorer.spec if scorer.builtin else scorer.layout,
+                                scorer.output, 4096)
+        """
+        if isinstance(inputs, FeatureSpec):
+            return cls.for_spec(inputs, max_rows)
+        columns = 1 + len(output.task_columns) if output.task_columns else 1
+        return cls.for_layout(inputs, max_rows, columns)
+
     @property
     def nbytes(self) -> int:
         """Shared memory one slot takes."""
         return (
             4 * self.rows * self.dense_dim
             + 8 * (self.values + self.num_keys * self.rows)
-            + (4 * self.rows)
+            + (4 * self.rows * self.score_columns)
+            + (4 * self.values if self.weighted else 0)
         )
 
 
@@ -109,10 +158,18 @@ class ScoreRequest:
 
 @dataclass(frozen=True)
 class ScoreReply:
-    """The scores of a request are in its slot (``error``: what the forward raised instead)."""
+    """The scores of a request are in its slot (``error``: what the forward raised instead).
+
+    Attributes:
+        slot: the request's slot.
+        error: what the forward raised (``None``: scored).
+        model_version: the version that scored it (a live swap changes it between two
+            forwards; ``""``: not said).
+    """
 
     slot: int
     error: BaseException | None = None
+    model_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,7 +221,9 @@ class SharedSlot:
     Args:
         shape: its capacity.
         dense: float32[rows, dense_dim]; values: int64[values]; lengths: int64[num_keys * rows];
-        scores: float32[rows]: shared tensors (:meth:`allocate` makes them).
+        scores: float32[rows], or float32[rows, score_columns] with task columns; weights:
+            float32[values] of a weighted shape, else empty: shared tensors (:meth:`allocate`
+            makes them).
     """
 
     def __init__(
@@ -174,12 +233,14 @@ class SharedSlot:
         values: torch.Tensor,
         lengths: torch.Tensor,
         scores: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> None:
         self.shape = shape
         self.dense = dense
         self.values = values
         self.lengths = lengths
         self.scores = scores
+        self.weights = torch.zeros(0, dtype=torch.float32) if weights is None else weights
 
     @classmethod
     def allocate(cls, shape: SlotShape) -> SharedSlot:
@@ -194,7 +255,10 @@ class SharedSlot:
             torch.zeros((shape.rows, shape.dense_dim), dtype=torch.float32).share_memory_(),
             torch.zeros(max(shape.values, 1), dtype=torch.int64).share_memory_(),
             torch.zeros(max(shape.num_keys * shape.rows, 1), dtype=torch.int64).share_memory_(),
-            torch.zeros(max(shape.rows, 1), dtype=torch.float32).share_memory_(),
+            torch.zeros(_scores_shape(shape), dtype=torch.float32).share_memory_(),
+            torch.zeros(
+                max(shape.values, 1) if shape.weighted else 0, dtype=torch.float32
+            ).share_memory_(),
         )
 
     def write(self, inp: ModelInput, index: int) -> ScoreRequest:
@@ -222,6 +286,12 @@ class SharedSlot:
         self.dense[:rows].copy_(inp.dense)
         self.values[:n].copy_(values)
         self.lengths[: lengths.numel()].copy_(lengths)
+        if self.shape.weighted:  # a KJT without weights weighs each id 1.0
+            weights = sparse.weights_or_none()
+            if weights is None:
+                self.weights[:n].fill_(1.0)
+            else:
+                self.weights[:n].copy_(weights)
         per_key = sparse.length_per_key()
         return ScoreRequest(index, rows, n, tuple(int(v) for v in per_key))
 
@@ -241,12 +311,19 @@ class SharedSlot:
                 self.lengths[: len(keys) * rows],
                 rows,
                 request.length_per_key,
+                self.weights[: request.values] if self.shape.weighted else None,
             ),
         )
 
     def holds(self, inp: ModelInput) -> bool:
         """Whether ``inp`` is this slot's content (its dense matrix is this slot's memory)."""
         return inp.dense.data_ptr() == self.dense.data_ptr()
+
+
+def _scores_shape(shape: SlotShape) -> tuple[int, ...]:
+    """One score per row (the built-in layout), or a row of ``score_columns``."""
+    rows = max(shape.rows, 1)
+    return (rows,) if shape.score_columns == 1 else (rows, shape.score_columns)
 
 
 class WorkerLink:

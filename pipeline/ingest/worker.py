@@ -136,7 +136,9 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
     link = WorkerLink(assignment.conn)
     metrics = Metrics(rank=assignment.rank)
     relay = MetricsRelay(metrics.registry, link.send)
-    scorer = RemoteScorer(link, assignment.slots, assignment.spec, assignment.model_version)
+    scorer = RemoteScorer(
+        link, assignment.slots, assignment.inputs, assignment.model_version, assignment.output
+    )
     idle = assignment.idle or IdleFlags.allocate(assignment.count)
     stepper = WorkerStepper(idle, assignment.index, metrics)
     runtime = WorkerRuntime(assignment, assignment.settings, scorer, metrics, link, relay, stepper)

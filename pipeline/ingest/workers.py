@@ -18,7 +18,8 @@ Lifetime (with :mod:`pipeline.jobs.lifetime`):
 
 Example::
 
-    workers = IngestWorkers(settings, rank, scorer.spec, scorer.model_version, target)
+    inputs = scorer.spec if scorer.builtin else scorer.layout
+    workers = IngestWorkers(settings, rank, inputs, scorer.model_version, target)
     workers.start()
     ...   # the scoring server serves them until workers.finished
     workers.close()
@@ -38,7 +39,10 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from model.features.layout import InputLayout
 from model.features.spec import FeatureSpec
+from model.module.output import DEFAULT_OUTPUT
+from model.module.types import OutputConfig
 from model.rank import RankContext
 from pipeline.ingest.stepping import IdleFlags
 from pipeline.ingest.transport import (
@@ -48,8 +52,9 @@ from pipeline.ingest.transport import (
     StartConsuming,
     WorkerDone,
 )
+from pipeline.models.loader import max_event_rows
 from pipeline.observability.summary import RunSummary
-from pipeline.settings.loading import Settings
+from pipeline.settings.loading import Settings, picklable
 
 __all__ = [
     "KILL_MARGIN_S",
@@ -81,8 +86,9 @@ class WorkerAssignment:
         count: workers of this rank.
         settings: its settings (:func:`worker_settings`).
         rank: the rank it belongs to.
-        spec: the served model's feature spec.
-        model_version: the served model's version.
+        inputs: the served model's input: the built-in model's feature spec (the worker lays
+            its features out with it), or a configured module's input layout.
+        model_version: the served model's version at the start.
         slots: its shared-memory slots.
         conn: its end of the pipe to the server.
         parent_pid: the rank's pid (it dies with it).
@@ -98,11 +104,13 @@ class WorkerAssignment:
     count: int
     settings: Settings
     rank: RankContext
-    spec: FeatureSpec
+    inputs: FeatureSpec | InputLayout
     model_version: str
     slots: list[SharedSlot]
     conn: Connection
     parent_pid: int
+    output: OutputConfig = DEFAULT_OUTPUT
+    """The served model's output config (the task columns the slots carry back)."""
     exit_when_idle_s: float | None = None
     max_events: int | None = None
     setup: Callable[[], object] | None = None
@@ -123,26 +131,13 @@ def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settin
         worker_settings(settings, RankContext(), 1).delivery.transactional_id
         # "streamrank-streamrank-0-w1"
     """
-    # A plain Settings (load_settings builds a subclass per config file, which cannot be
-    # pickled into a spawned process); the sections are the loaded ones, nothing is re-read.
-    sections = {name: getattr(settings, name) for name in Settings.model_fields}
-    if index > 0:
-        kafka = settings.kafka
-        tid = settings.delivery.transactional_id
-        base = tid or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
-        delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
-        sections["delivery"] = delivery
-    return Settings.model_construct(**sections)
-
-
-def max_event_rows(settings: Settings) -> int:
-    """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
-    ``retrieval.num_candidates`` if larger (as :meth:`pipeline.models.loader.ModelLoader.options`).
-    """
-    rows = settings.codec.max_candidates
-    if settings.retrieval.enabled:
-        rows = max(rows, settings.retrieval.num_candidates)
-    return rows
+    if index == 0:  # a plain Settings: it is pickled into the spawned worker
+        return picklable(settings)
+    kafka = settings.kafka
+    tid = settings.delivery.transactional_id
+    base = tid or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
+    delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
+    return picklable(settings, delivery=delivery)
 
 
 def share_of(max_events: int | None, index: int, count: int) -> int | None:
@@ -212,7 +207,7 @@ class IngestWorkers:
     Args:
         settings: the rank's settings (``batching.ingest_workers`` workers).
         rank: the rank.
-        spec: the served model's feature spec.
+        inputs: the served model's feature spec (built-in) or input layout (configured).
         model_version: the served model's version.
         target: the worker's entry (a module-level function taking a
             :class:`WorkerAssignment`: :func:`pipeline.serve.serve_ingest_worker`).
@@ -220,17 +215,19 @@ class IngestWorkers:
         exit_when_idle_s: ``--exit-when-idle`` of every worker.
         max_events: ``--max-events``, shared out (:func:`share_of`).
         checkpoint: the served checkpoint directory (the workers' retrieval index).
+        output: the served model's output config (task columns in the slots).
     """
 
     settings: Settings
     rank: RankContext
-    spec: FeatureSpec
+    inputs: FeatureSpec | InputLayout
     model_version: str
     target: Callable[[WorkerAssignment], None]
     setup: Callable[[], object] | None = None
     exit_when_idle_s: float | None = None
     max_events: int | None = None
     checkpoint: Path | None = None
+    output: OutputConfig = DEFAULT_OUTPUT
     channels: list[Channel] = field(default_factory=list)
     failure: str | None = None
     _deadline: float | None = None
@@ -243,7 +240,7 @@ class IngestWorkers:
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
         max_rows = max(self.settings.batching.max_batch_rows, max_event_rows(self.settings))
-        shape = SlotShape.for_spec(self.spec, max_rows)
+        shape = SlotShape.for_model(self.inputs, self.output, max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):
             slots = [SharedSlot.allocate(shape) for _ in range(SLOTS_PER_WORKER)]
@@ -253,11 +250,12 @@ class IngestWorkers:
                 count=count,
                 settings=worker_settings(self.settings, self.rank, index),
                 rank=self.rank,
-                spec=self.spec,
+                inputs=self.inputs,
                 model_version=self.model_version,
                 slots=slots,
                 conn=theirs,
                 parent_pid=os.getpid(),
+                output=self.output,
                 exit_when_idle_s=self.exit_when_idle_s,
                 max_events=share_of(self.max_events, index, count),
                 setup=self.setup,

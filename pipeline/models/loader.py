@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from model.retrieval.sources import RetrievalPlan
     from model.serving import Scorer, ServingOptions
 
-__all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel"]
+__all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel", "max_event_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +139,8 @@ class ModelLoader:
         """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
         ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``)."""
         settings = self.settings
-        max_event_rows = settings.codec.max_candidates
-        if settings.retrieval.enabled:
-            max_event_rows = max(max_event_rows, settings.retrieval.num_candidates)
         options = settings.model.serving_options(
-            settings.batching.max_batch_rows, max_event_rows, checkpoint
+            settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
         )
         configured = self._configured()
         if configured is None:
@@ -314,6 +311,20 @@ def _empty_catalogue(source: CatalogueSource) -> None:
         "the dead-letter topic (no_candidates) until a model version loads with items",
         source.value,
     )
+
+
+def max_event_rows(settings: Settings) -> int:
+    """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
+    ``retrieval.num_candidates`` if larger (the scorer's options, the ingest workers' slots).
+
+    Example::
+
+        max_event_rows(settings)  # 1000 by default
+    """
+    rows = settings.codec.max_candidates
+    if settings.retrieval.enabled:
+        rows = max(rows, settings.retrieval.num_candidates)
+    return rows
 
 
 def _verify_weights(checkpoint: Path, module_version: bool = False) -> None:

@@ -12,11 +12,10 @@ traceback from the first batch. In order:
 3. a trial forward on one-row tables takes the configured dense width and returns an output the
    output config can read;
 4. the served version (when there is one) was imported for this architecture;
-5. what the configured path does not serve is refused: ingest workers;
-6. with ``retrieval.enabled``, the vectors that query and those that are indexed resolve
+5. with ``retrieval.enabled``, the vectors that query and those that are indexed resolve
    (:func:`pipeline.models.retrieval.resolve_retrieval`): tables or Redis vector fields that
    exist, looked up by the right id, of one width;
-7. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
+6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
    its task scores naming columns of ``model.module.output_names``.
 
 Example::
@@ -76,11 +75,6 @@ def check_configured_model(
         ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
             naming the key.
     """
-    if settings.batching.ingest_workers:
-        raise ModelConfigError(
-            f"batching.ingest_workers = {settings.batching.ingest_workers}: ingest workers serve "
-            "the built-in model only; set batching.ingest_workers = 0 with [model.module]"
-        )
     fmap_config = settings.model.module
     assert fmap_config is not None
     probe = build_module(fmap_config.to_config(), "meta", embedding_device="meta")

@@ -133,27 +133,48 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
-def check_ingest_workers(settings: Settings) -> None:
-    """Refuse ingest workers where the job would follow a versions directory.
+def picklable(settings: Settings, **replaced: Any) -> Settings:
+    """``settings`` as a plain :class:`Settings`, which pickles into another process
+    (:func:`load_settings` builds a subclass per config file, which does not); the loaded
+    sections, nothing read again, with ``replaced`` sections put in their place.
 
-    A swap changes the scorer between two agreed steps of one loop
-    (:mod:`pipeline.runtime.model_swap`);
-    with ingest workers the scorer lives in the rank and the batches (and the retrieval index)
-    in K other loops, which no swap step spans.
+    Example::
+
+        pickle.dumps(picklable(load_settings(Path("streamrank.toml"))))
+    """
+    sections = {name: getattr(settings, name) for name in Settings.model_fields}
+    return Settings.model_construct(**{**sections, **replaced})
+
+
+def check_ingest_workers(settings: Settings) -> None:
+    """Refuse ingest workers where the job would follow a versions directory it cannot swap
+    with workers.
+
+    With ingest workers the scorer lives in the scoring process and the model input is built in
+    K other processes. The scoring process swaps a configured model's versions between two
+    forwards (its input is laid out by the configuration, the same for every version of the
+    architecture). The built-in model's versions carry the feature spec the workers lay their
+    input out with (table sizes), and a retrieval index lives in every worker: no swap step spans
+    them.
 
     Raises:
         ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
-            ``model.checkpoint`` a versions directory (one line, for the CLI).
+            ``model.checkpoint`` a versions directory, serving the built-in model or with
+            ``[retrieval]`` on (one line, for the CLI).
 
     Example::
 
         check_ingest_workers(load_settings())
     """
     root = settings.model.checkpoint
-    if settings.batching.ingest_workers and settings.model_swap.enabled and is_versions_dir(root):
+    workers = settings.batching.ingest_workers
+    if not (workers and settings.model_swap.enabled and is_versions_dir(root)):
+        return
+    if settings.model.module is None or settings.retrieval.enabled:
+        what = "the built-in model" if settings.model.module is None else "retrieval"
         raise ValueError(
-            f"batching.ingest_workers = {settings.batching.ingest_workers} cannot follow the "
-            f"model versions of {root} (a live model swap needs ingest_workers = 0): set "
+            f"batching.ingest_workers = {workers} cannot follow the model versions of {root} "
+            f"with {what} (a live model swap needs ingest_workers = 0): set "
             "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
         )
 

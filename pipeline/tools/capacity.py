@@ -21,6 +21,11 @@ The arithmetic (R = events/s x candidates per event, u = the utilisation planned
   (on the device of that report), else the ``utilisation`` given (a planning choice, reported
   as such).
 
+Each report names the model it measured (``model``: the built-in one or ``[model.module]``'s
+factory, its version or ``untrained``); the plan says whose figures it plans from, and refuses
+reports of different models (a plan from one model's forward and another's host work would be
+nobody's).
+
 Example::
 
     plan = capacity_plan([json.loads(Path("overhead.json").read_text())], CapacityTarget())
@@ -93,11 +98,13 @@ class Figure:
 
 @dataclass
 class Plan:
-    """The plan: its target, its input figures and what follows from them."""
+    """The plan: its target, the model its reports measured (report name -> ``model`` entry),
+    its input figures and what follows from them."""
 
     target: CapacityTarget
     inputs: list[Figure] = field(default_factory=list)
     results: list[Figure] = field(default_factory=list)
+    models: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
     def value(self, name: str) -> float | None:
         """The value of the input or result ``name``."""
@@ -107,6 +114,7 @@ class Plan:
         """JSON-ready."""
         return {
             "target": vars(self.target),
+            "models": self.models,
             "inputs": {f.name: f.as_dict() for f in self.inputs},
             "plan": {f.name: f.as_dict() for f in self.results},
         }
@@ -124,6 +132,36 @@ def report_kind(report: dict[str, Any]) -> str | None:
     if "transport" in report and "median" in report:
         return "ingest"
     return None
+
+
+def model_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``model`` entry of a report (``bench latency`` and ``pipeline`` also keep it under
+    ``pipeline``); ``None`` when the report is older than that entry."""
+    found = report.get("model") or report.get("pipeline", {}).get("model")
+    return found if isinstance(found, dict) else None
+
+
+def _check_one_model(models: dict[str, dict[str, Any] | None]) -> None:
+    """Refuse reports of different models (by factory: an untrained stand-in of the same
+    module, as ``bench overhead`` serves, is the same model's host work)."""
+    factories = {name: m.get("factory") for name, m in models.items() if m is not None}
+    if len(set(factories.values())) > 1:
+        listed = ", ".join(f"{name}: {factory}" for name, factory in factories.items())
+        raise ValueError(
+            f"the reports measured different models ({listed}): plan from one model's reports"
+        )
+
+
+def _model_line(models: dict[str, dict[str, Any] | None]) -> str:
+    """Whose figures: the factory and each report's version (``untrained`` where it was)."""
+    known = {name: m for name, m in models.items() if m is not None}
+    if not known:
+        return "model: not recorded in the reports"
+    factory = next(iter(known.values())).get("factory")
+    versions = ", ".join(f"{name} {m.get('model_version')}" for name, m in known.items())
+    unknown = [name for name, m in models.items() if m is None]
+    missing = f"; not recorded in {', '.join(unknown)}" if unknown else ""
+    return f"model: {factory} ({versions}{missing})"
 
 
 def _source(name: str, kind: str) -> str:
@@ -233,7 +271,7 @@ def capacity_plan(named_reports: list[tuple[str, dict[str, Any]]], target: Capac
         The :class:`Plan`.
 
     Raises:
-        ValueError: a report no benchmark here writes.
+        ValueError: a report no benchmark here writes, or reports of different models.
     """
     reports: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, report in named_reports:
@@ -243,7 +281,8 @@ def capacity_plan(named_reports: list[tuple[str, dict[str, Any]]], target: Capac
                 f"{name} is not a report of bench overhead, model, latency or ingest (--json)"
             )
         reports[kind] = (name, report)
-    plan = Plan(target)
+    plan = Plan(target, models={name: model_of(report) for name, report in reports.values()})
+    _check_one_model(plan.models)
     gpu_rows = _gpu_rows(reports)
     host_us, rank_us = _host_us(reports)
     util = _utilisation(reports, target)
@@ -314,6 +353,7 @@ def render(plan: Plan) -> str:
     lines = [
         f"capacity plan for {t.events_per_s:,.0f} events/s x {t.candidates_per_event:g} "
         f"candidates, p99 under {t.p99_ms:g} ms",
+        _model_line(plan.models),
         "inputs:",
     ]
     for figure in plan.inputs:

@@ -443,17 +443,28 @@ _CANDIDATES = ("offer_ids", "listing_ids", "article_ids", "video_ids")
 
 
 def run_pipeline(
-    cli: Callable[..., subprocess.Popen], settings: Settings, ex: Example, nproc: int, log: Path
+    cli: Callable[..., subprocess.Popen],
+    settings: Settings,
+    ex: Example,
+    nproc: int,
+    log: Path,
+    workers: int = 0,
 ) -> None:
-    """``streamrank run --nproc N`` of the example over what was sent, until idle."""
+    """``streamrank run --nproc N`` of the example over what was sent, until idle (with
+    ``workers`` ingest workers per rank)."""
     proc = cli(
         settings,
         "run", "--nproc", str(nproc), "--exit-when-idle", "4", "-c", str(ex.toml),
-        extra_env={"STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128"},
+        extra_env={
+            "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128",
+            "STREAMRANK_BATCHING__INGEST_WORKERS": str(workers),
+        },
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     assert proc.wait(400) == 0, log.read_text()[-4000:]
+    if workers:  # the workers did the consuming
+        assert "[w0]" in log.read_text(), log.read_text()[-4000:]
 
 
 def run_example(
@@ -463,10 +474,11 @@ def run_example(
     records: list[dict[str, Any]],
     nproc: int,
     log: Path,
+    workers: int = 0,
 ) -> list[dict[str, Any]]:
     """:func:`run_pipeline`, and the Recommendations it wrote: one per event of ``records``,
     none repeated."""
-    run_pipeline(cli, settings, ex, nproc, log)
+    run_pipeline(cli, settings, ex, nproc, log, workers)
     recs = collect(settings, expected=len(records))
     counts = Counter(r["event_id"] for r in recs)
     assert set(counts) == {event_id(r) for r in records}

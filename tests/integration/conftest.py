@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -424,3 +426,27 @@ def wait_for_outputs(
         except KafkaException:
             count = max(count, 0)
     return count
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (for a metrics endpoint)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    """The metrics page on ``port`` ("" while nothing answers there)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+def sample_value(body: str, sample: str) -> float | None:
+    """The value of the unlabelled ``sample`` on a metrics page (``None``: not there)."""
+    for line in body.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[1])
+    return None

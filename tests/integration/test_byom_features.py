@@ -3,9 +3,10 @@ EmbeddingBagCollection: topic ids weighted by a float array of the event, follow
 ``weights`` field of the reader's Redis hash) and the sequence example (a ranker of the user's
 own attending over a watch history looked up in an EmbeddingCollection), each served by
 ``streamrank run`` on the real broker and Redis with one and two ranks (tables sharded, the
-sequence table too), every published score checked against the module's own forward on the
-KJT this test builds itself from the raw events and Redis values (tests/integration/byom.py:
-weights included), within 1e-5."""
+sequence table too) and with two ingest workers (weights through the shared-memory slots),
+every published score checked against the module's own forward on the KJT this test builds
+itself from the raw events and Redis values (tests/integration/byom.py: weights included),
+within 1e-5."""
 
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 EVENTS = 150
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize(("nproc", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1", "2", "1-w2"])
 def test_the_weighted_example_scores_every_event_as_its_own_forward(
     nproc: int,
+    workers: int,
     tmp_path: Path,
     settings_factory: Callable[..., Settings],
     redis_client: redis.Redis,
@@ -56,7 +58,7 @@ def test_the_weighted_example_scores_every_event_as_its_own_forward(
         record["topics"] = [1, 2, 3]
         record["topic_minutes"] = [0.5, 1.5]
     send(settings, ex, records + bad)
-    recs = run_example(cli, settings, ex, records, nproc, tmp_path / "run.log")
+    recs = run_example(cli, settings, ex, records, nproc, tmp_path / "run.log", workers)
     assert_scores(recs, records, expected_scores(ex, records, redis_client, ex.reference()))
 
     by_id = {event_id(r): r for r in records}
@@ -80,9 +82,10 @@ def test_the_weighted_example_scores_every_event_as_its_own_forward(
     }
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize(("nproc", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1", "2", "1-w2"])
 def test_the_sequence_example_scores_every_event_as_its_own_forward(
     nproc: int,
+    workers: int,
     tmp_path: Path,
     settings_factory: Callable[..., Settings],
     redis_client: redis.Redis,
@@ -96,7 +99,7 @@ def test_the_sequence_example_scores_every_event_as_its_own_forward(
     lengths = {min(len(r["watched"]), 10) for r in records}
     assert {0, 10} <= lengths and len(lengths) > 5  # empty, cut and partial histories
     send(settings, ex, records)
-    recs = run_example(cli, settings, ex, records, nproc, tmp_path / "run.log")
+    recs = run_example(cli, settings, ex, records, nproc, tmp_path / "run.log", workers)
     assert_scores(recs, records, expected_scores(ex, records, redis_client, ex.reference()))
     no_user = [r for r in recs if "user_features" in r["fallback_features"]]
     assert no_user and len(no_user) < len(recs)

@@ -112,9 +112,10 @@ def _task_probabilities(
     return out
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize(("nproc", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1", "2", "1-w2"])
 def test_a_consumer_of_the_users_schema_reads_every_event_with_each_task_score_by_name(
     nproc: int,
+    workers: int,
     dcn_with_output: tuple[Example, Settings],
     redis_client: redis.Redis,
     tmp_path: Path,
@@ -125,7 +126,7 @@ def test_a_consumer_of_the_users_schema_reads_every_event_with_each_task_score_b
     records = ex.script.events(EVENTS, seed_=10 + nproc)
     send(settings, ex, records)
     started_ms = int(time.time() * 1000)
-    run_pipeline(cli, settings, ex, nproc, tmp_path / "run.log")
+    run_pipeline(cli, settings, ex, nproc, tmp_path / "run.log", workers)  # task columns: slots
 
     schema_file = EXAMPLES / "dcn" / "listing_ranking.avsc"
     schema = fastavro.parse_schema(json.loads(schema_file.read_text()))  # the .avsc alone
@@ -165,7 +166,7 @@ def test_a_consumer_of_the_users_schema_reads_every_event_with_each_task_score_b
     assert worst <= 1e-5
     degraded = [out for out in got if "user_features" in out["degraded"]]
     assert degraded and len(degraded) < len(got)  # shoppers without a Redis record, flagged
-    if nproc == 1:  # `streamrank consume` prints the user's records as JSON lines
+    if nproc == 1 and not workers:  # `streamrank consume` prints the user's records as JSON lines
         consume = cli(
             settings, "consume", "--max", "3", "--timeout", "20", "-c", str(ex.toml),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -9,10 +9,8 @@ worker each. K = 0 and 1 and the 2 ranks are ``slow`` (the default suite runs K 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +37,11 @@ from tests.faults.helpers import dead_letters, seeded_settings
 from tests.integration.conftest import (
     SentEvents,
     collect,
+    free_port,
     max_score_error,
     offline_scores,
+    sample_value,
+    scrape,
 )
 from tests.support.malformed import malformed_values
 
@@ -94,27 +95,6 @@ def committed_everything(settings: Settings) -> bool:
         consumer.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-    except OSError:
-        return ""
-
-
-def _value(body: str, sample: str) -> float | None:
-    for line in body.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.split()[1])
-    return None
-
-
 @pytest.mark.parametrize(
     "workers",
     [
@@ -133,7 +113,7 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
     tmp_path: Path,
 ) -> None:
     settings, malformed, sent, dlq = mixed_input
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "run.log"
     summary_file = tmp_path / "summary.json"
     env = {
@@ -161,12 +141,12 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
     deadline = time.monotonic() + 300
     while consumed != total and proc.poll() is None:
         assert time.monotonic() < deadline, f"consumed {consumed} of {total}"
-        body = _scrape(port)
-        consumed = _value(body, "streamrank_consumed_messages_total")
+        body = scrape(port)
+        consumed = sample_value(body, "streamrank_consumed_messages_total")
         time.sleep(0.2)
     assert consumed == total, log.read_text()[-3000:]
     assert body.count("# TYPE streamrank_world_size gauge") == 1
-    assert _value(body, "streamrank_world_size") == 1.0
+    assert sample_value(body, "streamrank_world_size") == 1.0
     assert proc.wait(300) == 0, log.read_text()[-3000:]
 
     recs = collect(settings, expected=300)

@@ -219,7 +219,11 @@ def streamrank_command(*args: str) -> list[str]:
 
 
 def score_backlog(
-    topics: TopicsSettings, group_id: str, nproc: int = 1, idle_s: float = 3.0
+    topics: TopicsSettings,
+    group_id: str,
+    nproc: int = 1,
+    idle_s: float = 3.0,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``streamrank run --nproc N`` over what is on ``topics.input``, until ``idle_s`` idle.
 
@@ -228,6 +232,7 @@ def score_backlog(
         group_id: the run's consumer group.
         nproc: ranks.
         idle_s: ``--exit-when-idle``.
+        env: more ``STREAMRANK_*`` variables for the run (e.g. the checkpoint it serves).
 
     Returns:
         Each rank's run summary (the ``ranks`` of the job's merged ``--summary-json``; the
@@ -250,7 +255,7 @@ def score_backlog(
         )
         subprocess.run(
             cmd,
-            env=child_env(topics, group_id),
+            env=child_env(topics, group_id, **(env or {})),
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

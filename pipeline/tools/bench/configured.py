@@ -47,6 +47,7 @@ __all__ = [
     "CONFIGURED_MODEL",
     "configured_checkpoint",
     "produce_configured_events",
+    "seed_layouts",
     "synthetic_records",
 ]
 
@@ -194,6 +195,17 @@ def _seed(client: redis.Redis, layout: RecordLayout | None, ids: range, seed: in
     pipe.execute()
 
 
+def seed_layouts(settings: Settings, fmap: FeatureMap, seed: int = 0) -> None:
+    """Random records of the map's user and item layouts in Redis: users ``0 .. USERS - 1``,
+    items ``0 .. ITEMS - 1`` (the ids :func:`synthetic_records` draws)."""
+    client = redis.Redis.from_url(settings.redis.url, **settings.redis.client_kwargs())
+    try:
+        _seed(client, fmap.user, range(USERS), seed)
+        _seed(client, fmap.item, range(ITEMS), seed + 1)
+    finally:
+        client.close()
+
+
 def produce_configured_events(settings: Settings, events: int, seed: int = 0) -> None:
     """Seed the layouts' Redis records, then produce ``events`` synthetic records to
     ``settings.topics.input`` in the configured framing.
@@ -205,12 +217,7 @@ def produce_configured_events(settings: Settings, events: int, seed: int = 0) ->
         produce_events(settings, seeded_world(settings), events)
         return
     _, fmap = configured_module(settings)
-    client = redis.Redis.from_url(settings.redis.url, **settings.redis.client_kwargs())
-    try:
-        _seed(client, fmap.user, range(USERS), seed)
-        _seed(client, fmap.item, range(ITEMS), seed + 1)
-    finally:
-        client.close()
+    seed_layouts(settings, fmap, seed)
     codec = RecordCodec(settings.codec, Path(fmap.schema_name), settings.topics.input)
     producer = make_producer(settings.kafka)
     for record in synthetic_records(fmap, events, seed):

@@ -15,6 +15,12 @@ worker drains per second of CPU. Separately (:func:`transport_cost`), what passi
 costs: the worker's copy into its shared-memory slot, and the round trip to a scoring process
 that reads the slot in place and answers (a spawned echo process, no model), against sending the
 same arrays pickled through the pipe.
+
+With ``[model.module]`` the runs serve the user's model: its version (the current one of
+``model.checkpoint`` when that holds versions of the module, else the module freshly
+initialised; ``model`` in the report says which), events synthesized from its schema, Redis
+records from its layouts (:mod:`pipeline.tools.bench.workload`); the transport passes batches of
+its own input layout, with the score columns its output publishes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -33,22 +41,23 @@ from typing import Any
 import numpy as np
 from confluent_kafka import ConsumerGroupState, KafkaException
 
-from model.features.build import build_model_input
+from model.features.layout import InputLayout
 from model.features.spec import FeatureSpec
+from model.module.output import DEFAULT_OUTPUT
+from model.module.types import OutputConfig
 from model.serving.device import serving_device
 from pipeline.connectors.kafka.admin import make_admin
 from pipeline.ingest.transport import ScoreReply, ScoreRequest, SharedSlot, SlotShape
-from pipeline.settings.loading import Settings
+from pipeline.settings.loading import CONFIG_ENV_VAR, Settings
 from pipeline.tools.bench.common import (
     BenchTopics,
-    batch_of_rows,
     child_env,
     record_count,
-    seeded_world,
     streamrank_command,
 )
 from pipeline.tools.bench.model import describe_device
-from pipeline.tools.synthetic_io import produce_events
+from pipeline.tools.bench.served import bench_checkpoint, checkpoint_env, model_identity
+from pipeline.tools.bench.workload import Workload, workload
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -103,16 +112,23 @@ def wait_for_members(settings: Settings, group_id: str, members: int, timeout_s:
     raise TimeoutError(f"group {group_id} did not get {members} members in {timeout_s:g}s")
 
 
-def _one_run(
-    settings: Settings, world: Any, events: int, workers: int, topics: BenchTopics
-) -> dict[str, Any]:
-    """One ``streamrank run`` with ``workers`` ingest workers over ``events`` new events."""
+def _one_run(served: _Served, events: int, workers: int, topics: BenchTopics) -> dict[str, Any]:
+    """One ``streamrank run`` of ``served``'s configuration with ``workers`` ingest workers over
+    ``events`` new events."""
+    settings = served.settings
+    config = {} if served.config_file is None else {CONFIG_ENV_VAR: str(served.config_file)}
     run_topics, tag = topics.fresh(max(settings.topics.partitions, workers))
     group = f"bench-ingest-{tag}"
     run_settings = settings.model_copy(update={"topics": run_topics})
     with tempfile.TemporaryDirectory() as tmp:
         summary_file = Path(tmp) / "summary.json"
-        env = child_env(run_topics, group, STREAMRANK_BATCHING__INGEST_WORKERS=str(workers))
+        env = child_env(
+            run_topics,
+            group,
+            STREAMRANK_BATCHING__INGEST_WORKERS=str(workers),
+            **served.env,
+            **config,
+        )
         command = streamrank_command(
             "run", "--exit-when-idle", "600", "--summary-json", str(summary_file)
         )
@@ -123,7 +139,7 @@ def _one_run(
             wait_for_members(run_settings, group, max(workers, 1), timeout_s=600)
             pids = worker_pids(proc.pid)
             before = {pid: cpu_seconds_of(pid) for pid in [proc.pid, *pids]}
-            produce_events(run_settings, world, events)
+            served.load.produce(run_settings, events)
             while record_count(run_settings, run_topics.output) < events:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the {workers}-worker run exited ({proc.returncode})")
@@ -148,7 +164,7 @@ def _one_run(
     }
 
 
-def _echo(conn: Connection, slots: list[SharedSlot], keys: list[str]) -> None:
+def _echo(conn: Connection, slots: list[SharedSlot], keys: tuple[str, ...]) -> None:
     """A scoring process without a model: read the requested slot in place, answer."""
     while True:
         message = conn.recv()
@@ -162,13 +178,18 @@ def _echo(conn: Connection, slots: list[SharedSlot], keys: list[str]) -> None:
 
 
 def transport_cost(
-    spec: FeatureSpec, world: Any, rows: int, batches: int = 200
+    inputs: FeatureSpec | InputLayout,
+    output: OutputConfig,
+    load: Workload,
+    rows: int,
+    batches: int = 200,
 ) -> dict[str, float]:
     """What passing one batch of about ``rows`` rows to the scoring process costs.
 
     Args:
-        spec: the model's feature spec (the batch's layout).
-        world: where the batch's events come from.
+        inputs: the model's feature spec (built-in) or input layout (configured).
+        output: its output config (the score columns a slot carries back).
+        load: where the batch comes from.
         rows: rows per batch (``batching.max_batch_rows``).
         batches: batches timed.
 
@@ -179,14 +200,13 @@ def transport_cost(
     """
     import torch.multiprocessing as mp
 
-    cols = batch_of_rows(world, spec, rows)
-    inp = build_model_input(cols, spec)
-    slots = [SharedSlot.allocate(SlotShape.for_spec(spec, max(rows, inp.num_rows)))]
+    batch = load.batches(inputs, rows, 1)[0]
+    inp = batch.model_input
+    slots = [SharedSlot.allocate(SlotShape.for_model(inputs, output, max(rows, inp.num_rows)))]
+    keys = tuple(inp.sparse.keys())
     context = mp.get_context("spawn")
     ours, theirs = context.Pipe(duplex=True)
-    echo = context.Process(
-        target=_echo, args=(theirs, slots, list(spec.feature_names)), daemon=True
-    )
+    echo = context.Process(target=_echo, args=(theirs, slots, keys), daemon=True)
     echo.start()
     theirs.close()
     try:
@@ -215,7 +235,7 @@ def transport_cost(
             echo.join(10)
         ours.close()
     per_batch = 1e6 / batches
-    events = cols.num_events
+    events = batch.events
     return {
         "rows_per_batch": inp.num_rows,
         "events_per_batch": events,
@@ -227,57 +247,50 @@ def transport_cost(
     }
 
 
-def bench_ingest(
-    settings: Settings,
-    *,
-    workers: tuple[int, ...],
-    events: int,
-    rounds: int,
-    report: Callable[[str], None] = print,
-    keep_topics: bool = False,
-) -> dict[str, Any]:
-    """One process vs K ingest workers (see the module docstring).
+@dataclass
+class _Served:
+    """One model a benchmark runs: its settings (``model.checkpoint`` the version served), its
+    workload, its config file for the child processes, and what it is."""
 
-    Args:
-        settings: the stack and the pipeline (``model.checkpoint`` must hold a model).
-        workers: the K to compare, e.g. ``(0, 1, 2)``.
-        events: events per run.
-        rounds: interleaved rounds over ``workers``.
-        report: called with one line per run.
-        keep_topics: keep the runs' topics.
+    settings: Settings
+    load: Workload
+    config_file: Path | None
+    env: dict[str, str]
+    inputs: FeatureSpec | InputLayout
+    output: OutputConfig
+    about: dict[str, Any]
 
-    Returns:
-        Per K (as a string) and round: ``events_per_s``, ``rank_cpu_us_per_event`` (the
-        scoring process), ``workers_cpu_us_per_event`` (all workers), ``per_worker_cpu_s``
-        (how the work was spread), their medians, ``worker_events_per_cpu_s`` (events one
-        worker drains per second of one core: 1e6 / the workers' CPU per event) and
-        ``transport`` (:func:`transport_cost`).
 
-    Example::
+def _served(settings: Settings, config_file: Path | None, stack: ExitStack) -> _Served:
+    """The model ``settings`` configure, its features seeded and its checkpoint chosen
+    (:func:`~pipeline.tools.bench.served.bench_checkpoint`)."""
+    load = workload(settings)
+    served, checkpoint, notes = stack.enter_context(bench_checkpoint(settings))
+    if settings.model.module is None:
+        from model.store.checkpoint import load_meta
 
-        bench_ingest(settings, workers=(0, 1, 2), events=20_000, rounds=3)["median"]
-    """
-    world = seeded_world(settings)
-    runs: dict[int, list[dict[str, Any]]] = {k: [] for k in workers}
-    with BenchTopics(settings, keep_topics) as topics:
-        for r in range(rounds):
-            for k in workers:
-                result = _one_run(settings, world, events, k, topics)
-                runs[k].append(result)
-                report(
-                    f"round {r + 1}: {k} worker(s) {result['events_per_s']:,.0f} events/s, CPU per "
-                    f"event {result['rank_cpu_us']:.1f} us scoring process + "
-                    f"{result['workers_cpu_us']:.1f} us workers"
-                )
-    from model.store.checkpoint import load_spec
+        meta = load_meta(checkpoint)
+        inputs: FeatureSpec | InputLayout = meta.spec
+        output, version = DEFAULT_OUTPUT, meta.model_version
+    else:
+        from model.module.store import load_module_meta
+        from pipeline.models.preflight import configured_module
 
-    spec = load_spec(settings.model.checkpoint)
-    transport = transport_cost(spec, world, settings.batching.max_batch_rows)
-    report(
-        f"transport: {transport['us_per_batch']} us per batch of "
-        f"{transport['events_per_batch']} events, {transport['us_per_event']} us per event"
-    )
-    out: dict[str, Any] = {"events": events, "rounds": rounds, "workers": list(workers)}
+        config, fmap = configured_module(settings)
+        inputs, output = fmap.layout, config.output
+        version = load_module_meta(checkpoint).model_version
+    about = {
+        "config": None if config_file is None else str(config_file),
+        "model": model_identity(settings, version),
+        "notes": notes,
+    }
+    env = checkpoint_env(settings, checkpoint, notes)
+    return _Served(served, load, config_file, env, inputs, output, about)
+
+
+def _figures(runs: dict[int, list[dict[str, Any]]], workers: tuple[int, ...]) -> dict[str, Any]:
+    """Per K and round, their medians, and the events one worker drains per CPU second."""
+    out: dict[str, Any] = {}
     keys = {
         "events_per_s": "events_per_s",
         "rank_cpu_us_per_event": "rank_cpu_us",
@@ -297,6 +310,76 @@ def bench_ingest(
         for k in workers
         if k and out["median"][str(k)]["workers_cpu_us_per_event"]
     }
+    return out
+
+
+def bench_ingest(
+    settings: Settings,
+    *,
+    workers: tuple[int, ...],
+    events: int,
+    rounds: int,
+    report: Callable[[str], None] = print,
+    keep_topics: bool = False,
+    config_file: Path | None = None,
+    versus: tuple[Settings, Path] | None = None,
+) -> dict[str, Any]:
+    """One process vs K ingest workers (see the module docstring).
+
+    Args:
+        settings: the stack and the pipeline (the built-in model: ``model.checkpoint`` must
+            hold one; ``[model.module]``: its version, or the module untrained).
+        workers: the K to compare, e.g. ``(0, 1, 2)``.
+        events: events per run.
+        rounds: interleaved rounds over ``workers``.
+        report: called with one line per run.
+        keep_topics: keep the runs' topics.
+        config_file: the config file of ``settings`` (the runs read it).
+        versus: another configuration and its file (e.g. one without ``[model.module]``: the
+            built-in model), run after each run of ``settings`` with the same K and events:
+            the two interleaved (``versus`` in the report).
+
+    Returns:
+        Per K (as a string) and round: ``events_per_s``, ``rank_cpu_us_per_event`` (the
+        scoring process), ``workers_cpu_us_per_event`` (all workers), ``per_worker_cpu_s``
+        (how the work was spread), their medians, ``worker_events_per_cpu_s`` (events one
+        worker drains per second of one core: 1e6 / the workers' CPU per event),
+        ``transport`` (:func:`transport_cost`), ``model`` (whose figures) and, with
+        ``versus``, the same figures of the other model under ``versus``.
+
+    Example::
+
+        bench_ingest(settings, workers=(0, 1, 2), events=20_000, rounds=3)["median"]
+    """
+    with ExitStack() as stack:
+        main = _served(settings, config_file, stack)
+        other = None if versus is None else _served(versus[0], versus[1], stack)
+        models = [main] if other is None else [main, other]
+        runs: list[dict[int, list[dict[str, Any]]]] = [{k: [] for k in workers} for _ in models]
+        with BenchTopics(settings, keep_topics) as topics:
+            for r in range(rounds):
+                for k in workers:
+                    for served, done in zip(models, runs, strict=True):
+                        result = _one_run(served, events, k, topics)
+                        done[k].append(result)
+                        report(
+                            f"round {r + 1}: {served.about['model']['factory']} {k} worker(s) "
+                            f"{result['events_per_s']:,.0f} events/s, CPU per event "
+                            f"{result['rank_cpu_us']:.1f} us scoring process + "
+                            f"{result['workers_cpu_us']:.1f} us workers"
+                        )
+        transport = transport_cost(
+            main.inputs, main.output, main.load, settings.batching.max_batch_rows
+        )
+    report(
+        f"transport: {transport['us_per_batch']} us per batch of "
+        f"{transport['events_per_batch']} events, {transport['us_per_event']} us per event"
+    )
+    out: dict[str, Any] = {"events": events, "rounds": rounds, "workers": list(workers)}
+    out.update(_figures(runs[0], workers))
     out["transport"] = transport
+    out.update(main.about)
     out.update(describe_device(serving_device(settings.model.device, 0)))
+    if other is not None:
+        out["versus"] = {**other.about, **_figures(runs[1], workers)}
     return out

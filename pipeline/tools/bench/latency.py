@@ -27,6 +27,10 @@ its batches (``batch_rows``, ``batch_events_mean``), the per-batch fixed cost
 thread of the pipeline and per process: broker, Redis, producer, busy processes;
 :mod:`pipeline.tools.bench.cpu_account`). With ``busy_cores`` the loads run beside that many
 busy processes (:mod:`pipeline.tools.bench.busy`; capacity is measured before they start).
+
+With ``[model.module]`` the events are synthesized from its schema and its Redis records from
+its layouts (:mod:`pipeline.tools.bench.workload`), and the model served is its version, or the
+module freshly initialised (the report's ``model`` says which).
 """
 
 from __future__ import annotations
@@ -39,12 +43,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.connectors.avro.reference import (
-    RECOMMENDATION_SCHEMA_FILE,
-    USER_EVENT_SCHEMA_FILE,
-    RecordCodec,
-)
-from pipeline.connectors.avro.rules import epoch_millis
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.loading import Settings
 from pipeline.tools.bench.busy import BusyProcesses
@@ -53,9 +51,9 @@ from pipeline.tools.bench.common import (
     delete_run_topics,
     fresh_topics,
     record_count,
-    seeded_world,
 )
 from pipeline.tools.bench.cpu_account import CpuAccount
+from pipeline.tools.bench.event_source import OutputFields, event_id_reader
 from pipeline.tools.bench.latency_trace import (
     BatchCosts,
     Decomposition,
@@ -67,6 +65,7 @@ from pipeline.tools.bench.offered_load import OfferedEvents, OfferedLoad, OfferP
 from pipeline.tools.bench.pipeline import drain_backlog
 from pipeline.tools.bench.replay import thread_settings
 from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
+from pipeline.tools.bench.workload import workload
 from pipeline.tools.recommendation_reader import read_messages
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
@@ -81,26 +80,46 @@ def _load_settings(settings: Settings) -> Settings:
 
 
 def _broker_times(
-    settings: Settings, topic: str, schema_file: Path
+    settings: Settings,
+    topic: str,
+    event_id: Callable[[bytes], str],
+    scored_at: Callable[[bytes], int] | None = None,
 ) -> tuple[dict[str, tuple[int, int]], int]:
-    """Every record on ``topic`` (created with :data:`LOG_APPEND_TIME`), by ``event_id``.
+    """Every record on ``topic`` (created with :data:`LOG_APPEND_TIME`), by event id.
+
+    Args:
+        settings: the cluster.
+        topic: the topic.
+        event_id: a record's value -> its event id.
+        scored_at: a record's value -> its scored-at time in ms (``None``: not read, -1).
 
     Returns:
-        ``event_id`` -> (broker append time ms, ``scored_at`` ms or -1), and how many records
-        the topic holds (more than the ids when some were written twice).
+        event id -> (broker append time ms, scored-at ms or -1), and how many records the
+        topic holds (more than the ids when some were written twice).
     """
-    codec = RecordCodec(settings.codec, schema_file, topic)
     total = record_count(settings, topic)
     out: dict[str, tuple[int, int]] = {}
     for message in read_messages(settings, topic, max_records=total, timeout_s=10.0):
-        record = codec.decode(message.value())  # type: ignore[arg-type]
+        value = message.value() or b""
         _, appended_ms = message.timestamp()
-        scored_at = record.get("scored_at")
-        out[record["event_id"]] = (
-            appended_ms,
-            -1 if scored_at is None else epoch_millis(scored_at),
-        )
+        out[event_id(value)] = (appended_ms, -1 if scored_at is None else scored_at(value))
     return out, total
+
+
+def _readers(
+    settings: Settings,
+) -> tuple[Callable[[bytes], str], Callable[[bytes], int], Callable[[bytes], str]]:
+    """How to read an output record's event id and scored-at time, and an input event's id
+    (the built-in schemas, or the configured ones)."""
+    output = OutputFields.of(settings)
+
+    def out_id(value: bytes) -> str:
+        return output.event_id(output.codec.decode(value))
+
+    def out_scored(value: bytes) -> int:
+        return output.scored_at_ms(output.codec.decode(value))
+
+    return out_id, out_scored, event_id_reader(settings)
 
 
 def _aligned(
@@ -247,8 +266,9 @@ def run_load(
         with CpuAccount.of_stack(run, producer=offer.pid, **(busy or {})) as account:
             pipeline.run(exit_when_idle_s=idle_s)
         sent = offer.result(60 + seconds)
-        out, out_records = _broker_times(run, run.topics.output, RECOMMENDATION_SCHEMA_FILE)
-        inp, _ = _broker_times(run, run.topics.input, USER_EVENT_SCHEMA_FILE)
+        out_id, out_scored, in_id = _readers(run)
+        out, out_records = _broker_times(run, run.topics.output, out_id, out_scored)
+        inp, _ = _broker_times(run, run.topics.input, in_id)
     finally:
         offer.close()
         delete_run_topics(run)
@@ -285,7 +305,7 @@ def bench_latency(
 ) -> dict[str, Any]:
     """Capacity, then latency at each load fraction (see the module docstring).
 
-    Seeds the world's features into Redis first (same prefix as ``settings.redis``).
+    Seeds the features into Redis first (:func:`~pipeline.tools.bench.workload.workload`).
 
     Args:
         settings: the stack, the model and the pipeline's configuration.
@@ -309,13 +329,13 @@ def bench_latency(
 
         bench_latency(settings, loads=[0.5], seconds=20)["loads"][0]["latency_ms"]["p99"]
     """
-    world = seeded_world(settings)
+    load = workload(settings)
     batching = settings.batching
     with bench_checkpoint(settings) as (settings, checkpoint, notes):
         if warmup_events:
-            drain_backlog(settings, checkpoint, world, warmup_events, batching.max_batch_rows)
+            drain_backlog(settings, checkpoint, load, warmup_events, batching.max_batch_rows)
         drained, pipeline = drain_backlog(
-            settings, checkpoint, world, capacity_events, batching.max_batch_rows
+            settings, checkpoint, load, capacity_events, batching.max_batch_rows
         )
         capacity = drained.events_per_s
         report(f"capacity: {capacity:,.0f} events/s draining {capacity_events:,} events")
@@ -330,6 +350,7 @@ def bench_latency(
                 entries.append(run.summary(warmup_s))
                 report(_load_line(entries[-1]))
     cost = pipeline.policy.cost
+    described = describe(pipeline, notes)
     return {
         "capacity_events_per_s": round(capacity, 1),
         "capacity_events": capacity_events,
@@ -342,7 +363,8 @@ def bench_latency(
         },
         "seconds": seconds,
         "model_version": pipeline.scorer.model_version,
-        "pipeline": describe(pipeline, notes),
+        "model": described["model"],
+        "pipeline": described,
         "max_batch_rows": batching.max_batch_rows,
         "max_delay_ms": batching.max_delay_ms,
         "latency_budget_ms": batching.latency_budget_ms,

@@ -1,4 +1,5 @@
-"""``streamrank bench model``: bare forward rows/s of the configured model."""
+"""``streamrank bench model``: bare forward rows/s of the configured model (the built-in one,
+or ``[model.module]``'s on batches of its own input: :mod:`pipeline.tools.bench.workload`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from typing import Any
 
 import torch
 
-from model.features.build import build_model_input
 from model.serving import Scorer
-from model.synthetic import SyntheticWorld
-from pipeline.tools.bench.common import batch_of_rows, time_forward_rows
+from pipeline.tools.bench.common import time_forward_rows
+from pipeline.tools.bench.workload import Workload
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ModelBench:
 
 def bench_model(
     scorer: Scorer,
-    world: SyntheticWorld,
+    load: Workload,
     batch_rows: int,
     seconds: float,
     distinct_batches: int = 16,
@@ -54,7 +54,8 @@ def bench_model(
 
     Args:
         scorer: the model under test.
-        world: where the batches' events come from.
+        load: where the batches come from (the synthetic world, or a configured model's
+            synthesized events and Redis records).
         batch_rows: rows per batch (whole events, at most this many).
         seconds: measuring time of each of the two timings.
         distinct_batches: batches prepared for the first timing.
@@ -64,12 +65,10 @@ def bench_model(
 
     Example::
 
-        bench_model(scorer, build_world(settings), 4096, 5.0).as_dict()
+        bench_model(scorer, WorldWorkload(build_world(settings)), 4096, 5.0).as_dict()
     """
-    inputs = [
-        build_model_input(batch_of_rows(world, scorer.spec, batch_rows, seed=i), scorer.spec)
-        for i in range(distinct_batches)
-    ]
+    model = scorer.spec if scorer.builtin else scorer.layout
+    inputs = [b.model_input for b in load.batches(model, batch_rows, distinct_batches)]
     distinct = time_forward_rows(scorer, inputs, seconds)
     same = time_forward_rows(scorer, inputs[:1], seconds)
     return ModelBench(inputs[0].num_rows, distinct, same, distinct_batches)

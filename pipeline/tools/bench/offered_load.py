@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pickle
@@ -30,7 +31,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.settings.loading import Settings
+from pipeline.settings.loading import Settings, picklable
 
 
 class Pacer:
@@ -161,19 +162,15 @@ def offer_events(plan: OfferPlan, conn: Connection) -> None:
 
 
 def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
-    from model.synthetic import to_event_dicts
-    from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
     from pipeline.connectors.kafka.clients import make_producer, produce
+    from pipeline.tools.bench.event_source import event_records
     from pipeline.tools.consumer_group import wait_for_assignment
-    from pipeline.tools.synthetic_io import build_world
 
     settings, total = plan.settings, plan.events
-    world = build_world(settings)
-    events = world.sample_events(total, np.random.default_rng(plan.seed))
-    records = list(to_event_dicts(events, world))
-    codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    source = event_records(settings, total, plan.seed)  # the world's, or [model.module]'s
+    records = source.records
     producer = make_producer(settings.kafka)
-    keys = [str(r["user_id"]).encode() for r in records]
+    keys = [source.key(r) for r in records]
     times = np.zeros(total, dtype=np.int64)
     conn.send("ready")
     wait_for_assignment(
@@ -187,8 +184,9 @@ def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
     while sent < total:
         burst = min(pacer.next_burst(), total - sent)
         for i in range(sent, sent + burst):
-            times[i] = records[i]["event_time"] = int(time.time() * 1000)
-            produce(producer, topic, codec.encode(records[i]), key=keys[i])
+            times[i] = int(time.time() * 1000)
+            source.stamp(records[i], int(times[i]))
+            produce(producer, topic, source.encode(records[i]), key=keys[i])
         sent += burst
         producer.poll(0)
     seconds = time.monotonic() - first
@@ -196,9 +194,9 @@ def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
     if remaining:
         raise RuntimeError(f"{remaining} events not delivered to {topic}")
     return OfferedEvents(
-        event_ids=[r["event_id"] for r in records],
+        event_ids=[source.event_id(r) for r in records],
         event_time_ms=times,
-        candidates=np.array([len(r["candidate_item_ids"]) for r in records], dtype=np.int64),
+        candidates=np.array([source.candidates(r) for r in records], dtype=np.int64),
         seconds=seconds,
         max_late_ms=pacer.max_late_s * 1000,
     )
@@ -226,7 +224,8 @@ class OfferedLoad:
         finally:
             os.close(send_fd)
         assert process.stdin is not None
-        with process.stdin:
+        with process.stdin:  # the settings of a config file as a plain, picklable Settings
+            plan = dataclasses.replace(plan, settings=picklable(plan.settings))
             process.stdin.write(pickle.dumps(plan))
         return cls(process, Connection(receive_fd, writable=False))
 

@@ -5,7 +5,9 @@ per batch) so the ratios are not skewed by a noisy machine drifting between sepa
 pipeline is the one ``streamrank run`` builds (:mod:`pipeline.tools.bench.served`: the report's
 ``pipeline`` entry says what it ran and what it left out). Each batched run's batches are
 replayed alone afterwards and its CPU is accounted per thread and per process (``replay``,
-``cpu``).
+``cpu``). With ``[model.module]`` the events are synthesized from its schema and its Redis
+records from its layouts (:mod:`pipeline.tools.bench.workload`), and the model is its version
+(or the module untrained: the report's ``pipeline`` says which).
 """
 
 from __future__ import annotations
@@ -17,16 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from model.synthetic import SyntheticWorld
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
-from pipeline.tools.bench.common import BenchTopics, seeded_world
+from pipeline.tools.bench.common import BenchTopics
 from pipeline.tools.bench.cpu_account import CpuAccount
 from pipeline.tools.bench.model import bench_model
 from pipeline.tools.bench.replay import Recording, RecordingScorer, replay
 from pipeline.tools.bench.served import bench_checkpoint, bench_pipeline_of, describe
-from pipeline.tools.synthetic_io import produce_events
+from pipeline.tools.bench.workload import Workload, workload
 
 
 def _median(values: list[float]) -> float:
@@ -89,7 +90,7 @@ class PipelineBench:
 
 def backlog(
     settings: Settings,
-    world: SyntheticWorld,
+    load: Workload,
     events: int,
     max_batch_rows: int,
     topics_of_bench: BenchTopics,
@@ -98,7 +99,7 @@ def backlog(
 
     Args:
         settings: the stack and the pipeline's configuration.
-        world: where the events come from (its features already in Redis).
+        load: where the events come from (its features already in Redis).
         events: the backlog.
         max_batch_rows: ``batching.max_batch_rows`` of the run.
         topics_of_bench: makes the topics (and deletes them when the benchmark ends).
@@ -114,7 +115,7 @@ def backlog(
             "kafka": settings.kafka.model_copy(update={"group_id": f"bench-{tag}"}),
         }
     )
-    produce_events(run_settings, world, events)
+    load.produce(run_settings, events)
     return run_settings
 
 
@@ -137,7 +138,7 @@ def drain(pipeline: ScoringPipeline, events: int) -> RunSummary:
 def drain_backlog(
     settings: Settings,
     checkpoint: Path,
-    world: SyntheticWorld,
+    load: Workload,
     events: int,
     max_batch_rows: int,
 ) -> tuple[RunSummary, ScoringPipeline]:
@@ -148,7 +149,7 @@ def drain_backlog(
     Args:
         settings: the stack and the pipeline's configuration.
         checkpoint: the checkpoint served (:func:`~pipeline.tools.bench.served.bench_checkpoint`).
-        world: where the events come from (its features already in Redis).
+        load: where the events come from (its features already in Redis).
         events: the backlog.
         max_batch_rows: ``batching.max_batch_rows`` of this run.
 
@@ -160,10 +161,10 @@ def drain_backlog(
 
     Example::
 
-        summary, _ = drain_backlog(settings, checkpoint, seeded_world(settings), 5000, 4096)
+        summary, _ = drain_backlog(settings, checkpoint, workload(settings), 5000, 4096)
     """
     with BenchTopics(settings) as topics:
-        run = backlog(settings, world, events, max_batch_rows, topics)
+        run = backlog(settings, load, events, max_batch_rows, topics)
         pipeline = bench_pipeline_of(run, checkpoint)
         return drain(pipeline, events), pipeline
 
@@ -194,7 +195,7 @@ def bench_pipeline(
 ) -> PipelineBench:
     """Interleaved rounds of bare forward / batched pipeline / per-event pipeline.
 
-    Seeds the world's features into Redis first (same prefix as ``settings.redis``). Each
+    Seeds the features into Redis first (:func:`~pipeline.tools.bench.workload.workload`). Each
     end-to-end run is the pipeline ``streamrank run`` builds
     (:mod:`pipeline.tools.bench.served`); the bare forward of a round times that run's own
     scorer on this thread (the one a CPU model's forward runs on in the pipeline), before the
@@ -222,7 +223,7 @@ def bench_pipeline(
 
         bench_pipeline(settings, events=5000, per_event_events=500, rounds=3, model_seconds=3)
     """
-    world = seeded_world(settings)
+    load = workload(settings)
     batch_rows = settings.batching.max_batch_rows
     result = PipelineBench(batch_rows=batch_rows, variant=list(variant_changes))
     with (
@@ -230,11 +231,11 @@ def bench_pipeline(
         BenchTopics(settings, keep_topics) as topics,
     ):
         for r in range(rounds):
-            run = backlog(settings, world, events, batch_rows, topics)
+            run = backlog(settings, load, events, batch_rows, topics)
             pipeline = bench_pipeline_of(run, checkpoint)
             result.pipeline = describe(pipeline, notes)
             scorer = pipeline.scorer
-            bare = bench_model(scorer, world, batch_rows, model_seconds)
+            bare = bench_model(scorer, load, batch_rows, model_seconds)
             result.bare_rows_per_s.append(bare.rows_per_s)
             result.bare_same_batch_rows_per_s.append(bare.same_batch_rows_per_s)
             report(
@@ -260,12 +261,12 @@ def bench_pipeline(
                 f"{alone['pipeline_over_replay']}"
             )
             if variant is not None:
-                run = backlog(variant, world, events, batch_rows, topics)
+                run = backlog(variant, load, events, batch_rows, topics)
                 rows_per_s = drain(bench_pipeline_of(run, checkpoint), events).rows_per_s
                 result.variant_rows_per_s.append(rows_per_s)
                 report(f"round {r + 1}: variant {list(variant_changes)} {rows_per_s:,.0f} rows/s")
             if per_event_events:
-                run = backlog(settings, world, per_event_events, 1, topics)
+                run = backlog(settings, load, per_event_events, 1, topics)
                 rows_per_s = drain(bench_pipeline_of(run, checkpoint), per_event_events).rows_per_s
                 result.per_event_rows_per_s.append(rows_per_s)
                 report(f"round {r + 1}: end-to-end one event per batch {rows_per_s:,.0f} rows/s")

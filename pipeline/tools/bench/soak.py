@@ -30,6 +30,11 @@ report).
 Writes ``soak.json`` (plan, samples, checks), ``soak.png`` (:mod:`~.soak_plot`) and the
 children's logs to ``out_dir``.
 
+With ``[model.module]`` the soak runs the user's model (its version, or the module freshly
+initialised: ``model`` in ``soak.json``), ``streamrank produce`` synthesizes its events from its
+schema, and the audit reads the event ids through its roles
+(:mod:`pipeline.tools.bench.workload`).
+
 Example::
 
     result = bench_soak(settings, SoakPlan(minutes=10, load=0.5), Path("artifacts/soak"))
@@ -50,12 +55,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from model.synthetic import SyntheticWorld
-from pipeline.connectors.avro.reference import (
-    RECOMMENDATION_SCHEMA_FILE,
-    USER_EVENT_SCHEMA_FILE,
-    RecordCodec,
-)
 from pipeline.connectors.kafka.clients import ensure_topics
 from pipeline.settings.loading import Settings
 from pipeline.settings.topics import TopicsSettings
@@ -64,9 +63,10 @@ from pipeline.tools.bench.common import (
     child_env,
     fresh_topics,
     score_backlog,
-    seeded_world,
     streamrank_command,
 )
+from pipeline.tools.bench.event_source import OutputFields, event_id_reader
+from pipeline.tools.bench.served import bench_checkpoint, checkpoint_env, model_identity
 from pipeline.tools.bench.soak_plot import plot_soak
 from pipeline.tools.bench.soak_probe import consumer_lag, topic_event_ids
 from pipeline.tools.bench.soak_sampler import (
@@ -78,7 +78,7 @@ from pipeline.tools.bench.soak_sampler import (
 )
 from pipeline.tools.bench.soak_trace import summarise
 from pipeline.tools.bench.soak_trend import rss_trend
-from pipeline.tools.synthetic_io import produce_events
+from pipeline.tools.bench.workload import Workload, workload
 
 TRACE_FILE = "trace.jsonl"
 
@@ -175,11 +175,14 @@ def evaluate(plan: SoakPlan, rate: float, run: SoakRun) -> dict[str, Any]:
     }
 
 
-def measure_capacity(settings: Settings, world: SyntheticWorld, events: int) -> float:
-    """Events/s of ``streamrank run`` scoring a backlog of ``events`` on fresh topics."""
+def measure_capacity(
+    settings: Settings, load: Workload, events: int, env: dict[str, str] | None = None
+) -> float:
+    """Events/s of ``streamrank run`` scoring a backlog of ``events`` on fresh topics (``env``:
+    more of its environment, e.g. the checkpoint it serves)."""
     topics, tag = fresh_topics(settings)
-    produce_events(settings.model_copy(update={"topics": topics}), world, events)
-    summary = score_backlog(topics, f"soak-capacity-{tag}", idle_s=2.0)[0]
+    load.produce(settings.model_copy(update={"topics": topics}), events)
+    summary = score_backlog(topics, f"soak-capacity-{tag}", idle_s=2.0, env=env)[0]
     if summary["events_out"] < events:
         raise RuntimeError(f"capacity run scored {summary['events_out']} of {events} events")
     return float(summary["events_per_s"])
@@ -211,15 +214,18 @@ def _soak(
     events: int,
     out_dir: Path,
     report: Callable[[str], None],
+    env: dict[str, str],
 ) -> SoakRun:
     """Phases 2 and 3 up to the pipeline's exit (the module docstring), children's output to
-    ``pipeline.log`` / ``producer.log``; ``streamrank run`` writes ``pipeline-summary.json``."""
+    ``pipeline.log`` / ``producer.log``; ``streamrank run`` writes ``pipeline-summary.json``
+    (``env``: more of the children's environment)."""
     topics = settings.topics
     group, port = f"soak-{topics.input}", _free_port()
     metrics_env = {
         "STREAMRANK_METRICS__ENABLED": "true",
         "STREAMRANK_METRICS__HOST": "127.0.0.1",
         "STREAMRANK_METRICS__PORT": str(port),
+        **env,
     }
     summary = out_dir / "pipeline-summary.json"
     summary.unlink(missing_ok=True)
@@ -240,7 +246,8 @@ def _soak(
             sampler = Sampler(settings, group, pipeline.pid, port, first_scrape(pipeline, port))
             report(f"soak: {events} events at {rate:,.1f} events/s for {plan.minutes:g} min")
             produce = ("produce", "--events", str(events), "--rate", f"{rate:.3f}")
-            producer = _start(streamrank_command(*produce), child_env(topics, f"{group}-p"), log)
+            producer_env = child_env(topics, f"{group}-p", **env)
+            producer = _start(streamrank_command(*produce), producer_env, log)
             sampler.others["producer"] = producer.pid
             run.started_at = sampler.started = time.monotonic()
 
@@ -273,13 +280,25 @@ def _soak(
 
 def _audit(settings: Settings, topics: TopicsSettings, run: SoakRun) -> None:
     """Compare the event ids on the input and output topics."""
-    events = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, topics.input)
-    recs = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, topics.output)
-    sent = topic_event_ids(settings.kafka, topics.input, lambda v: events.decode(v)["event_id"])
-    out = topic_event_ids(settings.kafka, topics.output, lambda v: recs.decode(v)["event_id"])
+    recs = OutputFields.of(settings)
+    sent = topic_event_ids(settings.kafka, topics.input, event_id_reader(settings))
+    out = topic_event_ids(
+        settings.kafka, topics.output, lambda v: recs.event_id(recs.codec.decode(v))
+    )
     run.events_on_input = sent.records
     run.missing = len(set(sent.counts) - set(out.counts))
     run.duplicates = out.records - len(out.counts)
+
+
+def _served_version(settings: Settings, checkpoint: Path) -> str:
+    """The model version of ``checkpoint`` (the built-in model's, or a configured module's)."""
+    if settings.model.module is None:
+        from model.store.checkpoint import load_meta
+
+        return load_meta(checkpoint).model_version
+    from model.module.store import load_module_meta
+
+    return load_module_meta(checkpoint).model_version
 
 
 def bench_soak(
@@ -302,23 +321,28 @@ def bench_soak(
         pipeline's run summary and the paths written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    world = seeded_world(settings)
-    capacity = None
-    if plan.rate is None:
-        capacity = measure_capacity(settings, world, plan.capacity_events)
-        report(f"capacity: {capacity:,.0f} events/s")
-    rate = plan.rate or plan.load * (capacity or 0.0)
-    if rate <= 0:
-        raise RuntimeError("the capacity run measured no throughput")
-    events = max(1, round(rate * plan.minutes * 60))
-    topics, _ = fresh_topics(settings)
-    soak_settings = settings.model_copy(update={"topics": topics})
-    ensure_topics(settings.kafka, topics)
-    run = _soak(soak_settings, plan, rate, events, out_dir, report)
-    _audit(soak_settings, topics, run)
+    load = workload(settings)
+    with bench_checkpoint(settings) as (served, checkpoint, notes):
+        env = checkpoint_env(settings, checkpoint, notes)
+        capacity = None
+        if plan.rate is None:
+            capacity = measure_capacity(served, load, plan.capacity_events, env)
+            report(f"capacity: {capacity:,.0f} events/s")
+        rate = plan.rate or plan.load * (capacity or 0.0)
+        if rate <= 0:
+            raise RuntimeError("the capacity run measured no throughput")
+        events = max(1, round(rate * plan.minutes * 60))
+        topics, _ = fresh_topics(settings)
+        soak_settings = served.model_copy(update={"topics": topics})
+        ensure_topics(settings.kafka, topics)
+        run = _soak(soak_settings, plan, rate, events, out_dir, report, env)
+        _audit(soak_settings, topics, run)
+        version = _served_version(served, checkpoint)
     summary_path = out_dir / "pipeline-summary.json"
     result: dict[str, Any] = {
         "plan": asdict(plan),
+        "model": model_identity(settings, version),
+        "notes": notes,
         "capacity_events_per_s": None if capacity is None else round(capacity, 1),
         "rate": round(rate, 3),
         "events": events,

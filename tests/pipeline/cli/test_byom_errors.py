@@ -179,13 +179,38 @@ def test_a_configured_model_retrieval_without_a_module_is_one_line(
     )
 
 
-@pytest.mark.parametrize("command", [["bench", "model"], ["bench", "latency"], ["bench", "codec"]])
+@pytest.mark.parametrize(
+    "command", [["bench", "codec"], ["bench", "quantize"], ["bench", "ranks"], ["bench", "swap"]]
+)
 def test_bench_commands_of_the_built_in_model_refuse_a_configured_one(
     run_cli: CliRunner, tmp_path: Path, command: list[str]
 ) -> None:
     result = run_cli(*command, "-c", str(_config(tmp_path)))
     _assert_one_line_user_error(
-        result, f"{' '.join(command)} measures the built-in model", "bench overhead"
+        result,
+        f"{' '.join(command)} measures the built-in model only",
+        "`bench model / pipeline / overhead / latency / ingest / soak`",
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "model"],
+        ["bench", "pipeline"],
+        ["bench", "overhead"],
+        ["bench", "latency"],
+        ["bench", "ingest"],
+        ["bench", "soak"],
+    ],
+)
+def test_bench_commands_of_a_configured_model_check_it_first_in_one_line(
+    run_cli: CliRunner, tmp_path: Path, command: list[str]
+) -> None:
+    config = _config(tmp_path, ('"torchrec.models.deepfm:SimpleDeepFMNN"', '"team.models:Ranker"'))
+    result = run_cli(*command, "-c", str(config))  # before Kafka or Redis is looked for
+    _assert_one_line_user_error(
+        result, "model.module.factory 'team.models:Ranker': cannot import team.models"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from multiprocessing import Pipe
 
@@ -10,6 +11,8 @@ import pytest
 import torch
 
 from model.features.build import build_model_input
+from model.features.model_input import ModelInput, sparse_features
+from model.module.types import OutputConfig
 from pipeline.ingest.transport import (
     ScoreReply,
     ScoreRequest,
@@ -22,6 +25,7 @@ from pipeline.ingest.transport import (
 )
 from pipeline.stages.features import build_feature_columns
 from tests.pipeline.factories import TINY_SPEC, DefaultsEnricher, columns, user_event
+from tests.pipeline.ingest.configured import LAYOUT, TWO_TASKS, random_input
 
 
 def _model_input(candidates: list[int]):  # type: ignore[no-untyped-def]
@@ -103,3 +107,55 @@ def test_a_reply_to_another_slot_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="unexpected reply"):
         link.score(ScoreRequest(0, 1, 1, (1,)))
     np.testing.assert_equal(ours.recv(), ScoreRequest(0, 1, 1, (1,)))
+
+
+def test_a_configured_models_slot_holds_its_layout_and_every_published_column() -> None:
+    shape = SlotShape.for_model(LAYOUT, TWO_TASKS, max_rows=16)
+    assert (shape.rows, shape.num_keys, shape.dense_dim) == (16, 3, 4)
+    assert shape.values == 16 * (1 + 3 + 1)  # each key's most ids per row
+    assert shape.score_columns == 3  # the ranking score, then click and purchase
+    slot = SharedSlot.allocate(shape)
+    assert slot.scores.shape == (16, 3) and slot.scores.is_shared()
+    inp = random_input(16, seed=1)
+    assert inp.sparse.values().numel() > 16  # several ids per row for some
+
+    read = slot.read(slot.write(inp, index=0), LAYOUT.keys)
+
+    assert torch.equal(read.dense, inp.dense)
+    for key in LAYOUT.keys:
+        mine, theirs = read.sparse[key], inp.sparse[key]
+        assert torch.equal(mine.values(), theirs.values())
+        assert torch.equal(mine.lengths(), theirs.lengths())
+    # without task columns, one score per row as the built-in layout has
+    plain = SlotShape.for_model(LAYOUT, OutputConfig(), max_rows=16)
+    assert plain.score_columns == 1 and SharedSlot.allocate(plain).scores.shape == (16,)
+    assert shape.nbytes == plain.nbytes + 4 * 16 * 2
+
+
+def test_a_weighted_layouts_slot_carries_each_ids_weight() -> None:
+    weighted = dataclasses.replace(LAYOUT, weighted=True)
+    shape = SlotShape.for_layout(weighted, max_rows=16)
+    assert shape.weighted and shape.nbytes == SlotShape.for_layout(LAYOUT, 16).nbytes + 4 * (
+        shape.values
+    )
+    slot = SharedSlot.allocate(shape)
+    assert slot.weights.is_shared() and slot.weights.numel() == shape.values
+    inp = random_input(16, seed=2)
+    sparse = inp.sparse
+    weights = torch.rand(sparse.values().numel(), generator=torch.Generator().manual_seed(3))
+    kjt = sparse_features(
+        weighted.keys, sparse.values(), sparse.lengths(), 16, sparse.length_per_key(), weights
+    )
+
+    read = slot.read(slot.write(ModelInput(inp.dense, kjt), index=0), weighted.keys)
+
+    assert torch.equal(read.sparse.weights(), weights)
+    for key in weighted.keys:
+        assert torch.equal(read.sparse[key].weights(), kjt[key].weights())
+    # a KJT without weights (none of its keys weighted) weighs every id 1.0
+    again = slot.read(slot.write(inp, index=0), weighted.keys)
+    assert torch.equal(again.sparse.weights(), torch.ones(sparse.values().numel()))
+    # an unweighted layout's slot carries none
+    assert SharedSlot.allocate(SlotShape.for_layout(LAYOUT, 16)).weights.numel() == 0
+    plain = SharedSlot.allocate(SlotShape.for_layout(LAYOUT, 16))
+    assert plain.read(plain.write(inp, 0), LAYOUT.keys).sparse.weights_or_none() is None

@@ -10,6 +10,10 @@ from multiprocessing import Pipe
 
 import numpy as np
 
+from model.features.layout import InputLayout
+from model.features.spec import FeatureSpec
+from model.module.output import DEFAULT_OUTPUT
+from model.module.types import OutputConfig
 from model.rank import RankContext
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.transport import (
@@ -63,13 +67,25 @@ class ThreadProcess:
 
 class ThreadWorkers(IngestWorkers):
     """:class:`IngestWorkers` whose workers are threads running ``body(index, scorer)`` with a
-    :class:`RemoteScorer` of their own, after the start barrier; then they send a summary."""
+    :class:`RemoteScorer` of their own, after the start barrier; then they send a summary.
+    The served model is the tiny built-in one unless ``inputs`` (a configured module's layout)
+    and ``output`` say otherwise."""
 
-    def __init__(self, count: int, body: WorkerBody, max_rows: int = 256) -> None:
+    def __init__(
+        self,
+        count: int,
+        body: WorkerBody,
+        max_rows: int = 256,
+        inputs: FeatureSpec | InputLayout = TINY_SPEC,
+        output: OutputConfig = DEFAULT_OUTPUT,
+        version: str = "tiny-1",
+    ) -> None:
         settings = Settings(batching=BatchingSettings(ingest_workers=count))
-        super().__init__(settings, RankContext(), TINY_SPEC, "tiny-1", target=lambda a: None)
+        super().__init__(
+            settings, RankContext(), inputs, version, target=lambda a: None, output=output
+        )
         self._body = body
-        self._shape = SlotShape.for_spec(TINY_SPEC, max_rows)
+        self._shape = SlotShape.for_model(inputs, output, max_rows)
 
     def start(self) -> None:
         count = self.settings.batching.ingest_workers
@@ -86,7 +102,8 @@ class ThreadWorkers(IngestWorkers):
             link = WorkerLink(conn)
             try:
                 link.wait_for_start()
-                self._body(index, RemoteScorer(link, slots, TINY_SPEC, "tiny-1"))
+                remote = RemoteScorer(link, slots, self.inputs, self.model_version, self.output)
+                self._body(index, remote)
                 link.send(
                     WorkerDone(
                         summary={

@@ -75,3 +75,37 @@ def test_cpu_reports_give_no_gpu_figures_and_nothing_is_guessed() -> None:
 def test_an_unknown_report_is_refused() -> None:
     with pytest.raises(ValueError, match="not a report of bench"):
         capacity_plan([("x.json", {"rows": 1})], CapacityTarget())
+
+
+def _of(model: str, factory: str, version: str) -> dict[str, Any]:
+    weights = "untrained" if version == "untrained" else "trained"
+    return {"model": model, "factory": factory, "model_version": version, "weights": weights}
+
+
+DEEPFM = "torchrec.models.deepfm:SimpleDeepFMNN"
+
+
+def test_a_configured_models_reports_plan_for_that_model_and_say_so() -> None:
+    model = {**H200, "model": _of("configured", DEEPFM, "v3")}
+    latency = {**LATENCY, "pipeline": {**LATENCY["pipeline"], "model": model["model"]}}
+    # bench overhead serves the module untrained: the same model's host work.
+    overhead = {**OVERHEAD, "pipeline": {"model": _of("configured", DEEPFM, "untrained")}}
+    named = [("overhead.json", overhead), ("model.json", model), ("latency.json", latency)]
+    plan = capacity_plan(named, CapacityTarget())
+    assert plan.as_dict()["models"]["model.json"] == model["model"]
+    assert plan.value("gpus") == 8  # the figures are the reports' as before
+    text = render(plan).splitlines()
+    assert text[1] == (f"model: {DEEPFM} (overhead.json untrained, model.json v3, latency.json v3)")
+
+
+def test_reports_of_different_models_are_refused_and_old_reports_said_unrecorded() -> None:
+    builtin = {**H200, "model": _of("built-in", "model.ranker:ranker_from_collection", "v1")}
+    configured = {**OVERHEAD, "pipeline": {"model": _of("configured", DEEPFM, "v3")}}
+    with pytest.raises(
+        ValueError, match=r"different models \(o\.json: torchrec.*, m\.json: model\.ranker:"
+    ):
+        capacity_plan([("o.json", configured), ("m.json", builtin)], CapacityTarget())
+    text = render(capacity_plan([("o.json", configured), ("m.json", H200)], CapacityTarget()))
+    assert f"model: {DEEPFM} (o.json v3; not recorded in m.json)" in text.splitlines()
+    text = render(capacity_plan([("m.json", H200)], CapacityTarget()))
+    assert "model: not recorded in the reports" in text.splitlines()
