@@ -19,17 +19,14 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli import (  # noqa: F401
+from pipeline.cli import (
     bench,
-    bench_load,
     capacity,
     data,
     model,
     report,
     run,
 )
-
-# (bench_load adds its commands to bench.bench_app when imported)
 from pipeline.cli.common import CliState
 from pipeline.cli.errors import as_user_error, one_line
 from pipeline.cli.logs import LOG_FORMAT_ENV, LogFormat, active_format, configure_logging

@@ -1,11 +1,12 @@
 """The shape of the code, checked against docs/architecture.md: every import between folders
 goes the way the page's table allows; stages import no other stage; nothing calls back into the
-loop; no test hook in the serving packages; modules stay small."""
+loop; no test hook in the serving packages; no import cycle."""
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -242,11 +243,67 @@ def test_rank_variables_are_read_in_one_place() -> None:
     assert sorted(readers) == ["model/distributed/process_group.py", "model/rank.py"]
 
 
-def test_no_module_over_400_lines() -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for package in SERVING
-        for p in package.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > 400
+def _module_file(name: str) -> Path | None:
+    """The file that ``import name`` (or ``from a.b import name``) runs last: a module's file, a
+    package's ``__init__.py``, or ``None`` outside our packages."""
+    path = _path_of(name)
+    if path is None:
+        return None
+    return ROOT / (path + "__init__.py" if path.endswith("/") else path)
+
+
+def import_cycles() -> list[list[str]]:
+    """The strongly connected groups of two or more modules in the graph of every import of ours
+    (module level, in functions, under ``TYPE_CHECKING``): each one is an import cycle."""
+    graph = {
+        path: {
+            f for name in _imported_modules(path) if (f := _module_file(name)) not in (None, path)
+        }
+        for path in SOURCE_FILES
     }
-    assert not long
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: Path) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while (member := stack.pop()) != node:
+                group.append(member)
+            group.append(node)
+            if len(group) > 1:
+                cycles.append(sorted(_relative(p) for p in group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    assert not import_cycles()
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("from pipeline.types import Batch\n")
+    second.write_text("from pipeline.types import Batch\n")
+    files = {"pipeline.first": first, "pipeline.second": second}
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "_imported_modules",
+        lambda path: {"pipeline.second"} if path == first else {"pipeline.first"},
+    )
+    monkeypatch.setattr(sys.modules[__name__], "_module_file", files.get)
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE_FILES", [first, second])
+    monkeypatch.setattr(sys.modules[__name__], "_relative", lambda path: path.name)
+    assert import_cycles() == [["first.py", "second.py"]]

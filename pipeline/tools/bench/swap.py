@@ -53,7 +53,7 @@ from pipeline.connectors.avro.rules import epoch_millis
 from pipeline.connectors.kafka.clients import ensure_topics
 from pipeline.settings.loading import Settings
 from pipeline.tools.bench.common import child_env, fresh_topics, seeded_world, streamrank_command
-from pipeline.tools.bench.soak_probe import topic_messages
+from pipeline.tools.bench.soak.probe import topic_messages
 from pipeline.tools.synthetic_io import produce_events
 
 START_TIMEOUT_S = 300.0

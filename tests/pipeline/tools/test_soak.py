@@ -11,10 +11,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from pipeline.observability.metrics import Metrics
-from pipeline.tools.bench import soak_plot
-from pipeline.tools.bench.soak import Sample, SoakPlan, SoakRun, evaluate
-from pipeline.tools.bench.soak_plot import plot_soak
-from pipeline.tools.bench.soak_probe import MetricsScrape, bucket_quantile, window_quantile
+from pipeline.tools.bench.soak import plot as soak_plot
+from pipeline.tools.bench.soak.plan import SoakPlan, SoakRun, evaluate
+from pipeline.tools.bench.soak.plot import plot_soak
+from pipeline.tools.bench.soak.probe import MetricsScrape, bucket_quantile, window_quantile
+from pipeline.tools.bench.soak.sampler import Sample
 from tests.pipeline.tools.bench_cli import assert_one_line_user_error
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.tools.bench.soak_sampler import Sample, spike_windows
-from pipeline.tools.bench.soak_trace import summarise
+from pipeline.tools.bench.soak.sampler import Sample, spike_windows
+from pipeline.tools.bench.soak.trace import summarise
 from tests.conftest import REPO_ROOT
 
 MIB = 2**20
@@ -70,7 +70,7 @@ def test_the_trace_summary_lists_slow_collections_and_rss_steps(tmp_path: Path) 
 def test_the_tracer_runs_a_streamrank_command_in_its_process(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.tools.bench.soak_trace", str(trace), "--version"],
+        [sys.executable, "-m", "pipeline.tools.bench.soak.trace", str(trace), "--version"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -86,7 +86,7 @@ def test_the_tracer_runs_a_streamrank_command_in_its_process(tmp_path: Path) -> 
 
 
 def test_the_largest_batch_of_a_window_is_read_from_the_histogram() -> None:
-    from pipeline.tools.bench.soak_probe import MetricsScrape, window_max_bound
+    from pipeline.tools.bench.soak.probe import MetricsScrape, window_max_bound
 
     earlier = MetricsScrape(batch_rows_buckets=((256.0, 5.0), (1024.0, 9.0), (float("inf"), 9.0)))
     later = MetricsScrape(batch_rows_buckets=((256.0, 8.0), (1024.0, 14.0), (float("inf"), 14.0)))

@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.settings.loading import Settings
 from pipeline.tools.bench.cpu_account import process_cpu_s, stack_pids, thread_cpu_s
-from pipeline.tools.bench.soak_probe import (
+from pipeline.tools.bench.soak.probe import (
     MetricsScrape,
     consumer_lag,
     rss_bytes,

@@ -18,10 +18,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pipeline.tools.bench.soak_trend import MIB, rss_trend
+from pipeline.tools.bench.soak.trend import MIB, rss_trend
 
 if TYPE_CHECKING:
-    from pipeline.tools.bench.soak import Sample, SoakPlan
+    from pipeline.tools.bench.soak.plan import SoakPlan
+    from pipeline.tools.bench.soak.sampler import Sample
 
 
 def plot_soak(

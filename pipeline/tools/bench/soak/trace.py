@@ -1,7 +1,7 @@
 """``bench soak --trace``: what the pipeline process does with memory and the garbage collector,
 recorded from inside it by a wrapper (the serving code knows nothing of it).
 
-``python -m pipeline.tools.bench.soak_trace TRACE_FILE run ARGS...`` runs ``python -m
+``python -m pipeline.tools.bench.soak.trace TRACE_FILE run ARGS...`` runs ``python -m
 pipeline.cli run ARGS...`` in this process after installing:
 
 - a ``gc.callbacks`` hook: every collection of generation 1 or 2, and any that took at least
@@ -17,7 +17,7 @@ neither, pages of an existing mapping touched for the first time, e.g. a preallo
 
 Example::
 
-    python -m pipeline.tools.bench.soak_trace artifacts/soak/trace.jsonl run --summary-json s.json
+    python -m pipeline.tools.bench.soak.trace artifacts/soak/trace.jsonl run --summary-json s.json
 """
 
 from __future__ import annotations
