@@ -60,6 +60,8 @@ class FieldColumns:
         raw_present: uint8[n, W] 1 where the raw field is not null.
         raw_bytes: uint8[raw_counts.sum()], entity-major, an entity's raw fields one after
             another.
+        list_weights: float32[len(list_ids)], each list id's weight (a weighted key's list);
+            ``None``: every weight is 1.0.
 
     Example::
 
@@ -78,6 +80,7 @@ class FieldColumns:
         default_factory=lambda: np.zeros((0, 0), dtype=np.uint8)
     )
     raw_bytes: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    list_weights: npt.NDArray[np.float32] | None = None
 
     def __post_init__(self) -> None:
         if len(self.raw_counts) != len(self.ints):  # no raw fields given: none
@@ -125,27 +128,39 @@ class FieldColumns:
             self.raw_counts[start:stop],
             self.raw_present[start:stop],
             self.raw_bytes[raw_first:raw_last],
+            list_weights=None if self.list_weights is None else self.list_weights[first:last],
         )
 
     def take(self, order: Int64Array) -> FieldColumns:
         """Entities ``order``, in that order."""
         per_entity = self.list_counts.sum(axis=1)
+        segments = take_segments(per_entity, order)
         return FieldColumns(
             self.ints[order],
             self.floats[order],
             self.list_counts[order],
-            self.list_ids[take_segments(per_entity, order)],
+            self.list_ids[segments],
             self.int_present[order],
             self.list_present[order],
             self.raw_counts[order],
             self.raw_present[order],
             self.raw_bytes[take_segments(self.raw_counts.sum(axis=1), order)],
+            list_weights=None if self.list_weights is None else self.list_weights[segments],
         )
+
+    def weights(self) -> npt.NDArray[np.float32]:
+        """:attr:`list_weights`, or 1.0 for every list id when there are none."""
+        if self.list_weights is None:
+            return np.ones(len(self.list_ids), dtype=np.float32)
+        return self.list_weights
 
     @classmethod
     def concat(cls, parts: list[FieldColumns]) -> FieldColumns:
         """The entities of ``parts`` one after the other."""
-        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
+        joined = cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELD_ARRAYS))
+        if any(p.list_weights is not None for p in parts):
+            joined.list_weights = np.concatenate([p.weights() for p in parts])
+        return joined
 
 
 _FIELD_ARRAYS = (

@@ -33,8 +33,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from model.distributed.checkpoint import (
@@ -67,69 +68,28 @@ if TYPE_CHECKING:
         shard_ranker,
     )
 
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "DCP_INDEX_FILE",
-            "WEIGHTS_FORMAT_DCP",
-            "checkpoint_format",
-            "export_unsharded",
-            "load_ranker",
-            "load_sharded",
-            "save_sharded",
-        ),
-        "checkpoint",
+EXPORTS: dict[str, tuple[str, ...]] = {
+    "checkpoint": (
+        "DCP_INDEX_FILE",
+        "WEIGHTS_FORMAT_DCP",
+        "checkpoint_format",
+        "export_unsharded",
+        "load_ranker",
+        "load_sharded",
+        "save_sharded",
     ),
-    **dict.fromkeys(
-        ("Balance", "ComputeKernel", "ShardingConfig", "ShardingKind", "TableShardingConfig"),
-        "config",
+    "config": (
+        "Balance",
+        "ComputeKernel",
+        "ShardingConfig",
+        "ShardingKind",
+        "TableShardingConfig",
     ),
-    **dict.fromkeys(("EBC_MODULE_PATH", "plan_sharding"), "planner"),
-    **dict.fromkeys(("default_backend", "join_process_group", "local_world_size"), "process_group"),
-    **dict.fromkeys(("PlanReport", "RankBytes", "TablePlacement", "describe_plan"), "report"),
-    **dict.fromkeys(
-        ("load_unsharded_state_dict", "make_sharder", "shard_module", "shard_ranker"), "runtime"
-    ),
+    "planner": ("EBC_MODULE_PATH", "plan_sharding"),
+    "process_group": ("default_backend", "join_process_group", "local_world_size"),
+    "report": ("PlanReport", "RankBytes", "TablePlacement", "describe_plan"),
+    "runtime": ("load_unsharded_state_dict", "make_sharder", "shard_module", "shard_ranker"),
 }
+"""For each submodule, the names the package re-exports from it."""
 
-__all__ = [
-    "DCP_INDEX_FILE",
-    "EBC_MODULE_PATH",
-    "WEIGHTS_FORMAT_DCP",
-    "Balance",
-    "ComputeKernel",
-    "PlanReport",
-    "RankBytes",
-    "ShardingConfig",
-    "ShardingKind",
-    "TablePlacement",
-    "TableShardingConfig",
-    "checkpoint_format",
-    "default_backend",
-    "describe_plan",
-    "export_unsharded",
-    "join_process_group",
-    "load_ranker",
-    "load_sharded",
-    "load_unsharded_state_dict",
-    "local_world_size",
-    "make_sharder",
-    "plan_sharding",
-    "save_sharded",
-    "shard_module",
-    "shard_ranker",
-]
-
-
-def __getattr__(name: str) -> Any:
-    """Import the submodule that defines ``name`` on first use (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

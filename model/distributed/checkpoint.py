@@ -49,16 +49,6 @@ from model.store.checkpoint import (
 from model.store.dcp_reader import load_dcp, single_process_ok
 from model.store.version_info import DCP_INDEX_FILE
 
-__all__ = [
-    "DCP_INDEX_FILE",
-    "WEIGHTS_FORMAT_DCP",
-    "checkpoint_format",
-    "export_unsharded",
-    "load_ranker",
-    "load_sharded",
-    "save_sharded",
-]
-
 #: ``meta.json``'s ``weights_format`` of a sharded checkpoint.
 WEIGHTS_FORMAT_DCP = "dcp"
 

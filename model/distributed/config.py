@@ -16,6 +16,7 @@ from typing import Protocol
 from model.features.spec import FeatureSpec
 
 __all__ = [
+    "SEQUENCE_SHARDING",
     "Balance",
     "ComputeKernel",
     "ShardingConfig",
@@ -56,6 +57,15 @@ class ShardingKind(enum.StrEnum):
     DATA_PARALLEL = "data_parallel"
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
+
+
+SEQUENCE_SHARDING = frozenset(
+    {ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.ROW_WISE}
+)
+"""How a sequence table (``EmbeddingCollection``) may be sharded here: its sharder offers
+data-parallel too, but TorchRec 1.8's data-parallel ``EmbeddingCollection`` fails on a KJT
+that holds other keys (``construct_jagged_tensors``: split sizes), and it offers no
+table-row-wise or table-column-wise."""
 
 
 @dataclass(frozen=True)

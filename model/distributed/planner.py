@@ -16,6 +16,11 @@ planner's perf-model placement ignores memory balance (default spec, 2 ranks: 75
 on rank 0, against 50% when balancing bytes). With ``balance="split"`` (the default) they are
 placed last, by :func:`model.distributed.balance.split_placement`, around the load of the
 others: bytes and lookup work balanced, tables larger than their share split over all ranks.
+
+Sequence tables (an ``EmbeddingCollection``'s) are always placed by hand, with the
+``EmbeddingCollectionSharder``: table-wise, column-wise or row-wise (fused), which all serve
+on gloo; data-parallel ones fail in TorchRec 1.8 when the KJT holds other keys, and the
+table-row/column kinds are not offered (:data:`~model.distributed.config.SEQUENCE_SHARDING`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import cast
 
+import torch
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import (
@@ -43,10 +49,11 @@ from torchrec.distributed.types import (
     ShardingPlan,
     ShardingType,
 )
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from model.distributed.balance import split_kind, split_placement
 from model.distributed.config import (
+    SEQUENCE_SHARDING,
     Balance,
     ComputeKernel,
     ShardingConfig,
@@ -54,9 +61,9 @@ from model.distributed.config import (
     TableShardingConfig,
 )
 from model.distributed.cost import FP32_BYTES, Tables, as_tables, shard_loads
-from model.distributed.runtime import make_sharder, sharders
+from model.distributed.runtime import make_sequence_sharder, make_sharder, sharders
 from model.features.spec import BUILTIN_COLLECTION_PATH
-from model.module.factory import embedding_bag_configs
+from model.module.factory import embedding_bag_configs, embedding_configs
 from model.module.types import TableConfig
 
 __all__ = ["EBC_MODULE_PATH", "FP32_BYTES", "plan_sharding"]
@@ -182,6 +189,11 @@ def plan_sharding(
     for name, tc in table_cfg.items():
         if tc.ranks is not None and max(tc.ranks) >= world_size:
             raise ValueError(f"table {name}: ranks {tc.ranks} outside world_size {world_size}")
+        if by_name[name].sequence and tc.sharding_type not in SEQUENCE_SHARDING:
+            raise ValueError(
+                f"sequence table {name} cannot be {tc.sharding_type.value}: an "
+                "EmbeddingCollection shards table_wise, column_wise or row_wise here"
+            )
     offers = _PLANNER_OFFERS[device_type]
     auto = [
         n
@@ -194,6 +206,7 @@ def plan_sharding(
         n
         for n, tc in table_cfg.items()
         if tc.ranks is None
+        and not by_name[n].sequence  # the planner is given the pooled collection only
         and n not in auto
         and (tc.sharding_type, tc.kernel) in offers
         and not (cfg.balance is Balance.BYTES and tc.sharding_type is ShardingKind.TABLE_WISE)
@@ -208,12 +221,14 @@ def plan_sharding(
         )
     load = [0] * world_size
     work = [0.0] * world_size
-    meta_ebc = EmbeddingBagCollection(
-        tables=embedding_bag_configs([t for t in tables if t.name not in planned]),
-        device="meta",
-    )
-    sharder = make_sharder()
-    params = sharder.shardable_parameters(meta_ebc)
+    by_hand_tables = [t for t in tables if t.name not in planned]
+    meta_ebc = EmbeddingBagCollection(tables=embedding_bag_configs(by_hand_tables), device="meta")
+    bag_sharder, sequence_sharder = make_sharder(), make_sequence_sharder()
+    params = bag_sharder.shardable_parameters(meta_ebc)
+    sequence = embedding_configs(by_hand_tables)
+    if sequence:
+        meta_ec = EmbeddingCollection(tables=sequence, device=torch.device("meta"))
+        params.update(sequence_sharder.shardable_parameters(meta_ec))
 
     def account(name: str, ps: ParameterSharding) -> None:
         result[name] = ps
@@ -222,7 +237,8 @@ def plan_sharding(
             work[shard.rank] += shard.work
 
     def place(name: str, gen: ParameterShardingGenerator) -> None:
-        module_sharder = cast(ModuleSharder[nn.Module], sharder)
+        chosen = sequence_sharder if by_name[name].sequence else bag_sharder
+        module_sharder = cast(ModuleSharder[nn.Module], chosen)
         account(name, gen(params[name], local_size, world_size, device_type, module_sharder))
 
     for name, ps in list(result.items()):

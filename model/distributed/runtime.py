@@ -22,6 +22,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import (
@@ -37,6 +38,7 @@ from model.serving.memory import embedding_bytes
 
 __all__ = [
     "load_unsharded_state_dict",
+    "make_sequence_sharder",
     "make_sharder",
     "shard_module",
     "shard_ranker",
@@ -59,16 +61,27 @@ def make_sharder(fused_params: dict[str, Any] | None = None) -> EmbeddingBagColl
     return EmbeddingBagCollectionSharder(fused_params=fused_params)
 
 
+def make_sequence_sharder(
+    fused_params: dict[str, Any] | None = None,
+) -> EmbeddingCollectionSharder:
+    """The ``EmbeddingCollection`` sharder (sequence tables), as :func:`make_sharder`."""
+    return EmbeddingCollectionSharder(fused_params=fused_params)
+
+
 def sharders(fused_params: dict[str, Any] | None = None) -> list[ModuleSharder[nn.Module]]:
-    """The sharders ``DistributedModelParallel`` and the planner take (:func:`make_sharder`).
+    """The sharders ``DistributedModelParallel`` and the planner take: pooled tables
+    (:func:`make_sharder`) and sequence tables (:func:`make_sequence_sharder`).
 
     Args:
         fused_params: see :func:`make_sharder`.
 
     Returns:
-        ``[make_sharder(fused_params)]``.
+        ``[make_sharder(fused_params), make_sequence_sharder(fused_params)]``.
     """
-    return [cast(ModuleSharder[nn.Module], make_sharder(fused_params))]
+    return [
+        cast(ModuleSharder[nn.Module], make_sharder(fused_params)),
+        cast(ModuleSharder[nn.Module], make_sequence_sharder(fused_params)),
+    ]
 
 
 def shard_ranker(

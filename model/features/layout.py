@@ -21,17 +21,20 @@ __all__ = ["InputLayout"]
 
 @dataclass(frozen=True)
 class InputLayout:
-    """Keys, dense width and the most ids a row carries per key.
+    """Keys, dense width, the most ids a row carries per key, and whether ids carry weights.
 
     Attributes:
         keys: the KJT's keys, in layout order.
         dense_dim: width of the dense input.
         ids_per_key: the most ids one row carries per key (1 for a single-valued feature).
+        weighted: the KJT carries a weight per id (a weighted ``EmbeddingBagCollection``
+            reads them; 1.0 where a key has none).
     """
 
     keys: tuple[str, ...]
     dense_dim: int
     ids_per_key: tuple[int, ...]
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(self.keys))

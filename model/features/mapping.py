@@ -15,7 +15,8 @@ stages:
 
 A field lives in one of the stores of its columns: ``ints`` (one id; a string's 64-bit hash),
 ``floats`` (numbers; a vector spans ``width`` columns), ``lists`` (id lists, and nullable single
-ids: null is an absent list); an event field an output schema carries through (``[output]``'s
+ids: null is an absent list; a list of a weighted key carries its weights beside its ids, 1.0
+where a list has none); an event field an output schema carries through (``[output]``'s
 ``echo``) also in ``raw`` (its Avro bytes). Where a value can be absent (a null event field, a
 Redis record or field that is missing or malformed), the columns say so (``int_present`` /
 ``list_present``, NaN floats) and each key's :class:`Missing` policy says what the model
@@ -121,6 +122,7 @@ class FieldKind(enum.StrEnum):
     FLOAT = "float"
     INT_LIST = "int_list"
     STRING_LIST = "str_list"
+    FLOAT_LIST = "float_list"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,9 @@ class RecordKind(enum.StrEnum):
     VECTOR = "vector"
     ID = "id"
     ID_LIST = "id_list"
+    WEIGHTS = "weights"
+    """The weights of an id list of the same record (``weights:<id_list field>``), float32
+    little-endian, one per id: kept in the float columns, ``width`` (the list's cap) wide."""
 
 
 @dataclass(frozen=True)
@@ -181,12 +186,17 @@ class EventField:
         store: ``ints``, ``floats`` or ``lists``.
         column: its column in that store.
         max_ids: lists: ids kept per event (the first ones).
+        weights: lists: a float array of the same length, the ids' weights (a weighted key's
+            ``weights``); ``None``: the list's weights are 1.0.
+        key: the weighted key the weights are for (named in a dead letter's detail).
     """
 
     field: SchemaField
     store: Store
     column: int
     max_ids: int = 1
+    weights: SchemaField | None = None
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -195,15 +205,18 @@ class RecordField:
 
     Attributes:
         name: its name (a hash field; the packed layout's position).
-        kind: vector, id or id list.
-        width: the vector's length, or the list's cap (1 for an id).
-        column: ints column (id), first floats column (vector) or list index (id list).
+        kind: vector, id, id list, or an id list's weights.
+        width: the vector's length, or the list's cap (1 for an id; weights: their list's).
+        column: ints column (id), first floats column (vector, weights) or list index (id
+            list).
+        pairs: weights: the list index of the id list they weigh (-1 for other kinds).
     """
 
     name: str
     kind: RecordKind
     width: int
     column: int
+    pairs: int = -1
 
 
 @dataclass(frozen=True)
@@ -221,9 +234,19 @@ class RecordLayout:
     fields: tuple[RecordField, ...]
 
     def count(self, kind: RecordKind) -> int:
-        """How many ints (ids), floats (vector values) or lists (id lists) a record holds."""
-        chosen = [f for f in self.fields if f.kind is kind]
-        return sum(f.width for f in chosen) if kind is RecordKind.VECTOR else len(chosen)
+        """How many ints (ids), lists (id lists) or weight lists a record holds, or for
+        ``VECTOR`` how many float columns (vector values and weights, which share them)."""
+        if kind is RecordKind.VECTOR:
+            floats = (RecordKind.VECTOR, RecordKind.WEIGHTS)
+            return sum(f.width for f in self.fields if f.kind in floats)
+        return sum(1 for f in self.fields if f.kind is kind)
+
+    def weights_of(self, list_index: int) -> RecordField | None:
+        """The weights field of id list ``list_index`` (``None``: it has none)."""
+        return next(
+            (f for f in self.fields if f.kind is RecordKind.WEIGHTS and f.pairs == list_index),
+            None,
+        )
 
     @property
     def list_caps(self) -> tuple[int, ...]:
@@ -256,6 +279,8 @@ class SparseKey:
         missing: what a missing value gives (:class:`Missing`).
         missing_row: with ``missing = row``: the row it looks up.
         missing_id: with ``missing = id``: the raw id it stands for (a string's 64-bit id).
+        weighted: its list carries weights (``weights``: an event array, or a Redis
+            ``weights`` field); else each id weighs 1.0 (when the KJT carries weights).
     """
 
     key: str
@@ -271,6 +296,7 @@ class SparseKey:
     missing: Missing = Missing.EMPTY
     missing_row: int = 0
     missing_id: int = 0
+    weighted: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,6 +352,8 @@ class FeatureMap:
         user / item: the Redis layouts (``None``: nothing read for that side).
         sparse: one entry per KJT key, in key order.
         dense: the dense parts, in order.
+        weighted: the KJT carries a weight per id (the module's pooled collection is
+            weighted): a weighted key's from its list, 1.0 for every other id.
     """
 
     schema: Any
@@ -336,6 +364,7 @@ class FeatureMap:
     item: RecordLayout | None
     sparse: tuple[SparseKey, ...]
     dense: tuple[DensePart, ...]
+    weighted: bool = False
 
     def event_count(self, store: Store) -> int:
         """Columns of the event's ``store`` (ints, floats, lists or raw)."""
@@ -343,9 +372,10 @@ class FeatureMap:
 
     @property
     def layout(self) -> InputLayout:
-        """The model input: keys in order, dense width, most ids per row per key."""
+        """The model input: keys in order, dense width, most ids per row per key, weights."""
         return InputLayout(
             tuple(k.key for k in self.sparse),
             sum(p.width for p in self.dense),
             tuple(k.max_ids for k in self.sparse),
+            self.weighted,
         )

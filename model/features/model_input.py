@@ -37,6 +37,7 @@ def sparse_features(
     lengths: torch.Tensor,
     stride: int,
     length_per_key: Sequence[int] | None = None,
+    weights: torch.Tensor | None = None,
 ) -> KeyedJaggedTensor:
     """A fresh KJT with no cached device state.
 
@@ -46,6 +47,8 @@ def sparse_features(
         lengths: bag length of every (key, row), key-major (``len(keys) * stride``).
         stride: rows per key.
         length_per_key: values per key when known on the host (no device read needed later).
+        weights: float32, one per value (a weighted ``EmbeddingBagCollection`` reads them);
+            ``None``: no weights.
 
     Returns:
         The KJT.
@@ -58,6 +61,7 @@ def sparse_features(
     return KeyedJaggedTensor(
         keys=list(keys),
         values=values,
+        weights=weights,
         lengths=lengths,
         stride=stride,
         length_per_key=per_key,
@@ -103,6 +107,7 @@ class ModelInput:
         """
         dev = torch.device(device)
         sparse = self.sparse
+        weights = sparse.weights_or_none()
         return ModelInput(
             dense=self.dense.to(dev, non_blocking=non_blocking),
             sparse=sparse_features(
@@ -111,12 +116,14 @@ class ModelInput:
                 sparse.lengths().to(dev, non_blocking=non_blocking),
                 sparse.stride(),
                 sparse.length_per_key_or_none(),
+                None if weights is None else weights.to(dev, non_blocking=non_blocking),
             ),
         )
 
     def pin_memory(self) -> ModelInput:
         """A copy in page-locked host memory (needs CUDA), for asynchronous copies to a GPU."""
         sparse = self.sparse
+        weights = sparse.weights_or_none()
         return ModelInput(
             dense=self.dense.pin_memory(),
             sparse=sparse_features(
@@ -125,6 +132,7 @@ class ModelInput:
                 sparse.lengths().pin_memory(),
                 sparse.stride(),
                 sparse.length_per_key_or_none(),
+                None if weights is None else weights.pin_memory(),
             ),
         )
 
@@ -132,8 +140,12 @@ class ModelInput:
         """Every tensor reachable from this input, the KJT's per-key views included."""
         sparse = self.sparse
         out = [self.dense, sparse.values(), sparse.lengths(), sparse.offsets()]
+        weights = sparse.weights_or_none()
+        out += [] if weights is None else [weights]
         for jagged in sparse.to_dict().values():
             out += [jagged.values(), jagged.lengths(), jagged.offsets()]
+            jagged_weights = jagged.weights_or_none()
+            out += [] if jagged_weights is None else [jagged_weights]
         return out
 
 
@@ -170,7 +182,12 @@ def pad_model_input(inp: ModelInput, num_rows: int) -> ModelInput:
     lengths = inp.sparse.lengths().view(len(keys), have)
     lengths = torch.cat([lengths, lengths.new_zeros((len(keys), pad))], dim=1).reshape(-1)
     sparse = sparse_features(
-        keys, inp.sparse.values(), lengths, num_rows, inp.sparse.length_per_key_or_none()
+        keys,
+        inp.sparse.values(),
+        lengths,
+        num_rows,
+        inp.sparse.length_per_key_or_none(),
+        inp.sparse.weights_or_none(),  # padding rows add no values, so no weights
     )
     return ModelInput(dense=dense, sparse=sparse)
 
@@ -202,6 +219,7 @@ def padding_input(
         torch.zeros(len(keys) * rows, dtype=torch.int64, device=device),
         rows,
         [0] * len(keys),
+        torch.empty(0, device=device) if layout.weighted else None,
     )
     return ModelInput(dense=torch.zeros((rows, layout.dense_dim), device=device), sparse=sparse)
 
@@ -222,6 +240,11 @@ def warm_up_input(model: FeatureSpec | InputLayout, rows: int) -> ModelInput:
     lengths = torch.tensor(per_row, dtype=torch.int64).repeat_interleave(rows)
     total = [rows * n for n in per_row]
     sparse = sparse_features(
-        layout.keys, torch.zeros(sum(total), dtype=torch.int64), lengths, rows, total
+        layout.keys,
+        torch.zeros(sum(total), dtype=torch.int64),
+        lengths,
+        rows,
+        total,
+        torch.ones(sum(total)) if layout.weighted else None,
     )
     return ModelInput(dense=torch.zeros((rows, layout.dense_dim)), sparse=sparse)

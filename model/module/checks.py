@@ -1,14 +1,17 @@
 """What a built module holds, and whether it takes the configured input: checked at start-up.
 
-The contract serves modules whose embeddings are pooled ``EmbeddingBagCollection`` s (sum or
-mean over each bag of ids); other TorchRec embedding modules are refused in one line:
+The contract serves modules whose embeddings are
 
-- ``EmbeddingCollection`` (sequence embeddings, one vector per id): the pipeline builds one bag
-  per row and key, not sequences;
-- managed-collision modules (``ManagedCollisionEmbeddingBagCollection`` and friends): their id
-  remapping state is not loaded or swapped by streamrank;
-- weighted features (``is_weighted`` collections, ``FeatureProcessedEmbeddingBagCollection``):
-  the feature map carries ids, not (id, score) pairs.
+- pooled ``EmbeddingBagCollection`` s (sum or mean over each bag of ids), weighted ones
+  (``is_weighted``: the KJT carries a weight per id) included;
+- ``EmbeddingCollection`` s (sequence tables: one vector per id, unpooled);
+- ``ManagedCollisionEmbeddingBagCollection`` s (raw ids remapped onto the rows by their MCH
+  modules, whose state is part of the ``state_dict``), in one process.
+
+Other TorchRec embedding modules are refused in one line:
+``FeatureProcessedEmbeddingBagCollection`` (its feature processors compute the weights inside
+the module: streamrank carries weights in the KJT instead) and
+``ManagedCollisionEmbeddingCollection`` (managed collisions over sequence tables).
 
 :func:`trial_forward` runs the configured module on tables of one row each (cheap whatever the
 real sizes): the dense width and the output shape are checked by the module itself.
@@ -24,58 +27,125 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
 
 import torch
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
-from torchrec.modules.mc_embedding_modules import BaseManagedCollisionEmbeddingCollection
+from torchrec.modules.mc_embedding_modules import (
+    ManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection,
+)
 
 from model.features.layout import InputLayout
 from model.features.model_input import sparse_features
 from model.module.factory import build_module
-from model.module.types import ModelConfigError, ModuleConfig, TableConfig
+from model.module.types import BAG, SEQUENCE, ModelConfigError, ModuleConfig, TableConfig
 
-__all__ = ["check_features", "collections", "module_tables", "trial_forward"]
+__all__ = [
+    "Collection",
+    "check_collections",
+    "check_features",
+    "collections",
+    "managed_collisions",
+    "module_tables",
+    "trial_forward",
+]
+
+Collection: TypeAlias = (
+    EmbeddingBagCollection | EmbeddingCollection | ManagedCollisionEmbeddingBagCollection
+)
+"""An embedding module the contract serves (module docstring)."""
 
 _TRIAL_ROWS = 2
 _DENSE_WIDTH_KWARGS = ("dense_in_features", "num_dense_features")
 """Keyword arguments of TorchRec's models that name the dense input's width."""
 
 
-def collections(module: nn.Module) -> list[tuple[str, EmbeddingBagCollection]]:
-    """Every ``EmbeddingBagCollection`` in ``module``, with its path (``""``: the module itself).
+def collections(module: nn.Module) -> list[tuple[str, Collection]]:
+    """Every embedding collection in ``module``, with its path (``""``: the module itself): a
+    managed-collision collection once (not its inner ``EmbeddingBagCollection`` again).
 
     Raises:
         ModelConfigError: the module holds an embedding module the contract does not serve
             (module docstring), or no collection at all.
     """
-    found: list[tuple[str, EmbeddingBagCollection]] = []
+    found: list[tuple[str, Collection]] = []
     for path, sub in module.named_modules():
         refused = _refused_kind(sub)
         if refused:
             where = path or "the module itself"
             raise ModelConfigError(
-                f"model.module: {where} is {refused}; streamrank serves pooled "
-                "EmbeddingBagCollection tables (unweighted) only"
+                f"model.module: {where} is {refused}; streamrank serves EmbeddingBagCollection "
+                "(weighted or not, managed collisions in one process) and EmbeddingCollection "
+                "tables"
             )
-        if isinstance(sub, EmbeddingBagCollection):
+        inside = any(path.startswith(f"{p}.") for p, c in found if _is_managed(c))
+        if (
+            isinstance(
+                sub,
+                (
+                    EmbeddingBagCollection,
+                    EmbeddingCollection,
+                    ManagedCollisionEmbeddingBagCollection,
+                ),
+            )
+            and not inside
+        ):
             found.append((path, sub))
     if not found:
-        raise ModelConfigError("model.module: the module holds no EmbeddingBagCollection")
+        raise ModelConfigError(
+            "model.module: the module holds no EmbeddingBagCollection or EmbeddingCollection"
+        )
     return found
 
 
+def _is_managed(collection: nn.Module) -> bool:
+    return isinstance(collection, ManagedCollisionEmbeddingBagCollection)
+
+
+def _inner(collection: Collection) -> EmbeddingBagCollection | EmbeddingCollection:
+    """The collection that holds the tables (a managed-collision one's embedding module)."""
+    if isinstance(collection, ManagedCollisionEmbeddingBagCollection):
+        return collection._embedding_bag_collection
+    return collection
+
+
 def _refused_kind(sub: nn.Module) -> str:
-    if isinstance(sub, BaseManagedCollisionEmbeddingCollection):
-        return f"a managed-collision module ({type(sub).__name__})"
+    if isinstance(sub, ManagedCollisionEmbeddingCollection):
+        return (
+            f"a managed-collision EmbeddingCollection ({type(sub).__name__}: managed "
+            "collisions over sequence tables)"
+        )
     if isinstance(sub, FeatureProcessedEmbeddingBagCollection):
-        return "a FeatureProcessedEmbeddingBagCollection (weighted features)"
-    if isinstance(sub, EmbeddingCollection):
-        return "an EmbeddingCollection (sequence embeddings)"
-    if isinstance(sub, EmbeddingBagCollection) and sub.is_weighted():
-        return "a weighted EmbeddingBagCollection (id_score_list features)"
+        return (
+            "a FeatureProcessedEmbeddingBagCollection (its feature processors make the weights; "
+            "streamrank carries them in the KJT: a weighted EmbeddingBagCollection)"
+        )
     return ""
+
+
+def managed_collisions(module: nn.Module) -> list[str]:
+    """The paths of ``module``'s managed-collision collections (``[]``: none)."""
+    return [p for p, c in collections(module) if _is_managed(c)]
+
+
+def check_collections(config: ModuleConfig, module: nn.Module) -> None:
+    """The module's weighted collections are what ``config`` declares (the KJT carries weights
+    only with ``model.module.weighted``).
+
+    Raises:
+        ModelConfigError: a weighted collection without ``weighted = true`` (one line).
+    """
+    for path, collection in collections(module):
+        bag = _inner(collection)
+        if isinstance(bag, EmbeddingBagCollection) and bag.is_weighted() and not config.weighted:
+            raise ModelConfigError(
+                f"model.module: {path or 'the module itself'} is a weighted "
+                "EmbeddingBagCollection: set model.module.weighted = true (and each weighted "
+                "key's weights)"
+            )
 
 
 def module_tables(
@@ -89,7 +159,8 @@ def module_tables(
             keys left out count 1.
 
     Returns:
-        One :class:`TableConfig` per table, collections in module order.
+        One :class:`TableConfig` per table, collections in module order (a sequence table's
+        kind is :data:`~model.module.types.SEQUENCE`).
 
     Example::
 
@@ -97,17 +168,24 @@ def module_tables(
     """
     per_key = dict(ids_per_key or {})
     out = []
-    for path, ebc in collections(module):
-        for cfg in ebc.embedding_bag_configs():
+    for path, collection in collections(module):
+        inner = _inner(collection)
+        if isinstance(inner, EmbeddingCollection):
+            configs: list[Any] = list(inner.embedding_configs())
+        else:
+            configs = list(inner.embedding_bag_configs())
+        for cfg in configs:
+            sequence = isinstance(inner, EmbeddingCollection)
             out.append(
                 TableConfig(
                     cfg.name,
                     cfg.num_embeddings,
                     cfg.embedding_dim,
                     tuple(cfg.feature_names),
-                    pooling="mean" if cfg.pooling.name == "MEAN" else "sum",
+                    pooling="mean" if not sequence and cfg.pooling.name == "MEAN" else "sum",
                     ids_per_row=max((per_key.get(f, 1) for f in cfg.feature_names), default=1),
                     module_path=path,
+                    kind=SEQUENCE if sequence else BAG,
                 )
             )
     return tuple(out)
@@ -162,13 +240,16 @@ def trial_forward(config: ModuleConfig, layout: InputLayout) -> int:
         config, tables=tuple(dataclasses.replace(t, num_embeddings=1) for t in config.tables)
     )
     module = build_module(tiny, "cpu", seed=0).eval()
+    check_collections(config, module)
     rows = _TRIAL_ROWS
+    values = rows * len(layout.keys)
     sparse = sparse_features(
         layout.keys,
-        torch.zeros(rows * len(layout.keys), dtype=torch.int64),
-        torch.ones(rows * len(layout.keys), dtype=torch.int64),
+        torch.zeros(values, dtype=torch.int64),
+        torch.ones(values, dtype=torch.int64),
         rows,
         [rows] * len(layout.keys),
+        weights=torch.ones(values) if layout.weighted else None,
     )
     try:
         with torch.no_grad():

@@ -1,15 +1,23 @@
-"""Building the served module: import its factory, build its collection, call the factory.
+"""Building the served module: import its factory, build its collections, call the factory.
 
 The factory is ``"package.module:function"`` (a class works too), imported from the installed
 packages or from :attr:`~model.module.types.ModuleConfig.code_dir` (put first on the import
 path): never from a model version directory, which holds weights and JSON only. streamrank
-builds the ``EmbeddingBagCollection`` from the configured tables (on the ``meta`` device when the
-job is sharded: ``DistributedModelParallel`` allocates each rank's shards) and passes it under
-:attr:`~model.module.types.ModuleConfig.collection_argument`; the other keyword arguments are
-the TOML's. TorchRec's models then need no user code: ``torchrec.models.dlrm.DLRM``,
-``DLRM_DCN`` and ``torchrec.models.deepfm.SimpleDeepFMNN``. Their constraints (one embedding
-dim for every table; DLRM's last dense layer equal to it) are checked here, in one line, before
-TorchRec's own assertions would fire.
+builds the collections from the configured tables (on the ``meta`` device when the job is
+sharded: ``DistributedModelParallel`` allocates each rank's shards) and passes them by keyword:
+
+- the pooled tables' ``EmbeddingBagCollection`` under
+  :attr:`~model.module.types.ModuleConfig.collection_argument` (``is_weighted`` with
+  :attr:`~model.module.types.ModuleConfig.weighted`; a
+  ``ManagedCollisionEmbeddingBagCollection`` with
+  :attr:`~model.module.types.ModuleConfig.managed_collision`);
+- the sequence tables' ``EmbeddingCollection`` under
+  :attr:`~model.module.types.ModuleConfig.sequence_collection_argument`.
+
+The other keyword arguments are the TOML's. TorchRec's models then need no user code:
+``torchrec.models.dlrm.DLRM``, ``DLRM_DCN`` and ``torchrec.models.deepfm.SimpleDeepFMNN``.
+Their constraints (one embedding dim for every table; DLRM's last dense layer equal to it) are
+checked here, in one line, before TorchRec's own assertions would fire.
 
 Example::
 
@@ -28,12 +36,20 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from model.module.types import ModelConfigError, ModuleConfig, TableConfig
+from model.module.types import ManagedCollision, ModelConfigError, ModuleConfig, TableConfig
 
-__all__ = ["build_collection", "build_module", "embedding_bag_configs", "load_factory"]
+__all__ = [
+    "build_collection",
+    "build_collections",
+    "build_module",
+    "build_sequence_collection",
+    "embedding_bag_configs",
+    "embedding_configs",
+    "load_factory",
+]
 
 _POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
 #: Factories with TorchRec's constraints on the collection (checked before they assert).
@@ -47,13 +63,13 @@ _DLRM_FACTORIES = _ONE_DIM_FACTORIES[:3]
 
 
 def embedding_bag_configs(tables: Sequence[TableConfig]) -> list[EmbeddingBagConfig]:
-    """TorchRec configs of ``tables``, in order.
+    """TorchRec configs of the pooled ``tables``, in order.
 
     Args:
-        tables: the configured tables.
+        tables: the configured tables (sequence tables are left out).
 
     Returns:
-        One pooled ``EmbeddingBagConfig`` per table.
+        One pooled ``EmbeddingBagConfig`` per pooled table.
 
     Example::
 
@@ -68,14 +84,104 @@ def embedding_bag_configs(tables: Sequence[TableConfig]) -> list[EmbeddingBagCon
             pooling=_POOLING[t.pooling],
         )
         for t in tables
+        if not t.sequence
+    ]
+
+
+def embedding_configs(tables: Sequence[TableConfig]) -> list[EmbeddingConfig]:
+    """TorchRec configs of the sequence ``tables``, in order (pooled tables are left out).
+
+    Example::
+
+        ec = EmbeddingCollection(tables=embedding_configs(config.tables), device="meta")
+    """
+    return [
+        EmbeddingConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.feature_names),
+        )
+        for t in tables
+        if t.sequence
     ]
 
 
 def build_collection(
-    tables: Sequence[TableConfig], device: torch.device | str
+    tables: Sequence[TableConfig], device: torch.device | str, weighted: bool = False
 ) -> EmbeddingBagCollection:
-    """The ``EmbeddingBagCollection`` of ``tables`` on ``device`` (``meta``: unallocated)."""
-    return EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device(device))
+    """The ``EmbeddingBagCollection`` of the pooled ``tables`` on ``device`` (``meta``:
+    unallocated), ``is_weighted`` when ``weighted``."""
+    return EmbeddingBagCollection(
+        tables=embedding_bag_configs(tables), is_weighted=weighted, device=torch.device(device)
+    )
+
+
+def build_sequence_collection(
+    tables: Sequence[TableConfig], device: torch.device | str
+) -> EmbeddingCollection:
+    """The ``EmbeddingCollection`` of the sequence ``tables`` on ``device`` (a
+    ``torch.device``: TorchRec's sharder compares it with ``torch.device("meta")``)."""
+    return EmbeddingCollection(tables=embedding_configs(tables), device=torch.device(device))
+
+
+def _managed(ebc: EmbeddingBagCollection, mc: ManagedCollision, device: torch.device) -> nn.Module:
+    """``ebc`` behind one MCH remapper per table (:class:`ManagedCollision`)."""
+    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+    from torchrec.modules.mc_modules import (
+        DistanceLFU_EvictionPolicy,
+        LFU_EvictionPolicy,
+        LRU_EvictionPolicy,
+        ManagedCollisionCollection,
+        MCHEvictionPolicy,
+        MCHManagedCollisionModule,
+    )
+
+    policies: dict[str, type[MCHEvictionPolicy]] = {
+        "lfu": LFU_EvictionPolicy,
+        "lru": LRU_EvictionPolicy,
+        "distance_lfu": DistanceLFU_EvictionPolicy,
+    }
+    configs = ebc.embedding_bag_configs()
+    remappers = {
+        cfg.name: MCHManagedCollisionModule(
+            zch_size=cfg.num_embeddings,
+            device=device,
+            eviction_policy=policies[mc.eviction_policy](),
+            eviction_interval=mc.eviction_interval,
+            input_hash_size=mc.input_hash_size,
+        )
+        for cfg in configs
+    }
+    collection = ManagedCollisionCollection(remappers, configs)
+    return ManagedCollisionEmbeddingBagCollection(ebc, collection)
+
+
+def build_collections(config: ModuleConfig, device: torch.device | str) -> dict[str, nn.Module]:
+    """The collections of ``config``'s tables, by the keyword each is passed under.
+
+    Args:
+        config: the module config.
+        device: where the tables are allocated (``meta``: not at all).
+
+    Returns:
+        ``{collection_argument: EmbeddingBagCollection}`` when there are pooled tables (a
+        ``ManagedCollisionEmbeddingBagCollection`` with managed collisions), and
+        ``{sequence_collection_argument: EmbeddingCollection}`` when there are sequence tables.
+
+    Example::
+
+        kwargs = {**config.kwargs, **build_collections(config, "meta")}
+    """
+    dev = torch.device(device)
+    out: dict[str, nn.Module] = {}
+    if config.pooled_tables:
+        ebc = build_collection(config.tables, dev, config.weighted)
+        mc = config.managed_collision
+        out[config.collection_argument] = ebc if mc is None else _managed(ebc, mc, dev)
+    if config.sequence_tables:
+        out[config.sequence_collection_argument] = build_sequence_collection(config.tables, dev)
+    return out
 
 
 @contextmanager
@@ -146,7 +252,9 @@ def check_constraints(config: ModuleConfig) -> None:
     """
     if config.factory not in _ONE_DIM_FACTORIES:
         return
-    dims = sorted({t.embedding_dim for t in config.tables})
+    dims = sorted({t.embedding_dim for t in config.pooled_tables})
+    if not dims:  # no pooled table: the factory's own call says what it lacks
+        return
     if len(dims) > 1:
         raise ModelConfigError(
             f"model.module.tables: {config.factory} needs one embedding_dim for every table, "
@@ -194,10 +302,7 @@ def build_module(
     with torch.random.fork_rng(devices=cuda, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
-        kwargs: dict[str, Any] = {
-            **config.kwargs,
-            config.collection_argument: build_collection(config.tables, ebc_device),
-        }
+        kwargs: dict[str, Any] = {**config.kwargs, **build_collections(config, ebc_device)}
         if config.device_argument:
             kwargs[config.device_argument] = dense_device
         try:

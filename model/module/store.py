@@ -120,10 +120,14 @@ def check_architecture(config: ModuleConfig, meta: ModuleMeta, path: Path) -> No
     """Raise one line when the version at ``path`` was imported for another module.
 
     Raises:
-        ModelConfigError: naming what differs (factory, kwargs or tables).
+        ModelConfigError: naming what differs (factory, kwargs, tables or collections).
     """
     ours = config.architecture()
-    differ = [k for k in ("factory", "kwargs", "tables") if ours[k] != meta.architecture.get(k)]
+    differ = [
+        k
+        for k in ("factory", "kwargs", "tables", "collections")
+        if ours.get(k) != meta.architecture.get(k)
+    ]
     if differ:
         raise ModelConfigError(
             f"model version {meta.model_version} ({path}) was imported for another module "

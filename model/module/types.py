@@ -6,8 +6,10 @@ A *module* is any ``torch.nn.Module`` with TorchRec's ranking forward::
 
 returning ``[R]``, ``[R, 1]`` or ``[R, T]``. It is built by an importable factory
 (``"package.module:function"``) called with the keyword arguments of :attr:`ModuleConfig.kwargs`
-and, under :attr:`ModuleConfig.collection_argument`, an ``EmbeddingBagCollection`` that
-streamrank builds from :attr:`ModuleConfig.tables` (:mod:`model.module.factory`).
+and the collections streamrank builds from :attr:`ModuleConfig.tables`
+(:mod:`model.module.factory`): the pooled tables' ``EmbeddingBagCollection`` under
+:attr:`ModuleConfig.collection_argument` (weighted with :attr:`ModuleConfig.weighted`), the
+sequence tables' ``EmbeddingCollection`` under :attr:`ModuleConfig.sequence_collection_argument`.
 
 Example::
 
@@ -28,13 +30,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BAG",
+    "EVICTION_POLICIES",
+    "SEQUENCE",
     "Activation",
+    "ManagedCollision",
     "ModelConfigError",
     "ModuleConfig",
     "OutputConfig",
     "TableConfig",
     "table_names",
 ]
+
+
+BAG = "bag"
+"""A pooled table (``EmbeddingBagCollection``): one vector per bag of ids, sum or mean."""
+SEQUENCE = "sequence"
+"""An unpooled table (``EmbeddingCollection``): one vector per id, the sequence kept."""
 
 
 class ModelConfigError(ValueError):
@@ -60,15 +72,19 @@ class TableConfig:
         num_embeddings: rows.
         embedding_dim: columns.
         feature_names: the KJT keys that look this table up.
-        pooling: ``sum`` or ``mean`` (pooled lookups: an ``EmbeddingBagCollection``).
+        pooling: ``sum`` or ``mean`` (pooled lookups: an ``EmbeddingBagCollection``); a
+            sequence table keeps ``sum`` (it does not pool).
         ids_per_row: ids one scored row looks up in it at most (the planner's pooling factor;
             1 for a single-valued feature).
         module_path: where its collection sits inside the module (e.g.
             ``sparse_arch.embedding_bag_collection``; ``""`` until the module is built).
+        kind: :data:`BAG` (pooled, the ``EmbeddingBagCollection``) or :data:`SEQUENCE`
+            (unpooled, the ``EmbeddingCollection``: one vector per id of the bag).
 
     Example::
 
         TableConfig("t_item", 100_000, 64, ("item",))
+        TableConfig("t_history", 100_000, 64, ("history",), kind=SEQUENCE)
     """
 
     name: str
@@ -78,6 +94,7 @@ class TableConfig:
     pooling: str = "sum"
     ids_per_row: int = 1
     module_path: str = ""
+    kind: str = BAG
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -90,17 +107,33 @@ class TableConfig:
             raise ModelConfigError(f"table {self.name}: features must name at least one key")
         if self.pooling not in ("sum", "mean"):
             raise ModelConfigError(f"table {self.name}: pooling must be sum or mean")
+        if self.kind not in (BAG, SEQUENCE):
+            raise ModelConfigError(f"table {self.name}: kind must be {BAG} or {SEQUENCE}")
+        if self.kind == SEQUENCE and self.pooling != "sum":
+            raise ModelConfigError(
+                f"table {self.name}: a sequence table does not pool (drop pooling = "
+                f"{self.pooling!r})"
+            )
         object.__setattr__(self, "feature_names", tuple(self.feature_names))
 
+    @property
+    def sequence(self) -> bool:
+        """Whether it is a sequence (unpooled) table."""
+        return self.kind == SEQUENCE
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (the architecture recorded with a module version)."""
-        return {
+        """JSON-ready (the architecture recorded with a module version; ``kind`` only for a
+        sequence table, so a pooled table reads as it did before there were kinds)."""
+        out: dict[str, Any] = {
             "name": self.name,
             "num_embeddings": self.num_embeddings,
             "embedding_dim": self.embedding_dim,
             "features": list(self.feature_names),
             "pooling": self.pooling,
         }
+        if self.sequence:
+            out["kind"] = self.kind
+        return out
 
 
 @dataclass(frozen=True)
@@ -152,6 +185,57 @@ class OutputConfig:
         return max(ranked, len(self.column_names), *(c + 1 for c in self.task_columns))
 
 
+EVICTION_POLICIES = ("lfu", "lru", "distance_lfu")
+"""TorchRec's MCH eviction policies (``LFU_EvictionPolicy``, ``LRU_EvictionPolicy``,
+``DistanceLFU_EvictionPolicy``): each keeps its own buffers in the state_dict."""
+
+
+@dataclass(frozen=True)
+class ManagedCollision:
+    """Managed collisions of the pooled tables: the ``EmbeddingBagCollection`` becomes a
+    ``ManagedCollisionEmbeddingBagCollection``, one MCH remapper per table (TorchRec's
+    ``MCHManagedCollisionModule``, ``zch_size`` = the table's rows) mapping raw ids in
+    ``[0, input_hash_size)`` onto the table's rows; an id it does not hold looks up the last row.
+
+    Served in eval mode: the remappers' state (their sorted raw ids and remapped rows) is part
+    of the module's ``state_dict``, loaded with the version and swapped with it; nothing is
+    evicted or learned while serving.
+
+    Attributes:
+        input_hash_size: the raw ids' range (the keys' transforms map into it).
+        eviction_policy: one of :data:`EVICTION_POLICIES` (as trained: its buffers are in the
+            weights).
+        eviction_interval: as trained (unused while serving).
+
+    Example::
+
+        ManagedCollision(input_hash_size=1 << 20, eviction_policy="lfu")
+    """
+
+    input_hash_size: int
+    eviction_policy: str = "lfu"
+    eviction_interval: int = 1
+
+    def __post_init__(self) -> None:
+        if self.input_hash_size < 1:
+            raise ModelConfigError("model.module.managed_collision.input_hash_size must be >= 1")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ModelConfigError(
+                f"model.module.managed_collision.eviction_policy {self.eviction_policy!r}: "
+                f"expected one of {', '.join(EVICTION_POLICIES)}"
+            )
+        if self.eviction_interval < 1:
+            raise ModelConfigError("model.module.managed_collision.eviction_interval must be >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (part of the architecture)."""
+        return {
+            "input_hash_size": self.input_hash_size,
+            "eviction_policy": self.eviction_policy,
+            "eviction_interval": self.eviction_interval,
+        }
+
+
 @dataclass(frozen=True)
 class ModuleConfig:
     """The module to serve: how to build it and how to read its output.
@@ -159,8 +243,15 @@ class ModuleConfig:
     Attributes:
         factory: ``"package.module:function"`` (any callable: a class too).
         kwargs: keyword arguments of the factory (TOML values).
-        tables: the tables of the collection streamrank builds, in KJT key order.
-        collection_argument: the keyword the ``EmbeddingBagCollection`` is passed under.
+        tables: the tables of the collections streamrank builds, in KJT key order.
+        collection_argument: the keyword the pooled tables' ``EmbeddingBagCollection`` is
+            passed under (not passed when every table is a sequence table).
+        sequence_collection_argument: the keyword the sequence tables' ``EmbeddingCollection``
+            is passed under; ``""``: the module takes none (no sequence table).
+        weighted: the ``EmbeddingBagCollection`` is weighted (``is_weighted``): every id of a
+            pooled key carries a weight (its ``weights`` field, else 1.0), summed.
+        managed_collision: the pooled tables' remappers (``None``: none; see
+            :class:`ManagedCollision`).
         output: how the output ranks.
         code_dir: a directory put first on the import path for the factory's package (the
             user's own code; never a model version directory); ``""``: installed packages only.
@@ -179,6 +270,9 @@ class ModuleConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     code_dir: str = ""
     device_argument: str = ""
+    sequence_collection_argument: str = ""
+    weighted: bool = False
+    managed_collision: ManagedCollision | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple(self.tables))
@@ -197,11 +291,58 @@ class ModuleConfig:
             raise ModelConfigError(
                 f"model.module.tables: a feature is looked up in two tables: {keys}"
             )
-        if self.collection_argument in self.kwargs:
+        for argument in (self.collection_argument, self.sequence_collection_argument):
+            if argument and argument in self.kwargs:
+                raise ModelConfigError(
+                    f"model.module.kwargs.{argument}: streamrank passes the collection it "
+                    "builds from model.module.tables under that keyword"
+                )
+        self._check_collections()
+
+    def _check_collections(self) -> None:
+        """The pooled and the sequence collection as TorchRec can build them (one line)."""
+        sequence = [t for t in self.tables if t.sequence]
+        pooled = [t for t in self.tables if not t.sequence]
+        if sequence and not self.sequence_collection_argument:
             raise ModelConfigError(
-                f"model.module.kwargs.{self.collection_argument}: streamrank passes the "
-                "collection it builds from model.module.tables under that keyword"
+                f"model.module.tables: {sequence[0].name} is a sequence table: set "
+                "model.module.sequence_collection_argument (the keyword its "
+                "EmbeddingCollection is passed under)"
             )
+        if sequence and self.sequence_collection_argument == self.collection_argument:
+            raise ModelConfigError(
+                "model.module.sequence_collection_argument: the same keyword as "
+                "collection_argument; the two collections need a keyword each"
+            )
+        dims = sorted({t.embedding_dim for t in sequence})
+        if len(dims) > 1:
+            raise ModelConfigError(
+                f"model.module.tables: the sequence tables have embedding_dim {dims}; "
+                "TorchRec's EmbeddingCollection needs one for all of them"
+            )
+        if (self.weighted or self.managed_collision) and not pooled:
+            what = "weighted" if self.weighted else "managed_collision"
+            raise ModelConfigError(
+                f"model.module.{what}: applies to the pooled tables, and every table is a "
+                "sequence table"
+            )
+        mean = [t.name for t in pooled if t.pooling == "mean"]
+        if self.weighted and mean:
+            raise ModelConfigError(
+                f"model.module.weighted: table {mean[0]} pools by mean; TorchRec's weighted "
+                "EmbeddingBagCollection sums (torch's embedding_bag takes per_sample_weights "
+                "with mode='sum' only): use pooling = 'sum'"
+            )
+
+    @property
+    def pooled_tables(self) -> tuple[TableConfig, ...]:
+        """The pooled tables (the ``EmbeddingBagCollection``), in order."""
+        return tuple(t for t in self.tables if not t.sequence)
+
+    @property
+    def sequence_tables(self) -> tuple[TableConfig, ...]:
+        """The sequence tables (the ``EmbeddingCollection``), in order."""
+        return tuple(t for t in self.tables if t.sequence)
 
     @property
     def feature_names(self) -> list[str]:
@@ -209,17 +350,27 @@ class ModuleConfig:
         return [key for t in self.tables for key in t.feature_names]
 
     def architecture(self) -> dict[str, Any]:
-        """What two versions must share to swap live: factory, kwargs and tables (JSON-ready).
+        """What two versions must share to swap live: factory, kwargs, tables and (when not
+        the default: a plain ``EmbeddingBagCollection``) how the collections are built
+        (JSON-ready).
 
         Example::
 
             same = a.architecture() == b.architecture()
         """
-        return {
+        out: dict[str, Any] = {
             "factory": self.factory,
             "kwargs": json.loads(json.dumps(dict(self.kwargs), sort_keys=True, default=str)),
             "tables": [t.as_dict() for t in self.tables],
         }
+        collections: dict[str, Any] = {}
+        if self.weighted:
+            collections["weighted"] = True
+        if self.managed_collision is not None:
+            collections["managed_collision"] = self.managed_collision.as_dict()
+        if collections:
+            out["collections"] = collections
+        return out
 
 
 def table_names(tables: Sequence[TableConfig]) -> list[str]:

@@ -24,30 +24,20 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from model.serving.factory import ScorerFactory
     from model.serving.options import ServingOptions, UnsupportedOption
     from model.serving.scorer import Scorer
 
-_EXPORTS = {
-    "ScorerFactory": "factory",
-    "ServingOptions": "options",
-    "UnsupportedOption": "options",
-    "Scorer": "scorer",
+EXPORTS: dict[str, tuple[str, ...]] = {
+    "factory": ("ScorerFactory",),
+    "options": ("ServingOptions", "UnsupportedOption"),
+    "scorer": ("Scorer",),
 }
+"""For each submodule, the names the package re-exports from it."""
 
-__all__ = ["Scorer", "ScorerFactory", "ServingOptions", "UnsupportedOption"]
-
-
-def __getattr__(name: str) -> Any:
-    """Import the submodule that defines ``name`` on first use (PEP 562): configuration code
-    imports :mod:`model.serving.options` without torch."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__all__, __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

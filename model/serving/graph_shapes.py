@@ -220,6 +220,16 @@ def pad_to_shape(inp: ModelInput, shape: GraphShape) -> ModelInput:
         for key_values, n in zip(values.split(list(per_key)), fill, strict=True)
         for piece in (key_values, zeros[:n])
     ]
+    weights = sparse.weights_or_none()
+    if weights is not None:  # the padding ids weigh 0
+        no_weight = weights.new_zeros(max(fill))
+        weights = torch.cat(
+            [
+                piece
+                for key_weights, n in zip(weights.split(list(per_key)), fill, strict=True)
+                for piece in (key_weights, no_weight[:n])
+            ]
+        )
     dense = torch.cat([inp.dense, inp.dense.new_zeros((pad_rows, inp.dense.shape[1]))])
     padded = sparse_features(
         keys,
@@ -227,5 +237,6 @@ def pad_to_shape(inp: ModelInput, shape: GraphShape) -> ModelInput:
         torch.cat([lengths, pad_lengths], dim=1).reshape(-1),
         shape.padded_rows,
         list(shape.values_per_key),
+        weights,
     )
     return ModelInput(dense=dense, sparse=padded)

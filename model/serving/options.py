@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.distributed.config import ShardingConfig
+from model.distributed.config import SEQUENCE_SHARDING, ShardingConfig
 from model.features.layout import InputLayout
 from model.module.types import ModuleConfig
 from model.options import CompileMode, Precision, QuantDtype
 
-__all__ = ["ServingOptions", "UnsupportedOption"]
+__all__ = ["ServingOptions", "UnsupportedOption", "check_module_sharding"]
 
 
 class UnsupportedOption(ValueError):
@@ -87,4 +87,32 @@ class ServingOptions:
                 "model.compile = true serves in one process only (a compiled "
                 "DistributedModelParallel forward is not supported here): use --nproc 1, or "
                 "model.compile = false with several ranks"
+            )
+        if self.module is not None:
+            check_module_sharding(self.module, self.sharding)
+
+
+def check_module_sharding(module: ModuleConfig, sharding: ShardingConfig) -> None:
+    """Refuse a configured module that cannot be sharded as configured (several ranks).
+
+    Raises:
+        UnsupportedOption: managed collisions (one process only), or a sequence table with a
+            sharding TorchRec's ``EmbeddingCollection`` sharder does not serve here.
+    """
+    if module.managed_collision is not None:
+        raise UnsupportedOption(
+            "model.module.managed_collision serves in one process only: TorchRec shards a "
+            "managed-collision collection row-wise only (ManagedCollisionCollectionSharder), "
+            "each rank remapping its own slice of the id range into its own rows, so the "
+            "remappers' state of one process does not split over ranks (TorchRec 1.8 refuses "
+            "to load it: 'Unexpected state_dict key type'); use --nproc 1"
+        )
+    for table in module.sequence_tables:
+        kind = sharding.for_table(table).sharding_type
+        if kind not in SEQUENCE_SHARDING:
+            raise UnsupportedOption(
+                f"model.sharding: sequence table {table.name} cannot be {kind.value}: "
+                "TorchRec's EmbeddingCollection shards table_wise, column_wise or row_wise "
+                "here (data_parallel fails in TorchRec 1.8 when the KJT holds other keys; "
+                "the table-row/column kinds are not offered); pick one of those"
             )

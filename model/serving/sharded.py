@@ -21,11 +21,11 @@ from model.distributed import (
     plan_sharding,
     shard_module,
 )
-from model.module.checks import module_tables
+from model.module.checks import managed_collisions, module_tables
 from model.module.factory import build_module
 from model.rank import RankContext
 from model.serving.memory import embedding_bytes
-from model.serving.options import ServingOptions
+from model.serving.options import ServingOptions, UnsupportedOption
 from model.serving.served import ServedModule, load_weights
 
 __all__ = ["load_sharded_model"]
@@ -58,10 +58,14 @@ def load_sharded_model(
         backend="nccl" if device.type == "cuda" else "gloo",
     )
     layout = served.layout
-    tables = module_tables(  # the module's own tables, read off a copy wholly on meta
-        build_module(served.config, "meta", embedding_device="meta"),
-        dict(zip(layout.keys, layout.ids_per_key, strict=True)),
-    )
+    probe = build_module(served.config, "meta", embedding_device="meta")  # wholly on meta
+    if managed_collisions(probe):  # one the factory built itself: no config says so
+        raise UnsupportedOption(
+            f"model.module: {managed_collisions(probe)[0]} is a managed-collision collection, "
+            "which serves in one process only (see model.module.managed_collision); use "
+            "--nproc 1"
+        )
+    tables = module_tables(probe, dict(zip(layout.keys, layout.ids_per_key, strict=True)))
     plan = plan_sharding(  # shards land on cuda:{rank % local_world_size} = this rank's GPU
         tables,
         rank.world_size,

@@ -46,7 +46,9 @@ class StagedInput:
         inp = self.model_input
         stream = torch.cuda.current_stream(inp.dense.device)
         stream.wait_event(self.copied)
-        for tensor in (inp.dense, inp.sparse.values(), inp.sparse.lengths()):
+        weights = inp.sparse.weights_or_none()
+        extra = () if weights is None else (weights,)
+        for tensor in (inp.dense, inp.sparse.values(), inp.sparse.lengths(), *extra):
             tensor.record_stream(stream)
         return inp
 
@@ -106,6 +108,7 @@ class DeviceTransfer:
         if slot.copied is not None:
             slot.copied.synchronize()  # this slot's previous copy left its buffers long ago
         sparse = inp.sparse
+        weights = sparse.weights_or_none()
         pinned = ModelInput(
             dense=slot.stage("dense", inp.dense),
             sparse=sparse_features(
@@ -114,6 +117,7 @@ class DeviceTransfer:
                 slot.stage("lengths", sparse.lengths()),
                 sparse.stride(),
                 sparse.length_per_key_or_none(),
+                None if weights is None else slot.stage("weights", weights),
             ),
         )
         with torch.cuda.stream(self._stream):

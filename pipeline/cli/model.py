@@ -213,7 +213,15 @@ def plan(
     """
     settings = command_settings(ctx, config)
     from model.distributed import describe_plan, plan_sharding
+    from model.serving.options import check_module_sharding
 
+    if settings.model.module is not None and nproc > 1:
+        try:
+            check_module_sharding(
+                settings.model.module.to_config(), settings.model.sharding.to_config()
+            )
+        except ValueError as error:
+            raise UserError(str(error)) from error
     tables = _planned_tables(settings)
     sharding_plan = plan_sharding(
         tables,

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from model.rank import RankContext
+from model.serving.options import check_module_sharding
 from pipeline.cli.checks import (
     require_checkpoint,
     require_configured_model,
@@ -173,6 +174,8 @@ def _launch(
         )
         options = settings.model.serving_options(settings.batching.max_batch_rows)
         options.check(launch.nproc * launch.nnodes)
+        if settings.model.module is not None and launch.nproc * launch.nnodes > 1:
+            check_module_sharding(settings.model.module.to_config(), options.sharding)
     except ValueError as exc:  # UnsupportedOption included
         raise UserError(str(exc)) from exc
     return launch

@@ -1,11 +1,15 @@
 """Resolving a configured model's feature map: ``[events]`` + ``[features]`` + ``[model.module]``
 -> :class:`~model.features.mapping.FeatureMap`, every name checked at start-up.
 
-Each mistake is one :class:`FeatureMapError` line naming the key: a schema file that does not
+The event schema's side is :mod:`pipeline.models.schema`, the Redis records'
+:mod:`pipeline.models.records`. Each mistake is one :class:`FeatureMapError` line naming the
+key: a schema file that does not
 parse, a role or feature field the schema lacks or holds with the wrong type, a KJT key the
 module's tables lack (or a table feature without a key), a Redis field that is not declared or
 of the wrong kind, a transform the field cannot take, a ``missing`` policy for a value that is
-never missing or a ``missing_row`` / ``missing_id`` the table cannot take.
+never missing or a ``missing_row`` / ``missing_id`` the table cannot take, ``weights`` for a key
+whose collection takes none or that are not a float array (a Redis ``weights`` field) paired
+with the key's ids.
 
 Example::
 
@@ -14,36 +18,26 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from model.features.mapping import (
     DensePart,
     EventField,
-    EventRoles,
     FeatureMap,
     Missing,
-    RecordField,
     RecordKind,
     RecordLayout,
     SparseKey,
     Store,
 )
 from model.features.spec import string_to_id
-from model.module.types import ModuleConfig
-from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE
-from pipeline.connectors.avro.schema_fields import (
-    FieldKind,
-    SchemaField,
-    SchemaFieldError,
-    schema_field,
-)
-from pipeline.connectors.avro.schema_registry import SchemaFileError, load_record_schema
+from model.module.types import ModuleConfig, TableConfig
+from pipeline.connectors.avro.schema_fields import FieldKind, SchemaField
+from pipeline.models.records import record_field, record_layout, record_weights
+from pipeline.models.schema import FeatureMapError, event_roles, load_event_schema, schema_leaf
 from pipeline.settings.features import (
     DenseSettings,
-    EntitySettings,
     OutOfRange,
-    RecordFormat,
     Source,
     SparseSettings,
     Transform,
@@ -56,103 +50,13 @@ _ID_KINDS = {FieldKind.INT, FieldKind.STRING}
 _LIST_KINDS = {FieldKind.INT_LIST, FieldKind.STRING_LIST}
 _NUMBER_KINDS = {FieldKind.INT, FieldKind.FLOAT}
 _STRING_KINDS = {FieldKind.STRING, FieldKind.STRING_LIST}
-_MAX_RECORD_FIELDS = 63
-"""Fields of one Redis record: the enricher keeps which are present as the bits of one int64."""
 _INT64 = range(-(2**63), 2**63)
-_PACKED_SHAPES = {
-    "user": ((RecordKind.VECTOR,), (RecordKind.VECTOR, RecordKind.ID_LIST)),
-    "item": ((RecordKind.ID, RecordKind.VECTOR),),
+_NAMES = {
+    RecordKind.VECTOR: "a vector",
+    RecordKind.ID: "an id",
+    RecordKind.ID_LIST: "an id_list",
+    RecordKind.WEIGHTS: "a weights field",
 }
-"""The field kinds, in order, the built-in packed layout holds on each side."""
-
-
-class FeatureMapError(ValueError):
-    """A mistake in ``[events]`` or ``[features]``, told in one line naming the key."""
-
-
-def load_event_schema(path: Path | None) -> tuple[Any, str]:
-    """The parsed event schema at ``path`` (``None``: the built-in UserEvent) and its name.
-
-    Raises:
-        FeatureMapError: the file is missing, not JSON, not a schema, or not a record.
-    """
-    chosen = path or USER_EVENT_SCHEMA_FILE
-    try:
-        return load_record_schema(chosen, "events.schema_file", "the event"), str(chosen)
-    except SchemaFileError as exc:
-        raise FeatureMapError(str(exc)) from exc
-
-
-def _field(schema: Any, dotted: str, key: str, kinds: set[FieldKind], what: str) -> SchemaField:
-    try:
-        found = schema_field(schema, dotted)
-    except SchemaFieldError as exc:
-        raise FeatureMapError(f"{key} = {dotted!r}: {exc}") from exc
-    if found.kind not in kinds:
-        raise FeatureMapError(
-            f"{key} = {dotted!r} is {found.avro_type}; {what} needs "
-            f"{' or '.join(sorted(k.value for k in kinds))}"
-        )
-    return found
-
-
-def _roles(settings: Settings, schema: Any) -> EventRoles:
-    events = settings.events
-
-    def role(name: str, kinds: set[FieldKind], what: str) -> SchemaField:
-        found = _field(schema, getattr(events, name), f"events.{name}", kinds, what)
-        if found.nullable and name != "num_results":
-            raise FeatureMapError(f"events.{name} = {found.name!r} is nullable; the role is not")
-        return found
-
-    return EventRoles(
-        event_id=role("event_id", {FieldKind.STRING, FieldKind.INT}, "the event id"),
-        user_id=role("user_id", {FieldKind.INT}, "the user id"),
-        candidates=role("candidates", {FieldKind.INT_LIST}, "the candidate list"),
-        event_time=role("event_time", {FieldKind.INT}, "the event time (epoch ms)"),
-        num_results=(
-            role("num_results", {FieldKind.INT}, "num_results") if events.num_results else None
-        ),
-        num_results_default=events.num_results_default,
-    )
-
-
-def _record(side: str, entity: EntitySettings | None) -> RecordLayout | None:
-    if entity is None:
-        return None
-    if len(entity.fields) > _MAX_RECORD_FIELDS:
-        raise FeatureMapError(
-            f"features.{side}.fields: {len(entity.fields)} fields; a record holds at most "
-            f"{_MAX_RECORD_FIELDS}"
-        )
-    counts = dict.fromkeys(RecordKind, 0)
-    fields = []
-    for name, text in entity.fields.items():
-        kind_text, _, width_text = text.partition(":")
-        try:
-            kind = RecordKind(kind_text)
-            width = int(width_text) if width_text else 1
-            if (kind is RecordKind.ID) == bool(width_text) or width < 1:
-                raise ValueError
-        except ValueError:
-            raise FeatureMapError(
-                f"features.{side}.fields.{name} = {text!r}: expected 'vector:N', 'id' or "
-                "'id_list:N'"
-            ) from None
-        column = counts[kind]
-        counts[kind] += width if kind is RecordKind.VECTOR else 1
-        fields.append(RecordField(name, kind, width, column))
-    if entity.format is RecordFormat.PACKED:
-        shape = tuple(f.kind for f in fields)
-        if shape not in _PACKED_SHAPES[side]:
-            wanted = " or ".join(
-                "(" + ", ".join(k.value for k in s) + ")" for s in _PACKED_SHAPES[side]
-            )
-            raise FeatureMapError(
-                f"features.{side}.fields: the packed layout holds {wanted} in that order, "
-                f"got ({', '.join(k.value for k in shape)})"
-            )
-    return RecordLayout(entity.key, entity.format, tuple(fields))
 
 
 class _EventFields:
@@ -161,29 +65,39 @@ class _EventFields:
     def __init__(self) -> None:
         self.fields: list[EventField] = []
 
-    def add(self, field: SchemaField, store: Store, max_ids: int = 1) -> int:
+    def add(
+        self,
+        field: SchemaField,
+        store: Store,
+        max_ids: int = 1,
+        weights: SchemaField | None = None,
+        key: str = "",
+    ) -> int:
         for f in self.fields:
-            if f.field.path == field.path and f.store is store and f.max_ids == max_ids:
+            same = f.field.path == field.path and f.store is store and f.max_ids == max_ids
+            if same and f.weights == weights and (weights is None or f.key == key):
                 return f.column
         column = sum(1 for f in self.fields if f.store is store)
-        self.fields.append(EventField(field, store, column, max_ids))
+        self.fields.append(EventField(field, store, column, max_ids, weights, key))
         return column
 
 
-def _record_field(
-    where: str, source: Source, name: str, records: dict[Source, RecordLayout | None]
-) -> RecordField:
-    """The field ``name`` of ``source``'s Redis record (one line naming ``where`` if none)."""
-    record = records[source]
-    if record is None:
-        raise FeatureMapError(f"{where}: source = '{source}' needs [features.{source}]")
-    try:
-        return record.field(name)
-    except KeyError:
+def _check_weighted(
+    where: str, cfg: SparseSettings, table: TableConfig, module: ModuleConfig
+) -> None:
+    """``weights`` only for a key of a weighted pooled collection (one line otherwise)."""
+    if not cfg.weights:
+        return
+    if table.sequence:
         raise FeatureMapError(
-            f"{where}.field = {name!r}: [features.{source}] declares no such field (its "
-            f"fields: {', '.join(f.name for f in record.fields)})"
-        ) from None
+            f"{where}.weights: {table.name} is a sequence table (an EmbeddingCollection takes "
+            "no weights); drop weights"
+        )
+    if not module.weighted:
+        raise FeatureMapError(
+            f"{where}.weights: model.module.weighted is false (the EmbeddingBagCollection "
+            "takes no weights); set it, or drop weights"
+        )
 
 
 def _sparse(
@@ -199,7 +113,7 @@ def _sparse(
     store, column, max_ids = Store.INTS, 0, 1
     never, strings = "a candidate id is never missing", False
     if cfg.source is Source.EVENT:
-        found = _field(
+        found = schema_leaf(
             schema, cfg.field, f"{where}.field", _ID_KINDS | _LIST_KINDS,
             "a sparse feature",
         )  # fmt: skip
@@ -210,19 +124,31 @@ def _sparse(
             )
         never = "" if found.nullable else f"{found.name} is never missing (not nullable)"
         strings = found.kind in _STRING_KINDS
+        weights = None
+        if cfg.weights:
+            if found.kind not in _LIST_KINDS:
+                raise FeatureMapError(
+                    f"{where}.weights: weights pair with an array of ids, and {found.name} is "
+                    f"{found.avro_type}"
+                )
+            weights = schema_leaf(
+                schema, cfg.weights, f"{where}.weights", {FieldKind.FLOAT_LIST}, "a key's weights"
+            )
         if found.kind in _LIST_KINDS or found.nullable:
             store, max_ids = Store.LISTS, cfg.max_ids if found.kind in _LIST_KINDS else 1
-            column = events.add(found, Store.LISTS, max_ids)
+            column = events.add(found, Store.LISTS, max_ids, weights, key if weights else "")
         else:
             column = events.add(found, Store.INTS)
     elif cfg.source in (Source.USER, Source.ITEM):
-        rf = _record_field(where, cfg.source, cfg.field, records)
+        rf = record_field(where, cfg.source, cfg.field, records)
         never = ""
-        if rf.kind is RecordKind.VECTOR:
+        if rf.kind in (RecordKind.VECTOR, RecordKind.WEIGHTS):
             raise FeatureMapError(
-                f"{where}.field = {cfg.field!r} is a vector: a sparse feature needs an id or "
-                "an id_list (a vector is a [[features.dense]] part)"
+                f"{where}.field = {cfg.field!r} is {_NAMES[rf.kind]}: a sparse feature needs an id "
+                "or an id_list (a vector is a [[features.dense]] part)"
             )
+        if cfg.weights:
+            record_weights(where, cfg, rf, records)
         if cfg.transform is Transform.IDENTITY and cfg.out_of_range is OutOfRange.DLQ:
             raise FeatureMapError(
                 f"{where}: out_of_range = 'dlq' is for event and candidate ids (a Redis value "
@@ -235,7 +161,7 @@ def _sparse(
     missing_row, missing_id = _missing(where, cfg, rows, never, strings)
     return SparseKey(
         key, cfg.source, store, column, cfg.transform, rows, cfg.out_of_range,
-        cfg.default_row, max_ids, salt, cfg.missing, missing_row, missing_id,
+        cfg.default_row, max_ids, salt, cfg.missing, missing_row, missing_id, bool(cfg.weights),
     )  # fmt: skip
 
 
@@ -282,13 +208,13 @@ def _dense(
 ) -> DensePart:
     where = f"features.dense[{index}]"
     if cfg.source is Source.EVENT:
-        found = _field(schema, cfg.field, f"{where}.field", _NUMBER_KINDS, "a dense part")
+        found = schema_leaf(schema, cfg.field, f"{where}.field", _NUMBER_KINDS, "a dense part")
         column = events.add(found, Store.FLOATS)
         return DensePart(f"event.{found.name}", cfg.source, column, 1, cfg.default)
-    rf = _record_field(where, cfg.source, cfg.field, records)
+    rf = record_field(where, cfg.source, cfg.field, records)
     if rf.kind is not RecordKind.VECTOR:
         raise FeatureMapError(
-            f"{where}.field = {cfg.field!r} is an {rf.kind}: a dense part needs a vector"
+            f"{where}.field = {cfg.field!r} is {_NAMES[rf.kind]}: a dense part needs a vector"
         )
     return DensePart(f"{cfg.source}.{rf.name}", cfg.source, rf.column, rf.width, cfg.default)
 
@@ -312,12 +238,17 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
         module = settings.model.module.to_config()
     features = settings.features
     schema, schema_name = load_event_schema(settings.events.schema_file)
-    roles = _roles(settings, schema)
+    roles = event_roles(settings, schema)
     records = {
-        Source.USER: _record("user", features.user),
-        Source.ITEM: _record("item", features.item),
+        Source.USER: record_layout("user", features.user),
+        Source.ITEM: record_layout("item", features.item),
     }
-    rows = {f: t.num_embeddings for t in module.tables for f in t.feature_names}
+    tables = {f: t for t in module.tables for f in t.feature_names}
+    managed = module.managed_collision
+    rows = {  # a managed table's keys map raw ids into its remapper's input range
+        f: managed.input_hash_size if managed and not t.sequence else t.num_embeddings
+        for f, t in tables.items()
+    }
     for key in features.sparse:
         if key not in rows:
             raise FeatureMapError(
@@ -332,14 +263,17 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
             raise FeatureMapError(
                 f"model.module.tables: feature {key!r} has no [features.sparse.{key}]"
             )
+        _check_weighted(f"features.sparse.{key}", cfg, tables[key], module)
         sparse.append(_sparse(key, cfg, num_rows, schema, events, records, features.hash_salt))
     dense = [_dense(i, cfg, schema, events, records) for i, cfg in enumerate(features.dense)]
     if not dense:
         raise FeatureMapError("features.dense: declare at least one [[features.dense]] part")
     for name, dotted in settings.output.echo.items():  # carried into the output as written
-        found = _field(schema, dotted, f"output.echo.{name}", set(FieldKind), "an echoed field")
+        found = schema_leaf(
+            schema, dotted, f"output.echo.{name}", set(FieldKind), "an echoed field"
+        )
         events.add(found, Store.RAW)
     return FeatureMap(
         schema, schema_name, roles, tuple(events.fields), records[Source.USER],
-        records[Source.ITEM], tuple(sparse), tuple(dense),
+        records[Source.ITEM], tuple(sparse), tuple(dense), module.weighted,
     )  # fmt: skip

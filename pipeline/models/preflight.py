@@ -91,7 +91,7 @@ def check_configured_model(
     for key in fmap.layout.keys:
         if key not in served:
             raise ModelConfigError(
-                f"features.sparse.{key}: no EmbeddingBagCollection of the module looks it up "
+                f"features.sparse.{key}: no embedding collection of the module looks it up "
                 f"(the module's features: {sorted(served)})"
             )
     trial_forward(config, fmap.layout)

@@ -65,11 +65,16 @@ class SparseSettings(Section):
     """With ``missing = "id"`` (and only then): the raw id a missing value stands for, put
     through ``transform`` like any other; a string for a string field (hashed as its values
     are)."""
+    weights: str = ""
+    """A weighted key (``model.module.weighted``): where each id's weight comes from, one per
+    id of ``field``: an event array of floats or doubles (dotted path) of the same length as
+    the ids array (another length dead-letters the event), or a ``weights:<field>`` field of
+    the same Redis record. Empty: every id weighs 1.0."""
 
     @model_validator(mode="after")
     def _valid(self) -> SparseSettings:
-        if self.source is Source.CANDIDATE and self.field:
-            raise ValueError("a candidate feature takes no field")
+        if self.source is Source.CANDIDATE and (self.field or self.weights):
+            raise ValueError("a candidate feature takes no field and no weights")
         if self.source is not Source.CANDIDATE and not self.field:
             raise ValueError(f"a {self.source.value} feature needs a field")
         if self.max_ids < 1 or self.default_row < 0:

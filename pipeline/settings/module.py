@@ -15,6 +15,12 @@ Example::
     num_embeddings = 5000
     embedding_dim = 16
     features = ["viewer"]
+
+A table is pooled (``kind = "bag"``, the default: the ``EmbeddingBagCollection`` passed under
+``collection_argument``) or a sequence table (``kind = "sequence"``: the
+``EmbeddingCollection`` passed under ``sequence_collection_argument``). ``weighted = true``
+makes the pooled collection weighted; ``[model.module.managed_collision]`` puts an MCH remapper
+in front of each pooled table.
 """
 
 from __future__ import annotations
@@ -25,10 +31,16 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from model.module.types import Activation, ModuleConfig, OutputConfig, TableConfig
+from model.module.types import (
+    Activation,
+    ManagedCollision,
+    ModuleConfig,
+    OutputConfig,
+    TableConfig,
+)
 from pipeline.settings.section import Section
 
-__all__ = ["ModuleSettings", "TableSettings"]
+__all__ = ["ManagedCollisionSettings", "ModuleSettings", "TableSettings"]
 
 
 class TableSettings(Section):
@@ -40,6 +52,23 @@ class TableSettings(Section):
     features: list[str]
     """The KJT keys that look it up (each one a ``[features.sparse.<key>]``)."""
     pooling: Literal["sum", "mean"] = "sum"
+    """A pooled table's pooling (a sequence table does not pool)."""
+    kind: Literal["bag", "sequence"] = "bag"
+    """``bag``: pooled (the ``EmbeddingBagCollection``); ``sequence``: one vector per id (the
+    ``EmbeddingCollection``, passed under ``sequence_collection_argument``)."""
+
+
+class ManagedCollisionSettings(Section):
+    """``[model.module.managed_collision]``: an MCH remapper in front of every pooled table
+    (TorchRec's ``ManagedCollisionEmbeddingBagCollection``), as the model was trained."""
+
+    input_hash_size: int
+    """The raw ids' range: each pooled key's transform maps its ids into ``[0, input_hash_size)``
+    (the remapper's input), not into the table's rows."""
+    eviction_policy: Literal["lfu", "lru", "distance_lfu"] = "lfu"
+    """The trained remappers' policy (its buffers are in the weights)."""
+    eviction_interval: int = 1
+    """As trained (nothing is evicted while serving)."""
 
 
 class ModuleSettings(Section):
@@ -52,7 +81,15 @@ class ModuleSettings(Section):
     """Keyword arguments of the factory, besides the collection."""
     tables: list[TableSettings] = Field(default_factory=list)
     collection_argument: str = "embedding_bag_collection"
-    """The keyword the ``EmbeddingBagCollection`` built from ``tables`` is passed under."""
+    """The keyword the ``EmbeddingBagCollection`` of the pooled ``tables`` is passed under."""
+    sequence_collection_argument: str = ""
+    """The keyword the ``EmbeddingCollection`` of the sequence ``tables`` is passed under
+    (needed with a ``kind = "sequence"`` table)."""
+    weighted: bool = False
+    """The pooled collection is weighted (``is_weighted``): every id carries a weight, its
+    key's ``weights`` field (1.0 for a key without one), summed (``pooling = "sum"``)."""
+    managed_collision: ManagedCollisionSettings | None = None
+    """An MCH remapper per pooled table (one process only: see docs/byom.md)."""
     device_argument: str = ""
     """A keyword the factory takes the dense layers' device under (``dense_device`` for
     TorchRec's DLRMs); empty: the module is moved after it is built."""
@@ -94,8 +131,15 @@ class ModuleSettings(Section):
                 tuple(t.features),
                 t.pooling,
                 ids_per_row=max((per_key.get(f, 1) for f in t.features), default=1),
+                kind=t.kind,
             )
             for t in self.tables
+        )
+        mc = self.managed_collision
+        managed = (
+            None
+            if mc is None
+            else ManagedCollision(mc.input_hash_size, mc.eviction_policy, mc.eviction_interval)
         )
         return ModuleConfig(
             factory=self.factory,
@@ -110,4 +154,7 @@ class ModuleSettings(Section):
             ),
             code_dir=str(self.code_dir) if self.code_dir else "",
             device_argument=self.device_argument,
+            sequence_collection_argument=self.sequence_collection_argument,
+            weighted=self.weighted,
+            managed_collision=managed,
         )

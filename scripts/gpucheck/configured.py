@@ -1,6 +1,7 @@
 """``configured``: a model of the user's (``--config`` with ``[model.module]``, e.g.
 examples/deepfm/streamrank.toml) on the device against the CPU, unsharded, through a 1-rank
-``DistributedModelParallel`` planned on its own tables, and with fp16/int8 tables.
+``DistributedModelParallel`` planned on its own tables (not with managed collisions: they serve
+in one process), and with fp16/int8 tables. A weighted collection's batch carries weights.
 
 Needs the pipeline's settings to read the TOML (``skipped`` without ``--config``).
 """
@@ -23,7 +24,8 @@ from scripts.gpucheck.common import TOLERANCE, free_port, max_abs_diff
 
 
 def layout_batch(config: ModuleConfig, layout: InputLayout, rows: int) -> ModelInput:
-    """``rows`` rows of random ids inside each table (1..most ids per key) and dense values."""
+    """``rows`` rows of random ids inside each table (1..most ids per key), their weights (a
+    weighted layout), and dense values."""
     gen = torch.Generator().manual_seed(0)
     sizes = {f: t.num_embeddings for t in config.tables for f in t.feature_names}
     lengths, values = [], []
@@ -31,8 +33,10 @@ def layout_batch(config: ModuleConfig, layout: InputLayout, rows: int) -> ModelI
         n = torch.randint(1, most + 1, (rows,), generator=gen)
         lengths.append(n)
         values.append(torch.randint(0, sizes[key], (int(n.sum()),), generator=gen))
+    ids = torch.cat(values)
+    weights = torch.rand(len(ids), generator=gen) * 2 if layout.weighted else None
     sparse = sparse_features(
-        layout.keys, torch.cat(values), torch.cat(lengths), rows, [len(v) for v in values]
+        layout.keys, ids, torch.cat(lengths), rows, [len(v) for v in values], weights
     )
     return ModelInput(torch.randn(rows, layout.dense_dim, generator=gen), sparse)
 
@@ -47,7 +51,6 @@ def configured_parity(config_path: Path | None, device: torch.device, rows: int)
     """
     if config_path is None:
         return {"skipped": "no --config naming a [model.module]"}
-    from model.distributed import join_process_group, plan_sharding, shard_module
     from model.serving.quantize import quantize_ranker
     from pipeline.models.preflight import configured_module
     from pipeline.settings.loading import load_settings
@@ -64,17 +67,8 @@ def configured_parity(config_path: Path | None, device: torch.device, rows: int)
                                      expected)}  # fmt: skip
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    join_process_group(0, 1, local_rank=device.index or 0, backend=backend, timeout_s=120)
-    try:
-        ids = dict(zip(layout.keys, layout.ids_per_key, strict=True))
-        tables = module_tables(build_module(config, "meta", embedding_device="meta"), ids)
-        plan = plan_sharding(tables, 1, device.type, local_world_size=1)
-        dmp = shard_module(build_module(config, device, embedding_device="meta"), plan, device)
-        dmp.load_state_dict(cpu.state_dict())
-        got = score_probabilities(dmp, inp.to(device), output=output)
-        out["dmp_1_rank"] = max_abs_diff(got, expected)
-    finally:
-        dist.destroy_process_group()
+    if config.managed_collision is None:  # managed collisions serve in one process only
+        out["dmp_1_rank"] = _one_rank(config, layout, device, cpu, inp, expected, backend)
     for dtype in ("fp16", "int8"):
         out[f"{dtype}_tables"] = max_abs_diff(
             score_probabilities(quantize_ranker(moved, dtype), inp.to(device), output=output),
@@ -85,3 +79,28 @@ def configured_parity(config_path: Path | None, device: torch.device, rows: int)
         "max_abs_diff": out,
         "ok": all(v <= TOLERANCE for v in out.values()),
     }
+
+
+def _one_rank(
+    config: ModuleConfig,
+    layout: InputLayout,
+    device: torch.device,
+    cpu: torch.nn.Module,
+    inp: ModelInput,
+    expected: torch.Tensor,
+    backend: str,
+) -> float:
+    """The module through a 1-rank ``DistributedModelParallel`` against the CPU's scores."""
+    from model.distributed import join_process_group, plan_sharding, shard_module
+
+    join_process_group(0, 1, local_rank=device.index or 0, backend=backend, timeout_s=120)
+    try:
+        ids = dict(zip(layout.keys, layout.ids_per_key, strict=True))
+        tables = module_tables(build_module(config, "meta", embedding_device="meta"), ids)
+        plan = plan_sharding(tables, 1, device.type, local_world_size=1)
+        dmp = shard_module(build_module(config, device, embedding_device="meta"), plan, device)
+        dmp.load_state_dict(cpu.state_dict())
+        got = score_probabilities(dmp, inp.to(device), output=config.output)
+        return max_abs_diff(got, expected)
+    finally:
+        dist.destroy_process_group()

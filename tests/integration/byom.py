@@ -1,5 +1,5 @@
-"""The worked examples (examples/deepfm, examples/dcn) set up for a test, and their scores
-computed the way a user would check them: from the raw events and the raw Redis values, with
+"""The worked examples (examples/deepfm, dcn, weighted, sequence) set up for a test, and their
+scores computed the way a user would check them: from the raw events and the raw Redis values, with
 the test's own KeyedJaggedTensor and the module's own forward (no streamrank feature code:
 transforms, the string hash, the salted row hash and what a missing value gives are written
 out here; streamrank's code only sets the examples up: imports the weights)."""
@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import subprocess
+import threading
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Callable
@@ -124,7 +126,7 @@ def send(settings: Settings, ex: Example, records: list[dict[str, Any]]) -> None
 
 
 def event_id(record: dict[str, Any]) -> str:
-    """The event id a Recommendation echoes (a PageView's or a SearchRequest's)."""
+    """The event id a Recommendation echoes (a PageView's view_id, the others' request_id)."""
     return str(record.get("view_id") or record["request_id"])
 
 
@@ -138,6 +140,7 @@ def make_example(name: str, tmp: Path, prefix: str, checkpoint: Path, steps: int
     text = text.replace(f'"{script.USER_KEY}"', f'"{user_key}"')
     text = text.replace(f'"{script.ITEM_KEY}"', f'"{item_key}"')
     text = text.replace('schema_file = "examples/', f'schema_file = "{EXAMPLES}/')
+    text = text.replace('code_dir = "examples/', f'code_dir = "{EXAMPLES}/')
     text = text.replace(f'checkpoint = "artifacts/examples/{name}"', f'checkpoint = "{checkpoint}"')
     toml = tmp / f"{name}.toml"
     toml.write_text(text)
@@ -155,14 +158,28 @@ def documented_output(name: str = "dcn") -> dict[str, Any]:
     return dict(section)
 
 
-def _kjt(keys: list[str], bags: list[list[list[int]]]) -> KeyedJaggedTensor:
-    """``bags[key][row]``: the ids of one row's bag."""
+def _kjt(
+    keys: list[str],
+    bags: list[list[list[int]]],
+    weights: dict[str, list[list[float]]] | None = None,
+) -> KeyedJaggedTensor:
+    """``bags[key][row]``: the ids of one row's bag; ``weights[key][row]``: their weights
+    (with ``weights``, every other id weighs 1.0)."""
     lengths = [len(bag) for per_key in bags for bag in per_key]
     values = [v for per_key in bags for bag in per_key for v in bag]
+    flat = None
+    if weights is not None:
+        flat = [
+            w
+            for key, per_key in zip(keys, bags, strict=True)
+            for row, bag in enumerate(per_key)
+            for w in (weights[key][row] if key in weights else [1.0] * len(bag))
+        ]
     return KeyedJaggedTensor.from_lengths_sync(
         keys=keys,
         values=torch.tensor(values, dtype=torch.int64),
         lengths=torch.tensor(lengths, dtype=torch.int64),
+        weights=None if flat is None else torch.tensor(flat, dtype=torch.float32),
     )
 
 
@@ -280,24 +297,132 @@ def dcn_inputs(
     return torch.tensor(dense, dtype=torch.float32), _kjt(keys, bags)
 
 
+def _int_list(raw: bytes | None) -> list[int] | None:
+    """An ``id_list`` field: int64 LE (``None``: missing or malformed)."""
+    if raw is None or len(raw) % 8:
+        return None
+    return np.frombuffer(raw, "<i8").tolist()
+
+
+def weighted_reader(
+    ex: Example, client: redis.Redis, reader: int
+) -> tuple[list[float], list[int], list[float], bool]:
+    """A reader's profile (zeros when absent), ``follows`` bag (modulo 1000, the first 8) and
+    its weights: empty unless the id list and its ``follow_strength`` (float32, finite) are
+    both there, one weight per id (``missing = "empty"``); and whether a field is absent."""
+    user = _hash_record(client, ex.user_key.replace("{id}", str(reader)))
+    profile = _vector(user.get(b"profile"), 4)
+    follows = _int_list(user.get(b"follows"))
+    raw_strength = user.get(b"follow_strength")
+    strength = None
+    if raw_strength is not None and len(raw_strength) % 4 == 0:
+        strength = np.frombuffer(raw_strength, "<f4")
+        strength = strength if np.isfinite(strength[:8]).all() else None
+    paired = follows is not None and strength is not None and len(follows) == len(strength)
+    bag = [a % 1000 for a in follows[:8]] if paired and follows is not None else []
+    weights = strength[:8].tolist() if paired and strength is not None else []
+    dense = [0.0] * 4 if profile is None else profile.tolist()
+    return dense, bag, weights, profile is None or not paired
+
+
+def weighted_article(
+    ex: Example, client: redis.Redis, article: int
+) -> tuple[list[float], list[int], bool]:
+    """An article's quality (zeros when absent), ``section`` bag (identity over 16, default
+    row 0; empty when absent) and whether a field is absent."""
+    item = _hash_record(client, ex.item_key.replace("{id}", str(article)))
+    quality = _vector(item.get(b"quality"), 2)
+    section = _decimal_id(item.get(b"section"))
+    bag = [] if section is None else [section if 0 <= section < 16 else 0]
+    dense = [0.0, 0.0] if quality is None else quality.tolist()
+    return dense, bag, quality is None or section is None
+
+
+def weighted_inputs(
+    ex: Example, record: dict[str, Any], client: redis.Redis
+) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    """One FeedRequest's rows, as examples/weighted/streamrank.toml maps them: the topics
+    weighted by their minutes (float32), the follows by their strength, every other id 1.0."""
+    reader = record["reader"]
+    profile, follows, strength, _ = weighted_reader(ex, client, reader["id"])
+    topics = [t % 300 for t in record["topics"][:6]]
+    minutes = np.float32(record["topic_minutes"][:6]).tolist()
+    bags: list[list[list[int]]] = [[] for _ in range(6)]
+    weights: dict[str, list[list[float]]] = {"topics": [], "follows": []}
+    dense = []
+    for article in record["article_ids"]:
+        quality, section, _ = weighted_article(ex, client, article)
+        bags[0].append([hashed_row(reader["id"], 2000)])
+        bags[1].append([hashed_row(string_id(reader["country"]), 64)])
+        bags[2].append(topics)
+        bags[3].append(follows)
+        bags[4].append([article % 4000])
+        bags[5].append(section)
+        weights["topics"].append(minutes)
+        weights["follows"].append(strength)
+        dense.append([*profile, *quality])
+    keys = ["reader", "country", "topics", "follows", "article", "section"]
+    return torch.tensor(dense, dtype=torch.float32), _kjt(keys, bags, weights)
+
+
+def sequence_inputs(
+    ex: Example, record: dict[str, Any], client: redis.Redis
+) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    """One WatchRequest's rows, as examples/sequence/streamrank.toml maps them: the first 10
+    watched videos (modulo 3000) are one row's sequence."""
+    viewer = _hash_record(client, ex.user_key.replace("{id}", str(record["viewer_id"])))
+    taste = _vector(viewer.get(b"taste"), 3)
+    history = [v % 3000 for v in record["watched"][:10]]
+    bags: list[list[list[int]]] = [[] for _ in range(5)]
+    dense = []
+    for video in record["video_ids"]:
+        item = _hash_record(client, ex.item_key.replace("{id}", str(video)))
+        stats = _vector(item.get(b"stats"), 2)
+        genre = _decimal_id(item.get(b"genre"))
+        bags[0].append([hashed_row(record["viewer_id"], 2000)])
+        bags[1].append([hashed_row(string_id(record["device"]), 8)])
+        bags[2].append([video % 3000])
+        bags[3].append([] if genre is None else [genre if 0 <= genre < 24 else 0])
+        bags[4].append(history)
+        dense.append(
+            [
+                *([0.0] * 3 if taste is None else taste.tolist()),
+                *([0.0] * 2 if stats is None else stats.tolist()),
+            ]
+        )
+    keys = ["viewer", "device", "video", "genre", "history"]
+    return torch.tensor(dense, dtype=torch.float32), _kjt(keys, bags)
+
+
+_INPUTS = {
+    "deepfm": deepfm_inputs,
+    "dcn": dcn_inputs,
+    "weighted": weighted_inputs,
+    "sequence": sequence_inputs,
+}
+
+
 def expected_scores(
     ex: Example, records: list[dict[str, Any]], client: redis.Redis, model: nn.Module
 ) -> dict[str, dict[int, float]]:
     """Per event id, every candidate's score from the module's own forward."""
     out: dict[str, dict[int, float]] = {}
     for record in records:
-        build = deepfm_inputs if ex.name == "deepfm" else dcn_inputs
-        dense, sparse = build(ex, record, client)
+        dense, sparse = _INPUTS[ex.name](ex, record, client)
         with torch.no_grad():
             raw = model(dense, sparse)
         if ex.name == "deepfm":  # probabilities, one column
             scores = raw.reshape(-1)
-        else:  # logits of two tasks, ranked by 0.7 click + 0.3 purchase
+        elif ex.name == "dcn":  # logits of two tasks, ranked by 0.7 click + 0.3 purchase
             scores = torch.sigmoid(raw) @ torch.tensor([0.7, 0.3])
-        event_id = record.get("view_id") or record["request_id"]
-        candidates = record.get("offer_ids") or record["listing_ids"]
-        out[event_id] = dict(zip(candidates, scores.double().tolist(), strict=True))
+        else:  # logits, one column
+            scores = torch.sigmoid(raw).reshape(-1)
+        candidates = next(record[k] for k in _CANDIDATES if k in record)
+        out[event_id(record)] = dict(zip(candidates, scores.double().tolist(), strict=True))
     return out
+
+
+_CANDIDATES = ("offer_ids", "listing_ids", "article_ids", "video_ids")
 
 
 def run_pipeline(
@@ -344,10 +469,44 @@ def assert_scores(
     for rec in recs:
         want = expected[rec["event_id"]]
         record = by_id[rec["event_id"]]
-        asked = record.get("slots") or record.get("want") or 5
+        asked = record.get("slots") or record.get("want") or record.get("rows") or 5
         assert len(rec["items"]) == min(asked, len(want))
         for item in rec["items"]:
             worst = max(worst, abs(item["score"] - want[item["item_id"]]))
         kth = sorted(want.values(), reverse=True)[len(rec["items"]) - 1]
         assert min(i["score"] for i in rec["items"]) >= kth - 1e-5
     assert worst <= 1e-5
+
+
+class Stream:
+    """Produces ``n`` example events at ``rate`` per second on a thread."""
+
+    def __init__(self, settings: Settings, ex: Example, n: int, rate: float) -> None:
+        self.settings, self.ex, self.n, self.rate = settings, ex, n, rate
+        self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.records
+
+    def _run(self) -> None:
+        try:
+            producer = make_producer(self.settings.kafka)
+            started = time.monotonic()
+            for i, record in enumerate(self.ex.script.events(self.n, seed_=7)):
+                time.sleep(max(0.0, started + i / self.rate - time.monotonic()))
+                produce(producer, self.settings.topics.input, self.ex.script.encode(record))
+                self.records.append(record)
+                producer.poll(0)
+            assert producer.flush(30) == 0
+        except BaseException as exc:
+            self.error = exc

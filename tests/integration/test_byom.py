@@ -9,12 +9,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -25,7 +23,6 @@ from model.module.factory import build_module
 from model.module.store import import_state_dict
 from model.rank import RankContext
 from model.store.versions import ModelVersions
-from pipeline.connectors.kafka.clients import make_producer, produce
 from pipeline.models.preflight import configured_module
 from pipeline.observability.metrics import Metrics
 from pipeline.serve import build_pipeline
@@ -35,6 +32,7 @@ from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER
 from tests.faults.helpers import dead_letters
 from tests.integration.byom import (
     Example,
+    Stream,
     assert_scores,
     event_id,
     expected_scores,
@@ -93,40 +91,6 @@ def test_an_example_model_scores_every_event_once_as_its_own_forward(
         assert {h[REASON_HEADER].decode() for h in headers} == {"id_out_of_range"}
         details = [h[DETAIL_HEADER].decode() for h in headers]
         assert all("features.sparse.listing: id 30" in d for d in details), details
-
-
-class Stream:
-    """Produces ``n`` example events at ``rate`` per second on a thread."""
-
-    def __init__(self, settings: Settings, ex: Example, n: int, rate: float) -> None:
-        self.settings, self.ex, self.n, self.rate = settings, ex, n, rate
-        self.records: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Stream:
-        self._thread.start()
-        return self
-
-    def join(self, timeout_s: float = 120) -> list[dict[str, Any]]:
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the producer did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.records
-
-    def _run(self) -> None:
-        try:
-            producer = make_producer(self.settings.kafka)
-            started = time.monotonic()
-            for i, record in enumerate(self.ex.script.events(self.n, seed_=7)):
-                time.sleep(max(0.0, started + i / self.rate - time.monotonic()))
-                produce(producer, self.settings.topics.input, self.ex.script.encode(record))
-                self.records.append(record)
-                producer.poll(0)
-            assert producer.flush(30) == 0
-        except BaseException as exc:
-            self.error = exc
 
 
 def test_a_new_version_of_an_example_model_swaps_in_under_load(
@@ -192,7 +156,7 @@ def test_a_new_version_of_an_example_model_swaps_in_under_load(
     assert worst <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["deepfm", "dcn"])
+@pytest.mark.parametrize("name", ["deepfm", "dcn", "weighted", "sequence"])
 def test_bench_overhead_measures_the_configured_path(
     name: str,
     tmp_path: Path,

@@ -86,8 +86,16 @@ def test_oversized_records_go_to_the_dlq_and_a_huge_redis_value_to_the_defaults(
     assert [e.code() for e in refused] == [KafkaError.MSG_SIZE_TOO_LARGE]
 
     log = tmp_path / "run.log"
+    # The 96 MiB read must finish, even on a slow machine: this test is about the size bound,
+    # not the read timeout (a timed-out read serves defaults too, but says so differently).
     proc = cli(
-        settings, "run", "--exit-when-idle", "8", stdout=log.open("w"), stderr=subprocess.STDOUT
+        settings,
+        "run",
+        "--exit-when-idle",
+        "8",
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        extra_env={"STREAMRANK_REDIS__SOCKET_TIMEOUT_MS": "20000"},
     )
     warm = send_events(settings, 50)
     wait_for_outputs(settings, 50, proc=proc, log=log)

@@ -20,7 +20,9 @@ FORBIDDEN = "torchrec.distributed"
 #: Modules of model/distributed that the single-process path may import: the lazy package
 #: module and the torch-free config (for configuration loading).
 LIGHT_DISTRIBUTED = {"model.distributed", "model.distributed.config"}
-LAZY_EXPORTS: dict[str, str] = model.distributed._EXPORTS
+LAZY_EXPORTS: dict[str, str] = {
+    name: module for module, names in model.distributed.EXPORTS.items() for name in names
+}
 
 
 def _module_name(path: Path) -> str:

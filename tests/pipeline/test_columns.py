@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.columns import EVENT_COLUMNS, EventColumns
+from pipeline.columns import EVENT_COLUMNS, EventColumns, FieldColumns
 from pipeline.connectors.avro.reference import records_to_columns
 from pipeline.types import DecodedMessages, RejectedMessage, RejectReason
 from tests.pipeline.fakes import FakeMessage, polled
@@ -102,3 +102,21 @@ def test_rejecting_events_and_dropping_partitions_keep_messages_in_order(
     assert left.offsets[left.event_message].tolist() == survivors  # message i has offset i
     head, tail = rejected.split(min(1, len(kept)))
     assert len(head) + len(tail) == n
+
+
+def test_list_weights_stay_beside_their_ids_and_weigh_one_where_there_are_none() -> None:
+    weighted = FieldColumns.empty(3, lists=2)
+    weighted.list_counts[:] = [[2, 1], [0, 1], [1, 0]]
+    weighted.list_ids = np.array([1, 2, 3, 4, 5])
+    weighted.list_weights = np.array([0.5, 1.5, 2.5, 3.5, 4.5], dtype=np.float32)
+    assert weighted.slice(1, 3).list_weights.tolist() == [3.5, 4.5]  # type: ignore[union-attr]
+    taken = weighted.take(np.array([2, 0]))
+    assert taken.list_ids.tolist() == [5, 1, 2, 3]
+    assert taken.list_weights.tolist() == [4.5, 0.5, 1.5, 2.5]  # type: ignore[union-attr]
+    plain = FieldColumns.empty(1, lists=2)
+    plain.list_counts[:] = [[1, 1]]
+    plain.list_ids = np.array([8, 9])
+    assert plain.list_weights is None and plain.weights().tolist() == [1.0, 1.0]
+    joined = FieldColumns.concat([plain, weighted])
+    assert joined.list_weights.tolist() == [1.0, 1.0, 0.5, 1.5, 2.5, 3.5, 4.5]  # type: ignore[union-attr]
+    assert FieldColumns.concat([plain, plain]).list_weights is None

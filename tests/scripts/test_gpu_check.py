@@ -91,11 +91,12 @@ def test_gpu_check_on_the_cpu_prints_json_after_every_section(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["deepfm", "dcn"])
+@pytest.mark.parametrize("example", ["deepfm", "dcn", "weighted", "sequence"])
 def test_gpu_check_checks_an_example_model_of_the_users(tmp_path: Path, example: str) -> None:
     root = SCRIPT.parents[1]
     config = tmp_path / "config.toml"
     text = (root / "examples" / example / "streamrank.toml").read_text()
+    text = text.replace('code_dir = "examples/', f'code_dir = "{root}/examples/')
     config.write_text(text.replace('schema_file = "examples/', f'schema_file = "{root}/examples/'))
     out = tmp_path / "check.json"
     result = subprocess.run(
@@ -105,7 +106,7 @@ def test_gpu_check_checks_an_example_model_of_the_users(tmp_path: Path, example:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     section = json.loads(out.read_text())["configured"]
-    assert section["ok"] and section["factory"].startswith("torchrec.models.")
+    assert section["ok"] and section["factory"].startswith(("torchrec.models.", "history_ranker"))
     assert set(section["max_abs_diff"]) == {"unsharded", "dmp_1_rank", "fp16_tables", "int8_tables"}
 
 

@@ -12,7 +12,8 @@ store       Avro leaf                              per event and slot
 ``int``     long, int, boolean, enum (its index)   int64 value, present flag
 ``float``   float, double                          float64 value, present flag
 ``str``     string                                 start, bytes, characters, present flag
-``list``    array of long / int / enum             its items (flat), start and count
+``list``    array of long / int / enum / float /   its items (flat; a float or double as its
+            double                                 float64 bits), start and count
 ``strs``    array of string                        its items' (start, bytes), start and count
 ==========  =====================================  =========================================
 
@@ -177,7 +178,7 @@ class _Compiler:
             store = "str"
         elif kind == "array":
             item = p.kinds[p.args[index]]
-            if item in (KIND["long"], KIND["enum"]):
+            if item in (KIND["long"], KIND["enum"], KIND["float"], KIND["double"]):
                 store = "list"
             elif item == KIND["string"]:
                 store = "strs"

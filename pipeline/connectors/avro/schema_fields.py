@@ -12,6 +12,7 @@ kind          Avro types
 ``float``     ``float``, ``double``
 ``int_list``  ``array`` of ``long`` / ``int``
 ``str_list``  ``array`` of ``string`` / ``enum``
+``float_list``  ``array`` of ``float`` / ``double`` (a weighted key's weights)
 ============  ====================================================================
 
 Example::
@@ -52,7 +53,11 @@ _PRIMITIVE_KINDS = {
     "float": FieldKind.FLOAT,
     "double": FieldKind.FLOAT,
 }
-_LIST_KINDS = {FieldKind.INT: FieldKind.INT_LIST, FieldKind.STRING: FieldKind.STRING_LIST}
+_LIST_KINDS = {
+    FieldKind.INT: FieldKind.INT_LIST,
+    FieldKind.STRING: FieldKind.STRING_LIST,
+    FieldKind.FLOAT: FieldKind.FLOAT_LIST,
+}
 
 
 def named_types(schema: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -130,7 +135,7 @@ def schema_field(schema: Mapping[str, Any], dotted: str) -> SchemaField:
     if kind is None:
         raise SchemaFieldError(
             f"{dotted} is {type_name(node)}: only long, int, boolean, string, enum, float, "
-            "double and arrays of long/int/string are read"
+            "double and arrays of long/int/string/float/double are read"
         )
     return SchemaField(tuple(dotted.split(".")), kind, nullable, type_name(node))
 

@@ -46,7 +46,8 @@ class WalkOutputs:
         strs: ``[M, 3 * slots]``: each string's start in the buffer, bytes and characters.
         list_start / list_count: ``[M, slots]``: each id list's items in ``list_values``;
             ``list_present``: 1 where the list was reached (0: null, or in a null record).
-        list_values: the id lists' items, flat (``n_values`` of them written).
+        list_values: the id lists' items, flat (``n_values`` of them written); a float list's
+            items as the bits of their float64 value (``list_values.view(np.float64)``).
         strs_start / strs_count / strs_present: ``[M, slots]``: each string list's items in
             ``strs_items``, and where it was reached.
         strs_items: ``[items, 3]``: start, bytes and characters of each string-list item.
@@ -155,6 +156,7 @@ def _walk(
     stack = np.zeros(_DEPTH, dtype=np.int64)
     step = np.zeros(_DEPTH, dtype=np.int64)
     left = np.zeros(_DEPTH, dtype=np.int64)
+    real = np.zeros(1, dtype=np.float64)  # a float list item, read as its float64 bits
     nv = 0
     ni = 0
     for m in range(len(starts)):
@@ -237,6 +239,19 @@ def _walk(
                         strs_items[ni, 2] = _chars(buf, start, length)
                         ni += 1
                         strs_count[m, slot] += 1
+                    elif kinds[item] == _FLOAT or kinds[item] == _DOUBLE:
+                        size = 4 if kinds[item] == _FLOAT else 8
+                        if pos + size > end:
+                            ok = False
+                            continue
+                        if size == 4:
+                            real[0] = buf[pos : pos + 4].view(np.float32)[0]
+                        else:
+                            real[0] = buf[pos : pos + 8].view(np.float64)[0]
+                        pos += size
+                        list_values[nv] = real.view(np.int64)[0]
+                        nv += 1
+                        list_count[m, slot] += 1
                     else:
                         value, pos = _varint(buf, pos, end)
                         if pos < 0 or (kinds[item] == _ENUM and not 0 <= value < counts[item]):

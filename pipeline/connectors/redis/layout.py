@@ -8,12 +8,15 @@ Keys come from a template (``viewer:{id}``: the id in decimal). Values are eithe
 - ``hash``: a Redis hash per id with one field per name, read with one ``HMGET`` per id, all
   written into one buffer and sent at once (one round trip, replies read back in order):
   ``vector:N`` fields are ``float32[N]`` little-endian bytes, ``id`` fields decimal integers,
-  ``id_list:N`` fields ``int64`` little-endian bytes (the first ``N`` kept).
+  ``id_list:N`` fields ``int64`` little-endian bytes (the first ``N`` kept), ``weights:<list>``
+  fields ``float32`` little-endian bytes, one per id of that list (the first ``N`` kept).
 
 A record parses into one row of :class:`RecordRows` (the layout the enricher's cache keeps): its
-ids then its lists' lengths as ints, its vectors as floats, its lists' ids side by side (each
-list padded to its cap), and which of its fields are present. Each field stands alone: a
-missing key (or no reply) leaves every field absent; a hash field that is missing, malformed,
+ids then its lists' lengths as ints, its vectors and weights as floats
+(weights padded to their list's cap), its lists' ids side by side (each list padded to its cap),
+and which of its fields are present. Each field stands alone (but an id list with a weights
+field is present only with its weights, one per id: else neither is): a missing key (or no
+reply) leaves every field absent; a hash field that is missing, malformed,
 over ``redis.max_value_bytes`` or (a vector) not finite is absent while the record's other
 fields serve; a packed value that is not of the layout's shape (or over the bound) is wholly
 absent, and its vector alone when a value is not finite. An absent field holds zeros (an empty
@@ -128,7 +131,7 @@ class RecordRows:
 
     Attributes:
         ints: int64[n, ids + lists] each id field, then each list's length.
-        floats: float32[n, vector values].
+        floats: float32[n, vector values and weights], each field at its column.
         side: int64[n, sum of list caps] each list's ids, padded to its cap.
         present: bool[n, fields] each field of the layout (in its order) present and well
             formed; an absent one holds zeros (an empty list).
@@ -173,6 +176,8 @@ def _put_field(
         )
         good[np.flatnonzero(good)[~finite]] = False
         return good
+    if field.kind is RecordKind.WEIGHTS:
+        return _put_weights(rows, layout, index, values, lengths)
     if field.kind is RecordKind.ID:
         good = lengths > 0
         for i in np.flatnonzero(good).tolist():
@@ -191,6 +196,25 @@ def _put_field(
     return good
 
 
+def _put_weights(
+    rows: RecordRows,
+    layout: RecordLayout,
+    index: int,
+    values: list[bytes | None],
+    lengths: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Weights field ``index``: float32 values (the first ``width``), all finite, or absent."""
+    field = layout.fields[index]
+    good = (lengths >= 0) & (lengths % 4 == 0)
+    for i in np.flatnonzero(good).tolist():
+        weights = np.frombuffer(values[i], dtype="<f4")[: field.width]  # type: ignore[arg-type]
+        if not np.isfinite(weights).all():
+            good[i] = False
+            continue
+        rows.floats[i, field.column : field.column + len(weights)] = weights
+    return good
+
+
 def parse_hashes(
     replies: Sequence[Sequence[bytes | None] | None],
     layout: RecordLayout,
@@ -202,10 +226,26 @@ def parse_hashes(
     n = len(replies)
     rows = RecordRows.defaults(n, layout)
     malformed = 0
+    sizes: dict[int, npt.NDArray[np.int64]] = {}
     for index in range(len(layout.fields)):
         values = _bounded([None if r is None else r[index] for r in replies], max_bytes, side)
         rows.present[:, index] = _put_field(rows, layout, index, values)
         malformed += n - values.count(None) - int(rows.present[:, index].sum())
+        sizes[index] = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
+    for index, field in enumerate(layout.fields):  # an id list and its weights, one per id
+        if field.kind is RecordKind.WEIGHTS:
+            ids = next(
+                i
+                for i, f in enumerate(layout.fields)
+                if f.kind is RecordKind.ID_LIST and f.column == field.pairs
+            )
+            both = rows.present[:, ids] & rows.present[:, index]
+            paired = both & (sizes[ids] // 8 == sizes[index] // 4)
+            malformed += int((both & ~paired).sum())
+            rows.present[:, ids] &= paired
+            rows.present[:, index] &= paired
+            rows.ints[~paired, layout.count(RecordKind.ID) + field.pairs] = 0  # an empty list
+            rows.floats[~paired, field.column : field.column + field.width] = 0
     _warn(side, malformed)
     return rows
 
@@ -306,7 +346,8 @@ def write_hashes(
         client: a Redis client.
         layout: the layout (its ``format`` must be ``hash``).
         ids: the users' (items') ids.
-        values: per id, field name -> a float32 vector, an int id, or a list of int ids.
+        values: per id, field name -> a float32 vector (or weights), an int id, or a list of
+            int ids.
 
     Returns:
         Records written.
@@ -318,7 +359,7 @@ def write_hashes(
         mapping: dict[Any, Any] = {}
         for field in layout.fields:
             value = record[field.name]
-            if field.kind is RecordKind.VECTOR:
+            if field.kind in (RecordKind.VECTOR, RecordKind.WEIGHTS):
                 mapping[field.name] = np.asarray(value, dtype="<f4").tobytes()
             elif field.kind is RecordKind.ID:
                 mapping[field.name] = str(int(value)).encode()

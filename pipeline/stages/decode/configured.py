@@ -67,6 +67,7 @@ class ConfiguredDecoder:
         wanted = [roles.event_id, roles.user_id, roles.candidates, roles.event_time]
         wanted += [roles.num_results] if roles.num_results is not None else []
         wanted += [f.field for f in fmap.event_fields if f.store is not Store.RAW]
+        wanted += [f.weights for f in fmap.event_fields if f.weights is not None]
         raw = [f.field for f in fmap.event_fields if f.store is Store.RAW]
         self._program: Program | None = None
         try:

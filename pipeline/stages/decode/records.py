@@ -5,8 +5,9 @@ writer schema resolved into the configured one), validated by the same rules as 
 UserEvent (:mod:`pipeline.connectors.avro.rules`, applied to the role fields), and its values
 appended to per-field lists; one numpy array per column is made at the end. Beyond the built-in
 rules, ids of ``identity`` features configured with ``out_of_range = "dlq"`` must lie in their
-table (``id_out_of_range``, naming the key), and string feature fields obey
-``codec.max_string_length`` (``invalid_string``).
+table (``id_out_of_range``, naming the key), string feature fields obey
+``codec.max_string_length`` (``invalid_string``), and a weighted key's ids come with one finite
+weight each (``invalid_field``, naming the key).
 
 It is the reference of the compiled walk (:mod:`pipeline.stages.decode.configured`), which asks
 it about every message the walk does not accept (for the reason and detail of its dead letter,
@@ -128,7 +129,8 @@ class RecordDecoder:
         fields = [self._field(f, f.field.read(record)) for f in self._fmap.event_fields]
         for check in self._checks:
             check(fields, candidates)
-        return event_id, user_id, event_ms, num_results, candidates, fields
+        weights = [_weights(f, record) for f in self._fmap.event_fields]
+        return event_id, user_id, event_ms, num_results, candidates, fields, weights
 
     def _check_string(self, name: str, text: str) -> None:
         if not 0 < len(text) <= self.limits.max_string_length:
@@ -166,6 +168,36 @@ class RecordDecoder:
                 self._strings.clear()
             found = self._strings[text] = string_to_id(text)
         return found
+
+
+def _weights(f: EventField, record: Any) -> list[float] | None:
+    """The weights of a weighted key's list (its kept ids'), ``None`` for another field or a
+    null list.
+
+    Raises:
+        RejectedMessage: not one weight per id (a null array has none), or one not finite.
+    """
+    if f.weights is None:
+        return None
+    ids = f.field.read(record)
+    if ids is None:
+        return None
+    weights = f.weights.read(record) or []
+    if len(weights) != len(ids):
+        raise RejectedMessage(
+            Why.INVALID_FIELD,
+            f"features.sparse.{f.key}: {len(weights)} weights ({f.weights.name}) for "
+            f"{len(ids)} ids ({f.field.name}): one weight per id",
+        )
+    with np.errstate(over="ignore"):  # a double beyond float32: inf, refused below
+        kept = np.asarray(weights[: f.max_ids], dtype=np.float32)
+    if not np.isfinite(kept).all():
+        bad = next(w for w, ok in zip(weights, np.isfinite(kept), strict=False) if not ok)
+        raise RejectedMessage(
+            Why.INVALID_FIELD,
+            f"features.sparse.{f.key}: weight {bad} in {f.weights.name} is not a finite float32",
+        )
+    return kept.tolist()
 
 
 @dataclass(frozen=True)
@@ -252,11 +284,12 @@ class _Batch:
             recent_counts=zeros.copy(),
             recent_ids=np.zeros(0, dtype=np.int64),
             retrieved=np.zeros(n, dtype=bool),
-            fields=self._fields([r[5] for r in rows]),
+            fields=self._fields([r[5] for r in rows], [r[6] for r in rows]),
         )
 
-    def _fields(self, values: list[list[Any]]) -> FieldColumns:
-        """The event fields of every accepted event (``values[event][field]``)."""
+    def _fields(self, values: list[list[Any]], weights: list[list[Any]]) -> FieldColumns:
+        """The event fields of every accepted event (``values[event][field]``; a weighted
+        key's list's ``weights[event][field]``)."""
         n, fmap = len(values), self._fmap
         out = FieldColumns.empty(
             n, fmap.event_count(Store.INTS), fmap.event_count(Store.FLOATS),
@@ -286,4 +319,15 @@ class _Batch:
         if raw:  # entity-major too
             data = b"".join(one[e] or b"" for e in range(n) for one in raw)
             out.raw_bytes = np.frombuffer(data, dtype=np.uint8).copy()
+        if any(f.weights is not None for f in fmap.event_fields):
+            at_column = {
+                f.column: at for at, f in enumerate(fmap.event_fields) if f.store is Store.LISTS
+            }
+            flat_w = [
+                w
+                for e in range(n)
+                for column, one in enumerate(lists)
+                for w in (weights[e][at_column[column]] or [1.0] * len(one[e]))
+            ]
+            out.list_weights = np.fromiter(flat_w, np.float32, len(flat_w))
         return out

@@ -5,7 +5,9 @@ messages into :class:`~pipeline.types.EventColumns` (roles) with their
 :class:`~pipeline.types.FieldColumns` (the feature map's event fields): strings hashed once per
 distinct value, enums through their symbols' ids, lists cut to ``max_ids``; and flags, per
 event, every one that breaks a rule of :class:`~pipeline.stages.decode.records.RecordDecoder`
-(which then tells the reason). numpy over columns, no Python object per event.
+(which then tells the reason). A weighted key's list brings its weights (a float array of the
+same length; another length, or a weight that is not finite, breaks a rule). numpy over
+columns, no Python object per event.
 
 Example::
 
@@ -14,11 +16,14 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import numba
 import numpy as np
 import numpy.typing as npt
 
-from model.features.mapping import FeatureMap, Store
+from model.features.mapping import EventField, FeatureMap, Store
 from model.features.segments import offsets, positions
 from model.features.spec import string_to_id
 from pipeline.connectors.avro.kernels import _fnv1a
@@ -33,6 +38,7 @@ __all__ = ["WalkedColumns"]
 
 I64 = npt.NDArray[np.int64]
 Flags = npt.NDArray[np.bool_]
+A = TypeVar("A", np.int64, np.float32)
 _CACHE = 100_000
 """Distinct strings whose 64-bit id is remembered (cleared when full)."""
 
@@ -196,6 +202,8 @@ class WalkedColumns:
         )  # fmt: skip
         self._raw(fields)
         lists: list[I64] = []
+        weights: list[npt.NDArray[np.float32]] = []
+        weighted = any(f.weights is not None for f in fmap.event_fields)
         for f in fmap.event_fields:
             if f.store is Store.RAW:
                 continue
@@ -229,8 +237,32 @@ class WalkedColumns:
             fields.list_counts[:, f.column] = counts
             fields.list_present[:, f.column] = present
             lists.append(ids)
+            if weighted:
+                weights.append(self._weights(f, counts, present, bad))
         fields.list_ids = _interleave(fields.list_counts, lists)
+        if weighted:
+            fields.list_weights = _interleave(fields.list_counts, weights)
         return fields
+
+    def _weights(
+        self, f: EventField, kept: I64, present: Flags, bad: Flags
+    ) -> npt.NDArray[np.float32]:
+        """The weights of list ``f``'s ``kept`` ids (1.0 without ``f.weights``); ``bad`` gains
+        the events whose weights are not one per id (a null array counts none), or not finite."""
+        if f.weights is None:
+            return np.ones(int(kept.sum()), dtype=np.float32)
+        store, slot, _ = self._program.slot(f.field.path)
+        ids = (self._out.strs_count if store == "strs" else self._out.list_count)[self._rows, slot]
+        _, wslot, _ = self._program.slot(f.weights.path)
+        have = self._out.list_count[self._rows, wslot]
+        bad |= present & (ids != have)
+        index = np.repeat(self._out.list_start[self._rows, wslot], kept) + positions(kept)
+        readable = np.repeat(have >= kept, kept)  # the others are flagged: never read past
+        values = np.full(len(index), np.nan, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a double beyond float32: inf, flagged below
+            values[readable] = self._out.list_values[index[readable]].view(np.float64)
+        bad |= _any(~np.isfinite(values), kept)
+        return values
 
     def _check_ranges(self, fields: FieldColumns, counts: I64, candidates: I64, bad: Flags) -> None:
         """Flag events with an id outside an ``identity`` table configured to dead-letter."""
@@ -256,11 +288,12 @@ def _any(flags: Flags, counts: I64) -> Flags:
     return (total[ends] - total[ends - counts]) > 0
 
 
-def _interleave(counts: I64, lists: list[I64]) -> I64:
-    """Lists given one by one (each event-major) -> entity-major, an entity's lists in order."""
+def _interleave(counts: I64, lists: Sequence[npt.NDArray[A]]) -> npt.NDArray[A]:
+    """Lists given one by one (each event-major) -> entity-major, an entity's lists in order
+    (ids, or their weights)."""
     if not lists:
         return np.zeros(0, dtype=np.int64)
-    out = np.empty(int(counts.sum()), dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=lists[0].dtype)
     first = offsets(counts.sum(axis=1))[:-1]
     before = np.concatenate([np.zeros((len(counts), 1), np.int64), np.cumsum(counts, axis=1)], 1)
     for j, values in enumerate(lists):

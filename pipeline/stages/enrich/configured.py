@@ -12,7 +12,9 @@ a dense part its ``default``), the record's other fields serve, and the event's
 Recommendation lists the side in ``fallback_features``. Records with a field present are
 cached with which fields are (one int64 of bits after the record's ints); records with none
 (no key, an outage) never are. After an outage Redis is left alone for
-``redis.retry_after_s``.
+``redis.retry_after_s``. An id list with a ``weights`` field is present only with its weights,
+one per id (else both are absent, :mod:`pipeline.connectors.redis.layout`); its weights go
+beside its ids (``FieldColumns.list_weights``).
 
 Example::
 
@@ -72,10 +74,13 @@ class _Side:
         kinds = [f.kind for f in layout.fields]
         self._id_fields = [i for i, k in enumerate(kinds) if k is RecordKind.ID]
         self._list_fields = [i for i, k in enumerate(kinds) if k is RecordKind.ID_LIST]
-        self._float_fields = np.repeat(
-            [i for i, k in enumerate(kinds) if k is RecordKind.VECTOR],
-            [f.width for f in layout.fields if f.kind is RecordKind.VECTOR],
-        ).astype(np.int64)
+        self._float_fields = np.zeros(layout.count(RecordKind.VECTOR), dtype=np.int64)
+        for i, f in enumerate(layout.fields):  # each float column's field
+            if f.kind in (RecordKind.VECTOR, RecordKind.WEIGHTS):
+                self._float_fields[f.column : f.column + f.width] = i
+        self._pairs = [  # (list index, its weights' field): parsed present together or not
+            (f.pairs, i) for i, f in enumerate(layout.fields) if f.kind is RecordKind.WEIGHTS
+        ]
         self._bits = np.int64(1) << np.arange(len(kinds), dtype=np.int64)
         self.cache = FeatureCache(
             settings.cache_max_entries,
@@ -127,8 +132,20 @@ class _Side:
             found.side[keep],
             present[:, self._id_fields],
             present[:, self._list_fields],
+            list_weights=self._weights(found.floats, keep) if self._pairs else None,
         )
         return fields, ~present.all(axis=1)
+
+    def _weights(
+        self, floats: npt.NDArray[np.float32], keep: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.float32]:
+        """Each kept list id's weight (its list's ``weights`` field; 1.0 without one)."""
+        out = np.ones(keep.shape, dtype=np.float32)
+        starts = np.concatenate(([0], np.cumsum(self.layout.list_caps)))
+        for j, weights in self._pairs:
+            field = self.layout.fields[weights]
+            out[:, starts[j] : starts[j + 1]] = floats[:, field.column : field.column + field.width]
+        return out[keep]
 
 
 class ConfiguredEnricher:

@@ -13,10 +13,12 @@ modulo, or the salted hash), applied once per event (or item), before the repeti
 the value is absent (a null event field; a Redis record, or its field, missing or malformed)
 the bag is what the key's ``missing`` policy says: empty, the row ``missing_row``, or the row
 of the raw id ``missing_id``. An id list keeps its length (a short list is a short bag, an
-empty one an empty bag). The dense input is the :class:`~model.features.mapping.DensePart` s
-side by side; an absent value (NaN in the columns: a null event number, a missing Redis record
-or vector field) gives the part's ``default``. All of it is numpy over whole columns: no Python
-work per event or row.
+empty one an empty bag). With a weighted collection (``fmap.weighted``) the KJT carries a weight
+per id: a weighted key's from its list (:attr:`~pipeline.types.FieldColumns.list_weights`),
+1.0 for every other id, a missing value's policy row included. The dense input is the
+:class:`~model.features.mapping.DensePart` s side by side; an absent value (NaN in the columns:
+a null event number, a missing Redis record or vector field) gives the part's ``default``. All
+of it is numpy over whole columns: no Python work per event or row.
 
 Example::
 
@@ -91,12 +93,16 @@ class MappedFeatures:
         """
         rows = events.num_rows
         event_of_row = np.repeat(np.arange(events.num_events), events.candidate_counts)
-        values, lengths, per_key = [], [], []
+        values, lengths, per_key, weights = [], [], [], []
         for key in self._fmap.sparse:
-            ids, counts = self._key(key, events, enrichment, event_of_row)
+            ids, counts, key_weights = self._key(key, events, enrichment, event_of_row)
             values.append(ids)
             lengths.append(counts)
             per_key.append(len(ids))
+            if self._fmap.weighted:
+                weights.append(
+                    np.ones(len(ids), dtype=np.float32) if key_weights is None else key_weights
+                )
         dense = np.concatenate(
             [self._dense(p, events, enrichment, event_of_row) for p in self._fmap.dense], axis=1
         )
@@ -106,6 +112,7 @@ class MappedFeatures:
             torch.from_numpy(np.concatenate(lengths)),
             rows,
             per_key,
+            torch.from_numpy(np.concatenate(weights)) if self._fmap.weighted else None,
         )
         return ModelInput(torch.from_numpy(np.ascontiguousarray(dense)), sparse)
 
@@ -115,30 +122,35 @@ class MappedFeatures:
         events: EventColumns,
         enrichment: Enrichment,
         event_of_row: Int64Array,
-    ) -> tuple[Int64Array, Int64Array]:
-        """One key's table rows (all rows' bags back to back) and each row's bag length."""
+    ) -> tuple[Int64Array, Int64Array, npt.NDArray[np.float32] | None]:
+        """One key's table rows (all rows' bags back to back), each row's bag length, and its
+        ids' weights (``None``: the key has none, each weighs 1.0)."""
         rows = events.num_rows
         if key.source is Source.CANDIDATE:
-            return table_rows(events.candidate_ids, key), np.ones(rows, dtype=np.int64)
+            return table_rows(events.candidate_ids, key), np.ones(rows, dtype=np.int64), None
         fields, row_source = _source(key.source, events, enrichment, event_of_row)
         if key.store is Store.INTS:  # one id per entity: a list of one
             ids = fields.ints[:, key.column]
             present = fields.int_present[:, key.column]
             if present.all():
-                return table_rows(ids, key)[row_source], np.ones(rows, dtype=np.int64)
+                return table_rows(ids, key)[row_source], np.ones(rows, dtype=np.int64), None
             starts, counts = np.arange(len(ids), dtype=np.int64), np.ones(len(ids), np.int64)
         else:
             ids = fields.list_ids
             present = fields.list_present[:, key.column]
             starts, counts = fields.list_starts(key.column), fields.list_counts[:, key.column]
         pool = table_rows(ids, key)
+        pool_weights = fields.weights() if key.weighted else None
         if not present.all():  # absent: no ids, or the policy's one row at the pool's end
             fill = self._fill[key.key]
             starts = np.where(present, starts, len(pool))
             counts = np.where(present, counts, 0 if fill is None else 1)
             pool = np.append(pool, 0 if fill is None else fill)
+            if pool_weights is not None:  # the policy's row weighs 1.0
+                pool_weights = np.append(pool_weights, np.float32(1.0))
         starts, counts = starts[row_source], counts[row_source]
-        return pool[np.repeat(starts, counts) + positions(counts)], counts
+        index = np.repeat(starts, counts) + positions(counts)
+        return pool[index], counts, None if pool_weights is None else pool_weights[index]
 
     def _dense(
         self,

@@ -9,7 +9,8 @@ Records: every field gets a value of its type (nested records, nullable unions n
 five, arrays of 0-5 items, strings from a vocabulary of 20, timestamps now); then the roles get
 realistic ones (a unique event id, a user among ``users``, 2-12 candidates among ``items``, a
 small result count). Ids of ``identity`` keys that dead-letter outside ids are kept inside
-their tables, so that every event is scored.
+their tables, and a weighted key's weights (event arrays, Redis ``weights`` fields) get one
+value per id, so that every event is scored.
 
 Example::
 
@@ -134,6 +135,10 @@ def synthetic_records(fmap: FeatureMap, n: int, seed: int = 0) -> list[dict[str,
         _put(record, roles.event_time, now_ms)
         if roles.num_results is not None:
             _put(record, roles.num_results, int(rng.integers(1, 6)))
+        for field in fmap.event_fields:  # one weight per id
+            ids = field.field.read(record)
+            if field.weights is not None and ids is not None:
+                _put(record, field.weights, [float(w) for w in rng.random(len(ids))])
         for key, field in inside:
             held = field.field.read(record)
             if held is not None:
@@ -168,6 +173,11 @@ def _seed(client: redis.Redis, layout: RecordLayout | None, ids: range, seed: in
                 record[f.name] = rng.standard_normal(f.width).astype("<f4")
             elif f.kind is RecordKind.ID:
                 record[f.name] = int(rng.integers(0, 1000))
+            elif f.kind is RecordKind.WEIGHTS:  # after their list: one per id
+                paired = next(
+                    g for g in layout.fields if g.kind is RecordKind.ID_LIST and g.column == f.pairs
+                )
+                record[f.name] = rng.random(len(record[paired.name])).astype("<f4")
             else:
                 record[f.name] = rng.integers(0, ITEMS, int(rng.integers(0, f.width + 1)))
         values.append(record)

@@ -164,3 +164,21 @@ def test_every_cuda_shard_lands_on_the_gpu_its_rank_runs_on(config: str) -> None
     for placement in placements:
         assert placement is not None
         assert placement.device() == torch.device("cuda", placement.rank() % 2), placement
+
+
+def test_sequence_tables_are_placed_by_hand_with_their_sharder() -> None:
+    from model.module.types import TableConfig
+
+    tables = (
+        TableConfig("t_a", 1000, 8, ("a",), module_path="ebc"),
+        TableConfig("t_h", 5000, 8, ("h",), ids_per_row=10, module_path="ec", kind="sequence"),
+    )
+    for text, kind in [("", None), ("h=row_wise", "row_wise"), ("h=table_wise@1", "table_wise")]:
+        plan = plan_sharding(tables, 2, config=ShardingConfig.parse(text))
+        assert set(plan.plan) == {"ebc", "ec"}
+        placed = plan.plan["ec"]["t_h"]  # type: ignore[index]
+        assert kind is None or placed.sharding_type == kind
+    assert plan.plan["ec"]["t_h"].ranks == [1]  # type: ignore[index]
+    for kind in ("data_parallel", "table_column_wise"):
+        with pytest.raises(ValueError, match=f"sequence table t_h cannot be {kind}"):
+            plan_sharding(tables, 2, config=ShardingConfig.parse(f"h={kind}"))

@@ -1,11 +1,21 @@
-"""ModelInput moves to any device at any time, with nothing left behind on the old one."""
+"""ModelInput moves to any device at any time, with nothing left behind on the old one (a
+weighted KJT's weights included)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from model.features.build import FeatureColumns, build_model_input
-from model.features.model_input import pad_model_input, padding_input
+from model.features.layout import InputLayout
+from model.features.model_input import (
+    ModelInput,
+    pad_model_input,
+    padding_input,
+    sparse_features,
+    warm_up_input,
+)
 from model.features.spec import FeatureSpec
 from model.ranker import build_ranker
 
@@ -50,3 +60,23 @@ def test_moved_input_scores_the_same(cols: FeatureColumns, spec: FeatureSpec) ->
     first = ranker.score(inp)
     again = ranker.score(inp.to("cpu"))
     torch.testing.assert_close(first, again)
+
+
+def test_weights_travel_with_the_ids_through_every_copy_and_padding() -> None:
+    layout = InputLayout(("a", "b"), 2, (2, 1), weighted=True)
+    weights = torch.tensor([0.5, 2.0, 1.0, 3.0])
+    inp = ModelInput(
+        torch.zeros(2, 2),
+        sparse_features(
+            ["a", "b"], torch.tensor([1, 2, 3, 4]), torch.tensor([2, 0, 1, 1]), 2, [2, 2], weights
+        ),
+    )
+    for copy in (inp.to("meta"), pad_model_input(inp, 5)):
+        assert copy.sparse.weights().shape == weights.shape
+    assert torch.equal(pad_model_input(inp, 5).sparse.weights(), weights)
+    assert _devices(inp.to("meta").tensors()) == {"meta"}
+    assert padding_input(layout, 3, "cpu").sparse.weights().numel() == 0
+    warm = warm_up_input(layout, 4)
+    assert torch.equal(warm.sparse.weights(), torch.ones(12))
+    unweighted = dataclasses.replace(layout, weighted=False)
+    assert warm_up_input(unweighted, 4).sparse.weights_or_none() is None

@@ -8,11 +8,10 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from model.features.layout import InputLayout
-from model.module.checks import check_features, collections, module_tables, trial_forward
+from model.module.checks import check_features, module_tables, trial_forward
 from model.module.factory import build_module
 from model.module.output import output_scores
 from model.module.types import Activation, ModelConfigError, ModuleConfig, OutputConfig
@@ -45,43 +44,6 @@ def test_module_tables_are_read_off_the_module_with_their_paths() -> None:
     assert {t.module_path for t in tables} == {"sparse_arch.embedding_bag_collection"}
     assert [t.ids_per_row for t in tables] == [1, 1, 4]
     assert [t.num_embeddings for t in tables] == [50, 80, 80]
-
-
-@pytest.mark.parametrize(
-    ("inner", "says"),
-    [
-        (
-            EmbeddingCollection(
-                tables=[
-                    EmbeddingConfig(
-                        name="t", embedding_dim=4, num_embeddings=5, feature_names=["a"]
-                    )
-                ],
-                device=torch.device("meta"),
-            ),
-            "an EmbeddingCollection (sequence embeddings)",
-        ),
-        (
-            EmbeddingBagCollection(
-                tables=[
-                    EmbeddingBagConfig(
-                        name="t", embedding_dim=4, num_embeddings=5, feature_names=["a"]
-                    )
-                ],
-                is_weighted=True,
-                device=torch.device("meta"),
-            ),
-            "a weighted EmbeddingBagCollection",
-        ),
-        (nn.Linear(2, 2), "holds no EmbeddingBagCollection"),
-    ],
-)
-def test_embedding_modules_the_contract_does_not_serve_are_refused(
-    inner: nn.Module, says: str
-) -> None:
-    with pytest.raises(ModelConfigError) as error:
-        collections(_Holder(inner))
-    assert says in str(error.value) and "\n" not in str(error.value)
 
 
 def test_every_kjt_key_is_a_module_feature_and_back() -> None:

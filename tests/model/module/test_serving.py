@@ -1,5 +1,6 @@
 """Configured modules served by the one ScorerFactory: one process (fp32, quantized tables,
-compiled) and two gloo ranks, each scoring as the module's own forward does."""
+compiled) and two gloo ranks, each scoring as the module's own forward does; weighted, sequence
+and managed-collision collections too (managed collisions in one process only)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from model.distributed.config import ShardingConfig
 from model.features.layout import InputLayout
 from model.features.model_input import ModelInput, sparse_features
 from model.module.factory import build_module
@@ -21,11 +23,22 @@ from model.module.store import import_state_dict
 from model.module.types import ModelConfigError, ModuleConfig
 from model.options import QuantDtype
 from model.rank import RankContext
-from model.serving import Scorer, ScorerFactory, ServingOptions
+from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOption
 from model.serving.graph_shapes import graph_shapes, shape_for
 from model.store.versions import ModelVersions
 from tests.model.distributed.ranks import spawn_ranks
-from tests.model.module.configs import DCN, DCN_LAYOUT, DEEPFM, DEEPFM_LAYOUT
+from tests.model.module.configs import (
+    DCN,
+    DCN_LAYOUT,
+    DEEPFM,
+    DEEPFM_LAYOUT,
+    MANAGED,
+    MANAGED_LAYOUT,
+    SEQUENCE,
+    SEQUENCE_LAYOUT,
+    WEIGHTED,
+    WEIGHTED_LAYOUT,
+)
 
 ROWS = 24
 
@@ -39,8 +52,10 @@ def batch(config: ModuleConfig, layout: InputLayout, rows: int, seed: int) -> Mo
         n = torch.randint(0 if most > 1 else 1, most + 1, (rows,), generator=gen)
         lengths.append(n)
         values.append(torch.randint(0, sizes[key], (int(n.sum()),), generator=gen))
+    ids = torch.cat(values)
+    weights = torch.rand(len(ids), generator=gen) * 3 if layout.weighted else None
     sparse = sparse_features(
-        layout.keys, torch.cat(values), torch.cat(lengths), rows, [len(v) for v in values]
+        layout.keys, ids, torch.cat(lengths), rows, [len(v) for v in values], weights
     )
     return ModelInput(torch.randn(rows, layout.dense_dim, generator=gen), sparse)
 
@@ -58,7 +73,16 @@ def options(path: Path, config: ModuleConfig, layout: InputLayout, **kw: object)
     return ServingOptions(path, device="cpu", batch_rows=32, module=config, layout=layout, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("config", "layout"), [(DEEPFM, DEEPFM_LAYOUT), (DCN, DCN_LAYOUT)])
+CONFIGS = {
+    "deepfm": (DEEPFM, DEEPFM_LAYOUT),
+    "dcn": (DCN, DCN_LAYOUT),
+    "weighted": (WEIGHTED, WEIGHTED_LAYOUT),
+    "sequence": (SEQUENCE, SEQUENCE_LAYOUT),
+    "managed": (MANAGED, MANAGED_LAYOUT),
+}
+
+
+@pytest.mark.parametrize(("config", "layout"), list(CONFIGS.values()), ids=list(CONFIGS))
 def test_one_process_scores_as_the_modules_own_forward(
     tmp_path: Path, config: ModuleConfig, layout: InputLayout
 ) -> None:
@@ -76,16 +100,28 @@ def test_one_process_scores_as_the_modules_own_forward(
         _ = scorer.spec
 
 
-@pytest.mark.parametrize("dtype", [QuantDtype.FP16, QuantDtype.INT8])
-def test_quantized_tables_serve_a_configured_module(tmp_path: Path, dtype: QuantDtype) -> None:
-    path, module = imported(tmp_path, DCN, seed=6)
-    scorer = ScorerFactory(options(path, DCN, DCN_LAYOUT, quantize=dtype)).create_scorer()
-    inp = batch(DCN, DCN_LAYOUT, ROWS, seed=2)
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("dcn", QuantDtype.FP16),
+        ("dcn", QuantDtype.INT8),
+        ("weighted", QuantDtype.INT8),
+        ("sequence", QuantDtype.INT8),
+        ("managed", QuantDtype.INT8),
+    ],
+)
+def test_quantized_tables_serve_a_configured_module(
+    tmp_path: Path, name: str, dtype: QuantDtype
+) -> None:
+    config, layout = CONFIGS[name]
+    path, module = imported(tmp_path, config, seed=6)
+    scorer = ScorerFactory(options(path, config, layout, quantize=dtype)).create_scorer()
+    inp = batch(config, layout, ROWS, seed=2)
     with torch.no_grad():
-        want = output_scores(module(inp.dense, inp.sparse))
+        want = output_scores(module(inp.dense, inp.sparse), config.output)
     assert float((scorer.forward(inp) - want).abs().max()) < 2e-2
     assert scorer.embedding_bytes() < sum(
-        t.num_embeddings * t.embedding_dim * 4 for t in DCN.tables
+        t.num_embeddings * t.embedding_dim * 4 for t in config.tables
     )
 
 
@@ -96,13 +132,14 @@ def test_a_version_of_another_module_is_refused_by_the_factory(tmp_path: Path) -
         ScorerFactory(options(path, other, DCN_LAYOUT)).create_scorer()
 
 
-def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, path: str, out: str, name: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     context = RankContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world)
-    scorer = ScorerFactory(options(Path(path), DEEPFM, DEEPFM_LAYOUT), context).create_scorer()
-    inp = batch(DEEPFM, DEEPFM_LAYOUT, ROWS, seed=10 + rank)
+    config, layout = CONFIGS[name]
+    scorer = ScorerFactory(options(Path(path), config, layout), context).create_scorer()
+    inp = batch(config, layout, ROWS, seed=10 + rank)
     np.save(f"{out}/rank-{rank}.npy", scorer.forward(inp, pad_to=ROWS + 8).numpy())
     dist.barrier()
     dist.destroy_process_group()
@@ -111,14 +148,32 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_shard_a_configured_module_and_score_as_one_process(tmp_path: Path) -> None:
-    path, module = imported(tmp_path, DEEPFM, seed=8)
-    spawn_ranks(_rank, 2, str(path), str(tmp_path))
+@pytest.mark.parametrize("name", ["deepfm", "weighted", "sequence"])
+def test_two_ranks_shard_a_configured_module_and_score_as_one_process(
+    tmp_path: Path, name: str
+) -> None:
+    config, layout = CONFIGS[name]
+    path, module = imported(tmp_path, config, seed=8)
+    spawn_ranks(_rank, 2, str(path), str(tmp_path), name)
     for rank in range(2):
-        inp = batch(DEEPFM, DEEPFM_LAYOUT, ROWS, seed=10 + rank)
+        inp = batch(config, layout, ROWS, seed=10 + rank)
         with torch.no_grad():
-            want = output_scores(module(inp.dense, inp.sparse), DEEPFM.output).numpy()
+            want = output_scores(module(inp.dense, inp.sparse), config.output).numpy()
         np.testing.assert_allclose(np.load(tmp_path / f"rank-{rank}.npy"), want, atol=1e-5)
+
+
+def test_what_several_ranks_cannot_serve_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "v"
+    with pytest.raises(UnsupportedOption) as error:
+        options(path, MANAGED, MANAGED_LAYOUT).check(2)
+    assert "model.module.managed_collision serves in one process only" in str(error.value)
+    assert "'Unexpected state_dict key type'" in str(error.value)
+    options(path, MANAGED, MANAGED_LAYOUT).check(1)
+    for kind in ("data_parallel", "table_row_wise", "table_column_wise"):
+        sharding = ShardingConfig.parse(f"history={kind}")
+        with pytest.raises(UnsupportedOption, match=f"sequence table t_history cannot be {kind}"):
+            options(path, SEQUENCE, SEQUENCE_LAYOUT, sharding=sharding).check(2)
+    options(path, SEQUENCE, SEQUENCE_LAYOUT, sharding=ShardingConfig.parse("row_wise")).check(2)
 
 
 @pytest.mark.slow

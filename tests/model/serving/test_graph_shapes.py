@@ -145,3 +145,31 @@ def test_a_batch_beyond_its_shape_is_refused(spec: FeatureSpec) -> None:
         pad_to_shape(inp, shape)
     with pytest.raises(ValueError, match="does not fit"):
         pad_to_shape(inp, GraphShape(1, shape.values_per_key))
+
+
+def test_a_weighted_batch_pads_its_weights_with_the_ids(single_thread: None) -> None:
+    from model.module.factory import build_module
+    from tests.model.module.configs import WEIGHTED, WEIGHTED_LAYOUT
+
+    module = build_module(WEIGHTED, seed=3).eval()
+    weights = torch.tensor([0.5, 2.0, 1.5, 1.0, 3.0])
+    inp = ModelInput(
+        torch.randn(3, WEIGHTED_LAYOUT.dense_dim),
+        sparse_features(
+            list(WEIGHTED_LAYOUT.keys),
+            torch.tensor([1, 2, 3, 4, 5]),
+            torch.tensor([1, 1, 0, 2, 0, 1]),
+            3,
+            [2, 3],
+            weights,
+        ),
+    )
+    shape = shape_for(inp.num_rows, graph_shapes(WEIGHTED_LAYOUT, 16))
+    padded = pad_to_shape(inp, shape)
+    per_key = padded.sparse.to_dict()
+    assert torch.equal(per_key["user"].weights()[:2], weights[:2])
+    assert torch.equal(per_key["tags"].weights()[:3], weights[2:])
+    assert not per_key["user"].weights()[2:].any()  # the sink row's ids weigh 0
+    expected = score_probabilities(module, inp)
+    got = score_probabilities(module, padded)[: inp.num_rows]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from model.features.mapping import Missing, Store
+from model.features.mapping import Missing, RecordKind, Store
 from model.features.spec import string_to_id
 from pipeline.models.mapping import FeatureMapError, resolve_feature_map
 from pipeline.settings.features import SparseSettings
@@ -79,7 +79,8 @@ def test_the_examples_resolve_to_their_keys_and_stores() -> None:
         ),
         (
             {"item__fields": {"category": "id:2", "quality": "vector:4"}},
-            "features.item.fields.category = 'id:2': expected 'vector:N', 'id' or 'id_list:N'",
+            "features.item.fields.category = 'id:2': expected 'vector:N', 'id', 'id_list:N' or "
+            "'weights:<an id_list field>'",
         ),
         ({"dense": []}, "features.dense: declare at least one"),
         (
@@ -192,3 +193,109 @@ def test_a_missing_policy_without_its_value_or_a_value_without_its_policy_is_ref
     with pytest.raises(pydantic.ValidationError) as error:
         SparseSettings(source="user", field="segment", **given)
     assert says in str(error.value)
+
+
+def _module(settings: Settings, **changes: Any) -> Settings:
+    """``settings`` with ``[model.module]`` changed (validated again)."""
+    assert settings.model.module is not None
+    module = type(settings.model.module)(**{**settings.model.module.model_dump(), **changes})
+    return settings.model_copy(
+        update={"model": settings.model.model_copy(update={"module": module})}
+    )
+
+
+def test_weighted_keys_resolve_with_their_weights() -> None:
+    fmap = resolve_feature_map(_settings("weighted"))
+    assert fmap.weighted and fmap.layout.weighted
+    keys = {k.key: k for k in fmap.sparse}
+    assert [k for k, v in keys.items() if v.weighted] == ["topics", "follows"]
+    topics = next(f for f in fmap.event_fields if f.field.name == "topics")
+    assert topics.weights is not None and topics.weights.name == "topic_minutes"
+    assert (topics.key, topics.max_ids, topics.store) == ("topics", 6, Store.LISTS)
+    assert fmap.user is not None
+    follows, strength = fmap.user.field("follows"), fmap.user.field("follow_strength")
+    assert (strength.kind, strength.width, strength.pairs) == (
+        RecordKind.WEIGHTS,
+        8,
+        follows.column,
+    )
+    assert strength.column == 4 and fmap.user.count(RecordKind.VECTOR) == 12  # after profile
+    assert fmap.user.weights_of(follows.column) == strength
+    plain = resolve_feature_map(_settings("sequence"))
+    assert not plain.weighted and plain.layout.ids_per_key == (1, 1, 1, 1, 10)
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (
+            {"sparse__topics__weights": "topics"},
+            "features.sparse.topics.weights = 'topics' is array<long>; a key's weights needs "
+            "float_list",
+        ),
+        (
+            {"sparse__reader__weights": "topic_minutes"},
+            "features.sparse.reader.weights: weights pair with an array of ids, and reader.id is "
+            "long",
+        ),
+        (
+            {"sparse__topics__weights": "nowhere"},
+            "features.sparse.topics.weights = 'nowhere': the event has no field 'nowhere'",
+        ),
+        (
+            {"sparse__follows__weights": "profile"},
+            "features.sparse.follows.weights = 'profile': weights pair with the key's id_list "
+            "field; declare profile = 'weights:follows' in [features.user].fields",
+        ),
+        (
+            {
+                "user__fields": {
+                    "profile": "vector:4",
+                    "follows": "id_list:8",
+                    "follow_strength": "weights:profile",
+                }
+            },
+            "features.user.fields.follow_strength = 'weights:profile': weights pair with an "
+            "id_list field of the record, and 'profile' is none",
+        ),
+        (
+            {"sparse__follows__field": "follow_strength"},
+            "features.sparse.follows.field = 'follow_strength' is a weights field: a sparse "
+            "feature needs an id or an id_list",
+        ),
+        (
+            {"dense": [{"source": "user", "field": "follow_strength"}]},
+            "features.dense[0].field = 'follow_strength' is a weights field: a dense part needs "
+            "a vector",
+        ),
+    ],
+)
+def test_a_weights_mistake_is_one_line_naming_the_key(changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(FeatureMapError) as error:
+        resolve_feature_map(_settings("weighted", **changes))
+    assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_weights_need_a_weighted_pooled_collection() -> None:
+    with pytest.raises(FeatureMapError) as error:
+        resolve_feature_map(_module(_settings("weighted"), weighted=False))
+    assert str(error.value) == (
+        "features.sparse.topics.weights: model.module.weighted is false (the "
+        "EmbeddingBagCollection takes no weights); set it, or drop weights"
+    )
+    settings = _module(_settings("sequence", sparse__history__weights="watched"), weighted=True)
+    with pytest.raises(FeatureMapError) as error:
+        resolve_feature_map(settings)
+    assert "features.sparse.history.weights: t_history is a sequence table (an " in str(error.value)
+
+
+def test_managed_keys_map_raw_ids_into_the_remappers_range() -> None:
+    settings = _module(_settings("deepfm"), managed_collision={"input_hash_size": 1 << 20})
+    keys = {k.key: k for k in resolve_feature_map(settings).sparse}
+    assert {k.num_rows for k in keys.values()} == {1 << 20}
+    with pytest.raises(FeatureMapError, match=r"segment.missing_row = 1048576: the table has"):
+        resolve_feature_map(
+            _settings(
+                "deepfm", sparse__segment__missing="row", sparse__segment__missing_row=1 << 20
+            ).model_copy(update={"model": settings.model})
+        )

@@ -339,3 +339,75 @@ def test_a_null_field_is_absent_and_an_empty_list_is_present_on_both_paths(
         assert got.list_ids.tolist() == [
             5, string_to_id("x"), -1, 1, 2, 3, string_to_id("a"), string_to_id("b"),
         ]  # fmt: skip
+
+
+WEIGHTED = load_example("weighted")
+
+
+def _weighted_map(schema_file: Path | None = None) -> FeatureMap:
+    settings = load_settings(REPO_ROOT / "examples" / "weighted" / "streamrank.toml")
+    path = schema_file or REPO_ROOT / str(settings.events.schema_file)
+    events = settings.events.model_copy(update={"schema_file": path})
+    return resolve_feature_map(settings.model_copy(update={"events": events}))
+
+
+@pytest.mark.parametrize("item", ["float", "double"])
+def test_weights_decode_beside_their_ids_on_both_paths(tmp_path: Path, item: str) -> None:
+    """A float (or double) array of one weight per id: kept with the ids (the first max_ids),
+    as float32; another length, or a weight that is not a finite float32, dead-letters the
+    event naming the key; the compiled walk and the record path agree."""
+    schema = json.loads((REPO_ROOT / "examples" / "weighted" / "feed_request.avsc").read_text())
+    for field in schema["fields"]:
+        if field["name"] == "topic_minutes":
+            field["type"]["items"] = item
+    (tmp_path / "feed.avsc").write_text(json.dumps(schema))
+    fmap = _weighted_map(tmp_path / "feed.avsc")
+    decoder = ConfiguredDecoder(CodecSettings(), fmap)
+    assert decoder._program is not None
+    writer = fastavro.parse_schema(schema)
+    records = WEIGHTED.events(30, seed_=4)
+    records[1].update(topics=[1, 2, 3], topic_minutes=[0.5])
+    records[2].update(topics=[1], topic_minutes=[float("nan")])
+    records[3].update(topics=[], topic_minutes=[])
+    records[4].update(topics=list(range(9)), topic_minutes=[i + 0.25 for i in range(9)])
+    records[5].update(topics=[7], topic_minutes=[1e39 if item == "double" else float("inf")])
+    values = []
+    for record in records:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, writer, record)
+        values.append(buf.getvalue())
+    events, accepted, rejections = decoder.decode_values(values)
+    assert [(i, r.reason.value, r.detail) for i, r in rejections] == [
+        (
+            1,
+            "invalid_field",
+            "features.sparse.topics: 1 weights (topic_minutes) for 3 ids (topics): one weight "
+            "per id",
+        ),
+        (
+            2,
+            "invalid_field",
+            "features.sparse.topics: weight nan in topic_minutes is not a finite float32",
+        ),
+        (
+            5,
+            "invalid_field",
+            f"features.sparse.topics: weight {1e39 if item == 'double' else float('inf')} in "
+            "topic_minutes is not a finite float32",
+        ),
+    ]
+    kept = [records[i] for i in accepted.tolist()]
+    want = np.concatenate([np.float32(r["topic_minutes"][:6]) for r in kept])
+    assert events.fields is not None and events.fields.list_weights is not None
+    np.testing.assert_array_equal(events.fields.list_weights, want)
+    np.testing.assert_array_equal(
+        events.fields.list_ids, np.concatenate([np.int64(r["topics"][:6]) for r in kept])
+    )
+    recorded = decoder.records.columns([decoder.records.event(values[i]) for i in accepted])
+    assert recorded.fields is not None
+    np.testing.assert_array_equal(recorded.fields.list_weights, want)
+    np.testing.assert_array_equal(recorded.fields.list_ids, events.fields.list_ids)
+    taken = events.take(np.array([2, 0]))
+    assert taken.fields is not None and taken.fields.list_weights is not None
+    first = int(events.fields.list_counts[0, 0])
+    np.testing.assert_array_equal(taken.fields.list_weights[-first:], want[:first])

@@ -229,3 +229,29 @@ def test_a_missing_value_can_be_a_raw_id_through_the_transform() -> None:
     row = hash_to_rows(np.array([123]), 50, 9)[0]
     assert got.values().tolist() == hash_to_rows(np.array([7, 123, 123, 8]), 50, 9).tolist()
     assert got.values().tolist()[1] == row
+
+
+def test_weighted_keys_carry_their_weights_and_every_other_id_weighs_one() -> None:
+    events = _events()
+    assert events.fields is not None
+    events.fields.list_weights = np.array([0.5, 2.0, 4.0], dtype=np.float32)
+    events.fields.list_present[1, 0] = False  # the second event's list: missing (row 9)
+    weighted = SparseKey(
+        "l", Source.EVENT, Store.LISTS, 0, Transform.MODULO, 50, max_ids=3,
+        missing=Missing.ROW, missing_row=9, weighted=True,
+    )  # fmt: skip
+    keys = (
+        _key("e", Source.EVENT, Store.INTS, Transform.MODULO, 10),
+        weighted,
+        _key("c", Source.CANDIDATE, Store.INTS, Transform.IDENTITY, 101),
+    )
+    dense = (DensePart("event.x", Source.EVENT, 0, 1),)
+    fmap = FeatureMap(None, "", None, (), None, None, keys, dense, weighted=True)  # type: ignore[arg-type]
+    inp = MappedFeatures(fmap).build(events, _enrichment())
+    sparse = inp.sparse.to_dict()
+    assert sparse["l"].values().tolist() == [21, 22, 21, 22, 9]
+    assert sparse["l"].weights().tolist() == [0.5, 2.0, 0.5, 2.0, 1.0]  # the policy's row: 1.0
+    assert sparse["e"].weights().tolist() == [1.0] * 3
+    assert sparse["c"].weights().tolist() == [1.0] * 3
+    unweighted = FeatureMap(None, "", None, (), None, None, keys, dense)  # type: ignore[arg-type]
+    assert MappedFeatures(unweighted).build(events, _enrichment()).sparse.weights_or_none() is None

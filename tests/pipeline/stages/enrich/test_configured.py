@@ -208,3 +208,58 @@ def test_a_value_over_the_size_bound_is_missing_never_copied(
     assert got.user_fields is not None  # only that field is absent
     np.testing.assert_array_equal(got.user_fields.list_present[:, 0], [True, False])
     np.testing.assert_array_equal(got.user_fields.int_present[:, 0], [True, True])
+
+
+def test_an_id_list_serves_with_its_weights_one_per_id_or_not_at_all(
+    redis_client: redis.Redis, redis_settings: RedisSettings, prefix: str
+) -> None:
+    user = RecordLayout(
+        f"{prefix}:w:{{id}}",
+        RecordFormat.HASH,
+        (
+            RecordField("taste", RecordKind.VECTOR, 1, 0),
+            RecordField("tags", RecordKind.ID_LIST, 3, 0),
+            RecordField("tag_weights", RecordKind.WEIGHTS, 3, 1, pairs=0),
+            RecordField("seen", RecordKind.ID_LIST, 2, 1),
+        ),
+    )
+    write_hashes(
+        redis_client,
+        user,
+        [1, 2],
+        [
+            {
+                "taste": [1.0],
+                "tags": [4, 5, 6, 7],
+                "tag_weights": [0.5, 1.5, 2.5, 3.5],
+                "seen": [9],
+            },
+            {"taste": [2.0], "tags": [], "tag_weights": [], "seen": [8, 7]},
+        ],
+    )
+    key = f"{prefix}:w:{{}}"
+    f4 = np.array([0.5, 2.0], "<f4").tobytes()
+    redis_client.hset(
+        key.format(3), mapping={"tags": np.array([4, 5, 6], "<i8").tobytes(), "tag_weights": f4}
+    )
+    redis_client.hset(key.format(4), mapping={"tags": np.array([4], "<i8").tobytes(), "seen": b""})
+    redis_client.hset(
+        key.format(5),
+        mapping={
+            "tags": np.array([1], "<i8").tobytes(),
+            "tag_weights": np.array([np.nan], "<f4").tobytes(),
+        },
+    )
+    enricher = ConfiguredEnricher(redis_settings, _map(user, None), Metrics())
+    users = np.array([1, 2, 3, 4, 5, 1], dtype=np.int64)
+    for _ in range(2):  # read, then served from the cache
+        fields = enricher.enrich(users, np.zeros(0, np.int64)).user_fields
+        assert fields is not None and fields.list_weights is not None
+        # 3: two weights for three ids, 4: no weights, 5: a weight not finite: no tags
+        np.testing.assert_array_equal(fields.list_present[:, 0], [1, 1, 0, 0, 0, 1])
+        np.testing.assert_array_equal(fields.list_counts[:, 0], [3, 0, 0, 0, 0, 3])
+        np.testing.assert_array_equal(fields.list_ids, [4, 5, 6, 9, 8, 7, 4, 5, 6, 9])
+        np.testing.assert_allclose(
+            fields.list_weights, [0.5, 1.5, 2.5, 1.0, 1.0, 1.0, 0.5, 1.5, 2.5, 1.0]
+        )
+        assert np.isnan(fields.floats[2:5, 1:]).all()  # the absent weights' columns
