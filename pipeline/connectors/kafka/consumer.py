@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol, cast, overload
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.connectors.kafka.errors import KafkaClientError
+from pipeline.connectors.kafka.errors import KafkaClientError, client_call
 from pipeline.types import Headers, Partition, PolledBatch
 
 __all__ = [
@@ -250,20 +250,20 @@ class InputConsumer:
 
     def pause(self, partitions: Iterable[Partition]) -> None:
         """Stop fetching ``partitions`` (a paused partition drops what it had prefetched)."""
-        self._call(self._consumer.pause, [TopicPartition(t, p) for t, p in partitions])
+        client_call(self._consumer.pause, [TopicPartition(t, p) for t, p in partitions])
 
     def resume(self, partitions: Iterable[Partition]) -> None:
         """Fetch ``partitions`` again."""
-        self._call(self._consumer.resume, [TopicPartition(t, p) for t, p in partitions])
+        client_call(self._consumer.resume, [TopicPartition(t, p) for t, p in partitions])
 
     def seek(self, partition: Partition, offset: int) -> None:
         """Consume ``partition`` from ``offset`` on."""
-        self._call(self._consumer.seek, TopicPartition(partition[0], partition[1], offset))
+        client_call(self._consumer.seek, TopicPartition(partition[0], partition[1], offset))
 
     def commit(self, offsets: dict[Partition, int]) -> None:
         """Commit ``offsets`` (the next offset to consume, per partition) asynchronously; the
         result comes to the :class:`CommitResults` the consumer was made with."""
-        self._call(lambda: self._consumer.commit(offsets=_topic_partitions(offsets)))
+        client_call(lambda: self._consumer.commit(offsets=_topic_partitions(offsets)))
 
     def commit_sync(self, offsets: dict[Partition, int]) -> dict[Partition, KafkaClientError]:
         """Commit ``offsets`` and wait for the result.
@@ -282,15 +282,8 @@ class InputConsumer:
 
     def group_metadata(self) -> object:
         """The consumer's group metadata, opaque (exactly-once sends it with the offsets)."""
-        return self._call(self._consumer.consumer_group_metadata)
+        return client_call(self._consumer.consumer_group_metadata)
 
     def close(self) -> None:
         """Leave the group and close the client."""
-        self._call(self._consumer.close)
-
-    @staticmethod
-    def _call(call: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return call(*args)
-        except KafkaException as exc:
-            raise KafkaClientError.of(exc) from exc
+        client_call(self._consumer.close)

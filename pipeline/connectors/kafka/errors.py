@@ -18,9 +18,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from confluent_kafka import KafkaError, KafkaException
 
-__all__ = ["KafkaClientError"]
+__all__ = ["KafkaClientError", "client_call"]
 
 _GROUP_BUSY = frozenset(
     {
@@ -92,3 +95,12 @@ class KafkaClientError(Exception):
 
     def __str__(self) -> str:
         return self.reason
+
+
+def client_call(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, a call of a Kafka client, with a ``KafkaException`` raised as
+    :class:`KafkaClientError`."""
+    try:
+        return call(*args)
+    except KafkaException as exc:
+        raise KafkaClientError.of(exc) from exc

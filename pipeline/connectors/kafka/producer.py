@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.connectors.kafka.errors import KafkaClientError
+from pipeline.connectors.kafka.errors import KafkaClientError, client_call
 from pipeline.types import Headers, Partition
 
 __all__ = ["DeliveryAcks", "OutputProducer", "RawProducer"]
@@ -150,41 +150,34 @@ class OutputProducer:
 
     def poll(self, timeout: float = 0) -> int:
         """Serve acknowledgements (waiting at most ``timeout`` for one); returns how many."""
-        return int(self._call(self._producer.poll, timeout))
+        return int(client_call(self._producer.poll, timeout))
 
     def flush(self, timeout: float = 0) -> int:
         """Wait for every acknowledgement, at most ``timeout``; returns how many are missing."""
-        return int(self._call(self._producer.flush, timeout))
+        return int(client_call(self._producer.flush, timeout))
 
     # exactly-once (a producer configured with ``transactional.id``)
 
     def init_transactions(self, timeout_s: float) -> None:
-        self._call(self._raw.init_transactions, timeout_s)
+        client_call(self._raw.init_transactions, timeout_s)
 
     def begin_transaction(self) -> None:
-        self._call(self._raw.begin_transaction)
+        client_call(self._raw.begin_transaction)
 
     def send_offsets_to_transaction(
         self, offsets: dict[Partition, int], group_metadata: object, timeout_s: float
     ) -> None:
         """Put consumed ``offsets`` (next offset per partition) into the open transaction."""
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        self._call(self._raw.send_offsets_to_transaction, tps, group_metadata, timeout_s)
+        client_call(self._raw.send_offsets_to_transaction, tps, group_metadata, timeout_s)
 
     def commit_transaction(self, timeout_s: float) -> None:
-        self._call(self._raw.commit_transaction, timeout_s)
+        client_call(self._raw.commit_transaction, timeout_s)
 
     def abort_transaction(self, timeout_s: float) -> None:
-        self._call(self._raw.abort_transaction, timeout_s)
+        client_call(self._raw.abort_transaction, timeout_s)
 
     @property
     def _raw(self) -> Any:
         """The client, with its transactional calls (not in :class:`RawProducer`)."""
         return self._producer
-
-    @staticmethod
-    def _call(call: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return call(*args)
-        except KafkaException as exc:
-            raise KafkaClientError.of(exc) from exc
