@@ -5,6 +5,8 @@ A stage imports these, never another stage (``tests/pipeline/test_architecture.p
 =====================  ==========================================================================
 type                   made by -> used by
 =====================  ==========================================================================
+``PolledBatch``        the Kafka edge (:mod:`pipeline.connectors.kafka`) -> source -> decode ->
+                       batch (consumed messages as columns; :mod:`pipeline.polled`)
 ``DecodedMessages``    decode -> retrieval (:mod:`pipeline.runtime.retrieve`) -> the loop (offsets,
                        dead letters) and batch
 ``EventColumns``       decode -> batch -> enrich / features / publish (the events as columns;
@@ -19,8 +21,9 @@ type                   made by -> used by
                        (``RejectReason``)
 =====================  ==========================================================================
 
-Everything per event is a numpy column; the only per-event Python objects are the consumed
-Kafka messages themselves (a poison event is dead-lettered as its untouched source message).
+Everything per event is a column: numpy arrays, and the values, keys and headers the Kafka
+client made as it consumed them (``PolledBatch``). No stage sees a Kafka client's type; a
+message is taken out whole only to be dead-lettered (``ConsumedMessage``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import KafkaError, Message
 
 from pipeline.columns import EventColumns, FieldColumns
+from pipeline.polled import ConsumedMessage, Headers, Partition, PolledBatch
 
 if TYPE_CHECKING:  # torch is imported by the commands that score, not by every command
     from model.serving.transfer import StagedInput
@@ -44,12 +47,16 @@ if TYPE_CHECKING:  # torch is imported by the commands that score, not by every 
 __all__ = [
     "Batch",
     "Checkpoint",
+    "ConsumedMessage",
     "DecodedMessages",
     "DeliveryFailed",
     "Enrichment",
     "EventColumns",
     "FallbackFeature",
     "FieldColumns",
+    "Headers",
+    "Partition",
+    "PolledBatch",
     "PreparedBatch",
     "RejectReason",
     "RejectedMessage",
@@ -57,8 +64,6 @@ __all__ = [
 ]
 
 Int64Array = npt.NDArray[np.int64]
-DeliveryCallback = Callable[[KafkaError | None, Message], None]
-"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
 
 
 class RejectReason(enum.StrEnum):
@@ -112,20 +117,30 @@ class DecodedMessages:
     """What a run of consumed messages decoded to (the decode stage's output).
 
     Attributes:
-        messages: the consumed messages (``M``), in consumption order.
-        partitions / offsets: int64[M], each message's partition and offset.
+        messages: the consumed messages (``M``), in consumption order, as columns.
         events: the accepted events (``E``), in message order.
         event_message: int64[E], the index in ``messages`` of each accepted event.
         rejections: (index in ``messages``, why) of every rejected message, in order.
     """
 
-    topic: str
-    messages: list[Message]
-    partitions: Int64Array
-    offsets: Int64Array
+    messages: PolledBatch
     events: EventColumns
     event_message: Int64Array
     rejections: list[tuple[int, RejectedMessage]]
+
+    @property
+    def topic(self) -> str:
+        return self.messages.topic
+
+    @property
+    def partitions(self) -> Int64Array:
+        """int64[M] each message's partition."""
+        return self.messages.partitions
+
+    @property
+    def offsets(self) -> Int64Array:
+        """int64[M] each message's offset."""
+        return self.messages.offsets
 
     def split(self, events: int) -> tuple[DecodedMessages, DecodedMessages]:
         """The messages up to the ``events``-th accepted event (excluded), and the rest.
@@ -135,37 +150,28 @@ class DecodedMessages:
         """
         cut = int(self.event_message[events]) if events < self.events.num_events else len(self)
         head = DecodedMessages(
-            self.topic,
-            self.messages[:cut],
-            self.partitions[:cut],
-            self.offsets[:cut],
+            self.messages.slice(0, cut),
             self.events.slice(0, events),
             self.event_message[:events],
             [r for r in self.rejections if r[0] < cut],
         )
         tail = DecodedMessages(
-            self.topic,
-            self.messages[cut:],
-            self.partitions[cut:],
-            self.offsets[cut:],
+            self.messages.slice(cut),
             self.events.slice(events),
             self.event_message[events:] - cut,
             [(i - cut, r) for i, r in self.rejections if i >= cut],
         )
         return head, tail
 
-    def without_partitions(self, partitions: set[int]) -> DecodedMessages:
+    def without_partitions(self, partitions: set[Partition]) -> DecodedMessages:
         """These messages less those of ``partitions`` (a revocation)."""
-        keep = ~np.isin(self.partitions, np.fromiter(partitions, np.int64, len(partitions)))
+        keep = ~self.messages.in_partitions(partitions)
         if keep.all():
             return self
         new_index = np.cumsum(keep) - 1
         event_keep = np.flatnonzero(keep[self.event_message])
         return DecodedMessages(
-            self.topic,
-            [m for m, k in zip(self.messages, keep.tolist(), strict=True) if k],
-            self.partitions[keep],
-            self.offsets[keep],
+            self.messages.where(keep),
             self.events.take(event_keep),
             new_index[self.event_message[event_keep]],
             [(int(new_index[i]), r) for i, r in self.rejections if keep[i]],
@@ -176,15 +182,7 @@ class DecodedMessages:
         retrieved candidates)."""
         if events.num_events != self.events.num_events:
             raise ValueError(f"{events.num_events} events for {self.events.num_events}")
-        return DecodedMessages(
-            self.topic,
-            self.messages,
-            self.partitions,
-            self.offsets,
-            events,
-            self.event_message,
-            self.rejections,
-        )
+        return DecodedMessages(self.messages, events, self.event_message, self.rejections)
 
     def reject_events(self, which: Int64Array, rejection: RejectedMessage) -> DecodedMessages:
         """These messages with the accepted events ``which`` (indices into ``events``) rejected
@@ -200,21 +198,18 @@ class DecodedMessages:
         keep[which] = False
         rejected = [(int(i), rejection) for i in self.event_message[which].tolist()]
         return DecodedMessages(
-            self.topic,
             self.messages,
-            self.partitions,
-            self.offsets,
             self.events.take(np.flatnonzero(keep)),
             self.event_message[keep],
             sorted(self.rejections + rejected, key=lambda r: r[0]),
         )
 
-    def event_messages(self) -> list[Message]:
+    def event_messages(self) -> PolledBatch:
         """The source message of every accepted event."""
         messages = self.messages
         if len(self.event_message) == len(messages):  # every message is an event: all of them
             return messages
-        return [messages[i] for i in self.event_message.tolist()]
+        return messages.take(self.event_message)
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -226,34 +221,31 @@ class Checkpoint:
 
     Attributes:
         next_offsets: (topic, partition) -> offset to commit (last consumed offset + 1).
-        pending: records produced and not acknowledged yet.
+        pending: records produced (counted in by :meth:`expect`) and not acknowledged yet.
         sealed: every record of it has been produced (it can commit once ``pending`` is 0).
         error: the first delivery error, if any.
         before_produce: called before each record is produced (exactly-once begins the
             transaction there).
     """
 
-    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    next_offsets: dict[Partition, int] = field(default_factory=dict)
     pending: int = 0
     sealed: bool = False
     error: str | None = None
     before_produce: Callable[[], None] | None = None
 
-    def expect_delivery(self) -> DeliveryCallback:
-        """Count one more record produced on behalf of these offsets.
-
-        Returns:
-            Its ``on_delivery`` callback: the broker's acknowledgement flows back here.
+    def expect(self, records: int = 1) -> None:
+        """Count ``records`` more produced on behalf of these offsets (before producing them:
+        the Kafka edge acknowledges each one here, :mod:`pipeline.connectors.kafka.producer`).
         """
         if self.before_produce is not None:
             self.before_produce()
-        self.pending += 1
-        return self.on_delivery
+        self.pending += records
 
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        self.pending -= 1
-        if err is not None and self.error is None:
-            self.error = f"delivery to {msg.topic()} failed: {err}"
+    def failed(self, reason: str) -> None:
+        """A record produced for it was not delivered: nothing at or after it commits."""
+        if self.error is None:
+            self.error = reason
 
     def seal(self) -> None:
         """Every record of this checkpoint is produced: it commits once they are acknowledged."""
@@ -271,19 +263,17 @@ class Batch:
 
     Attributes:
         events: the events as columns.
-        messages: per event, the Kafka message it came from.
+        messages: per event, the consumed message it came from (one row each).
         checkpoint: cut when the batch closed; sealed once its records are produced.
     """
 
     events: EventColumns
-    messages: list[Message]
+    messages: PolledBatch
     checkpoint: Checkpoint
 
     def take(self, order: Int64Array) -> Batch:
         """The events ``order`` of this batch, with their messages, on the same checkpoint."""
-        return Batch(
-            self.events.take(order), [self.messages[i] for i in order.tolist()], self.checkpoint
-        )
+        return Batch(self.events.take(order), self.messages.take(order), self.checkpoint)
 
 
 @dataclass

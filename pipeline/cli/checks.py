@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
 
 import redis
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
 from pipeline.cli.errors import UserError
 from pipeline.cli.kafka_settings_check import check_kafka_client_settings
+from pipeline.connectors.kafka.admin import make_admin
 from pipeline.settings.codec import CodecSettings, Framing
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
@@ -53,8 +52,7 @@ def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S
         require_kafka(settings.kafka)
     """
     check_kafka_client_settings(kafka, _silent_logger())
-    conf: dict[str, Any] = {**kafka.admin_config(), "logger": _silent_logger()}
-    admin = AdminClient(conf)
+    admin = make_admin(kafka, logger=_silent_logger())
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as error:

@@ -11,7 +11,7 @@ features       compiled layout kernel            the feature map, numpy
 Example::
 
     inputs = serving_inputs(settings, Metrics())
-    decoded = inputs.decoder.decode(topic, messages)
+    decoded = inputs.decoder.decode(polled)
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
 from model.features.mapping import FeatureMap
 from pipeline.models.mapping import resolve_feature_map
@@ -31,7 +30,7 @@ from pipeline.stages.decode import ConfiguredDecoder, MessageDecoder
 from pipeline.stages.enrich.configured import ConfiguredEnricher
 from pipeline.stages.enrich.enricher import BatchEnricher, FeatureEnricher
 from pipeline.stages.features import BuiltinFeatures, FeatureStager, MappedFeatures
-from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
+from pipeline.types import DecodedMessages, EventColumns, PolledBatch, RejectedMessage
 
 if TYPE_CHECKING:
     from model.features.spec import FeatureSpec
@@ -42,10 +41,10 @@ __all__ = ["EventDecoder", "ServingInputs", "serving_inputs"]
 class EventDecoder(Protocol):
     """What the loop needs of a decoder (:class:`MessageDecoder` or :class:`ConfiguredDecoder`)."""
 
-    def decode(self, topic: str, messages: list[Message]) -> DecodedMessages: ...
+    def decode(self, messages: PolledBatch) -> DecodedMessages: ...
 
     def decode_values(
-        self, values: list[bytes | None]
+        self, values: list[bytes | None], lengths: npt.NDArray[np.int64] | None = ...
     ) -> tuple[EventColumns, npt.NDArray[np.int64], list[tuple[int, RejectedMessage]]]: ...
 
 

@@ -45,11 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
 
-from confluent_kafka import KafkaError
-
-from pipeline.connectors.kafka.clients import RecordProducer
 from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.pausing import InputPause
 from pipeline.runtime.processor import BatchProcessor
@@ -64,17 +60,6 @@ log = logging.getLogger(__name__)
 SETTLE_POLL_S = 0.2
 """While the group settles, each poll waits this long for rebalance callbacks; the commit is
 tried again after each."""
-
-GROUP_BUSY = frozenset(
-    {
-        KafkaError.REBALANCE_IN_PROGRESS,
-        KafkaError.ILLEGAL_GENERATION,
-        KafkaError.UNKNOWN_MEMBER_ID,
-        KafkaError._STATE,
-    }
-)
-"""Commit errors of a group that is moving partitions (or of a member that must rejoin): the
-commit goes through once the group has settled."""
 
 
 class Drain:
@@ -175,7 +160,9 @@ class Drain:
             return True
         error = checkpointer.commit_error
         if failure is None and error is not None:
-            busy = error.code() in GROUP_BUSY or error.retriable()
+            # a group moving partitions (or a member that must rejoin): it goes through once
+            # the group has settled
+            busy = error.group_busy or error.retriable
             if busy and time.monotonic() < deadline:
                 return False
         reason = str(failure) if failure is not None else str(error)
@@ -230,7 +217,7 @@ class Drain:
         dropped = self._processor.discard() + self._batcher.clear()
         offsets = self._checkpointer.abort()
         # The same producer, or the one that replaced it: the records go there from now on.
-        self._producer.use(cast("RecordProducer", self._checkpointer.producer))
+        self._producer.use(self._checkpointer.producer)
         self._source.rewind(offsets)
         log.info("rewound: %d events dropped before they were published", dropped)
 

@@ -35,8 +35,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
-from confluent_kafka import KafkaException
 
+from pipeline.connectors.kafka.errors import KafkaClientError
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.stepping import IsolationRounds
 from pipeline.runtime.steps import BatchSteps
@@ -51,7 +51,7 @@ E = TypeVar("E")
 
 _ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (
     DeliveryFailed,
-    KafkaException,
+    KafkaClientError,
     BufferError,
     MemoryError,
     OSError,
@@ -244,7 +244,7 @@ class PoisonIsolation:
             rejection = RejectedMessage(
                 RejectReason.PROCESSING_ERROR, f"{type(exc).__name__}: {exc}"
             )
-            self._dead_letters.publish(batch.messages[index], rejection, batch.checkpoint)
+            self._dead_letters.publish(batch.messages.message(index), rejection, batch.checkpoint)
             self._summary.dead_lettered += 1
 
 

@@ -379,7 +379,8 @@ class ScoringPipeline:
             if admitted is not None:
                 checkpointer.consumed(admitted.topic, admitted.partitions, admitted.offsets)
                 for index, rejection in admitted.rejections:
-                    run.dead_letters.publish(admitted.messages[index], rejection, checkpointer.open)
+                    message = admitted.messages.message(index)
+                    run.dead_letters.publish(message, rejection, checkpointer.open)
                 self.summary.dead_lettered += len(admitted.rejections)
                 self.summary.events_in += len(admitted)
                 self.metrics.events_in.inc(len(admitted))
@@ -392,9 +393,9 @@ class ScoringPipeline:
                 return
             arrived = source.head_arrival
             messages = source.take(limit)
-            if not messages:
+            if not len(messages):
                 return
             self._taken += len(messages)
             with self.metrics.stage("decode"):
-                decoded = self.decoder.decode(source.topic, messages)
+                decoded = self.decoder.decode(messages)
             batcher.queue(self.retriever.fill(decoded), arrived)

@@ -1,7 +1,8 @@
 """Rebalance handling: what this member does when the group moves partitions.
 
-The consumer calls these from inside ``consume()`` (librdkafka's rebalance callbacks), so a
-revocation is handled before the partitions move: what the loop has open for them is finished
+The consumer calls these from inside ``consume()`` (librdkafka's rebalance callbacks, which the
+Kafka edge hands the partitions to as ``(topic, partition)`` pairs), so a revocation is handled
+before the partitions move: what the loop has open for them is finished
 and committed by the loop's own drain (:meth:`pipeline.runtime.drain.Drain.revoked`), and
 nothing of a revoked partition is scored after it.
 
@@ -15,18 +16,11 @@ nothing of a revoked partition is scored after it.
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from confluent_kafka import TopicPartition
 
 from pipeline.runtime.drain import Drain
 from pipeline.stages.source import KafkaSource, Partition
 
 log = logging.getLogger(__name__)
-
-
-def _partitions(partitions: list[TopicPartition]) -> set[Partition]:
-    return {(p.topic, p.partition) for p in partitions}
 
 
 class RebalanceHandler:
@@ -46,21 +40,18 @@ class RebalanceHandler:
         self._source = source
         self._drain = drain
 
-    def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        assigned = _partitions(partitions)
+    def on_assign(self, assigned: set[Partition]) -> None:
         log.info("assigned %s", sorted(assigned))
         self._source.assigned(assigned)
 
-    def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        revoked = _partitions(partitions)
+    def on_revoke(self, revoked: set[Partition]) -> None:
         log.info("revoked %s", sorted(revoked))
         dropped = self._source.revoked(revoked)
         dropped += self._drain.revoked(revoked)
         if dropped:
             log.info("left %d unscored events of revoked partitions to their next owner", dropped)
 
-    def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        lost = _partitions(partitions)
+    def on_lost(self, lost: set[Partition]) -> None:
         log.warning("lost %s", sorted(lost))
         self._source.revoked(lost)
         self._drain.lost(lost)

@@ -22,7 +22,7 @@ to be scored, so the candidates of every batch come from the version that scores
 Example::
 
     retriever = CandidateRetriever(index, num_candidates=100, metrics=metrics, enricher=enricher)
-    decoded = retriever.fill(decoder.decode(topic, messages))
+    decoded = retriever.fill(decoder.decode(polled))
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ import time
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
-from pipeline.types import DecodedMessages, EventColumns
+from pipeline.types import DecodedMessages, EventColumns, Partition, PolledBatch
 
 __all__ = ["MicroBatcher"]
 
@@ -34,7 +33,7 @@ class MicroBatcher:
     Example::
 
         batcher = MicroBatcher(max_rows=4096, max_delay_ms=20)
-        batcher.queue(decoder.decode(topic, messages))
+        batcher.queue(decoder.decode(polled))
         admitted = batcher.admit()   # register its offsets, dead-letter its rejects
         if batcher.ready():
             events, messages = batcher.close()
@@ -44,7 +43,8 @@ class MicroBatcher:
         self.max_rows = max_rows
         self.max_delay_s = max_delay_ms / 1000
         self._parts: list[EventColumns] = []
-        self._messages: list[Message] = []
+        self._messages: list[PolledBatch] = []
+        self._events = 0
         self._rows = 0
         self._oldest = 0.0
         self._complete = False
@@ -97,7 +97,7 @@ class MicroBatcher:
 
     def __len__(self) -> int:
         """Events in the open batch."""
-        return len(self._messages)
+        return self._events
 
     @property
     def rows(self) -> int:
@@ -118,9 +118,9 @@ class MicroBatcher:
         limit = self.max_rows if row_cap is None else min(self.max_rows, row_cap)
         total = self._rows + np.cumsum(candidate_counts)
         fit = int(np.searchsorted(total, limit, side="right"))
-        return max(fit, 1) if not self._messages and len(candidate_counts) else fit
+        return max(fit, 1) if not self._events and len(candidate_counts) else fit
 
-    def add(self, events: EventColumns, messages: list[Message], now: float | None = None) -> None:
+    def add(self, events: EventColumns, messages: PolledBatch, now: float | None = None) -> None:
         """Add events to the open batch (check :meth:`room` first).
 
         Args:
@@ -130,10 +130,11 @@ class MicroBatcher:
         """
         if not events.num_events:
             return
-        if not self._messages:
+        if not self._events:
             self._oldest = time.monotonic() if now is None else now
         self._parts.append(events)
-        self._messages.extend(messages)
+        self._messages.append(messages)
+        self._events += events.num_events
         self._rows += events.num_rows
 
     @property
@@ -141,7 +142,7 @@ class MicroBatcher:
         """Whether the open batch takes no more events (the next one waits for the next)."""
         return self._complete
 
-    def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
+    def drop_partitions(self, partitions: set[Partition]) -> int:
         """Remove the events of ``partitions`` from the open batch and from the waiting ones.
 
         Returns:
@@ -149,20 +150,23 @@ class MicroBatcher:
         """
         waiting = 0
         for i, decoded in enumerate(self._waiting):
-            kept = decoded.without_partitions({p for t, p in partitions if t == decoded.topic})
+            kept = decoded.without_partitions(partitions)
             waiting += decoded.events.num_events - kept.events.num_events
             self._waiting[i] = kept
         kept_arrivals = [a for d, a in zip(self._waiting, self._arrivals, strict=True) if len(d)]
         self._waiting = [d for d in self._waiting if len(d)]
         self._arrivals = kept_arrivals
-        keep = [
-            i for i, m in enumerate(self._messages) if (m.topic(), m.partition()) not in partitions
-        ]
-        dropped = len(self._messages) - len(keep)
+        if not self._events:
+            return waiting
+        messages = PolledBatch.concat(self._messages)
+        keep = ~messages.in_partitions(partitions)
+        dropped = self._events - int(keep.sum())
         if dropped:
-            events = EventColumns.concat(self._parts).take(np.asarray(keep, dtype=np.int64))
-            self._parts = [events] if keep else []
-            self._messages = [self._messages[i] for i in keep]
+            rows = np.flatnonzero(keep)
+            events = EventColumns.concat(self._parts).take(rows)
+            self._parts = [events] if len(rows) else []
+            self._messages = [messages.take(rows)] if len(rows) else []
+            self._events = len(rows)
             self._rows = events.num_rows
             self._complete = False  # rows were freed: the next event may fit now
         return dropped + waiting
@@ -178,32 +182,34 @@ class MicroBatcher:
     @property
     def oldest(self) -> float | None:
         """Monotonic time the open batch's first event was consumed (``None``: empty)."""
-        return self._oldest if self._messages else None
+        return self._oldest if self._events else None
 
     def time_left(self, now: float | None = None) -> float:
         """Seconds until the open batch is due (``inf`` when empty)."""
-        if not self._messages:
+        if not self._events:
             return float("inf")
         now = time.monotonic() if now is None else now
         return max(0.0, self._oldest + self.max_delay_s - now)
 
     def due(self, now: float | None = None) -> bool:
         """Whether the oldest event has waited ``max_delay_ms``."""
-        return bool(self._messages) and self.time_left(now) <= 0.0
+        return bool(self._events) and self.time_left(now) <= 0.0
 
     def clear(self) -> int:
         """Drop the open batch and the waiting events (their outputs will not be published:
         an aborted transaction is consumed again). Returns how many events were dropped."""
-        dropped = len(self._messages) + self.waiting
-        self._parts, self._messages, self._rows, self._complete = [], [], 0, False
+        dropped = self._events + self.waiting
+        self._parts, self._messages, self._events, self._rows = [], [], 0, 0
+        self._complete = False
         self._waiting, self._arrivals = [], []
         return dropped
 
-    def close(self) -> tuple[EventColumns, list[Message]] | None:
-        """Take the open batch: its events and their messages (``None`` when empty)."""
+    def close(self) -> tuple[EventColumns, PolledBatch] | None:
+        """Take the open batch: its events and their messages, one each (``None`` when
+        empty)."""
         self._complete = False
-        if not self._messages:
+        if not self._events:
             return None
-        events, messages = EventColumns.concat(self._parts), self._messages
-        self._parts, self._messages, self._rows = [], [], 0
+        events, messages = EventColumns.concat(self._parts), PolledBatch.concat(self._messages)
+        self._parts, self._messages, self._events, self._rows = [], [], 0, 0
         return events, messages

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
-from confluent_kafka import Message
-
-from pipeline.connectors.kafka.clients import Headers, RecordProducer
 from pipeline.observability.metrics import Metrics
-from pipeline.types import Checkpoint, RejectedMessage
+from pipeline.types import Checkpoint, ConsumedMessage, Headers, RejectedMessage
 
 __all__ = ["DETAIL_HEADER", "REASON_HEADER", "DeadLetterSink", "dead_letter_headers"]
 
@@ -36,16 +34,29 @@ DETAIL_HEADER = "x-dlq-detail"
 _MAX_DETAIL = 1024
 
 
-def dead_letter_headers(message: Message, rejection: RejectedMessage) -> Headers:
+class RecordSender(Protocol):
+    """What the sink needs of the producer
+    (:class:`~pipeline.runtime.backpressure.BackpressuredProducer` over the Kafka edge)."""
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers | None,
+        acks: Checkpoint,
+    ) -> None: ...
+
+
+def dead_letter_headers(message: ConsumedMessage, rejection: RejectedMessage) -> Headers:
     """The original headers plus the ``x-dlq-*``/``x-source-*`` ones."""
-    original = message.headers() or []
-    headers: Headers = list(original.items()) if isinstance(original, dict) else list(original)
+    headers: Headers = list(message.headers or [])
     headers += [
         (REASON_HEADER, rejection.reason.value.encode()),
         (DETAIL_HEADER, rejection.detail[:_MAX_DETAIL].encode("utf-8", "replace")),
-        ("x-source-topic", (message.topic() or "").encode()),
-        ("x-source-partition", str(message.partition()).encode()),
-        ("x-source-offset", str(message.offset()).encode()),
+        ("x-source-topic", message.topic.encode()),
+        ("x-source-partition", str(message.partition).encode()),
+        ("x-source-offset", str(message.offset).encode()),
         ("x-dlq-time", str(int(time.time() * 1000)).encode()),
     ]
     return headers
@@ -62,28 +73,31 @@ class DeadLetterSink:
     Example::
 
         dlq = DeadLetterSink(producer, "user-events-dlq", metrics)
-        dlq.publish(message, rejection, checkpointer.open)
+        dlq.publish(decoded.messages.message(index), rejection, checkpointer.open)
     """
 
-    def __init__(self, producer: RecordProducer, topic: str, metrics: Metrics) -> None:
+    def __init__(self, producer: RecordSender, topic: str, metrics: Metrics) -> None:
         self._producer = producer
         self._topic = topic
         self._metrics = metrics
 
-    def publish(self, message: Message, rejection: RejectedMessage, checkpoint: Checkpoint) -> None:
+    def publish(
+        self, message: ConsumedMessage, rejection: RejectedMessage, checkpoint: Checkpoint
+    ) -> None:
         """Dead-letter ``message``; its record guards ``checkpoint``."""
         log.warning(
             "dead-lettering %s[%d]@%d: %s",
-            message.topic(),
-            message.partition(),
-            message.offset(),
+            message.topic,
+            message.partition,
+            message.offset,
             rejection,
         )
+        checkpoint.expect()
         self._producer.produce(
             self._topic,
-            message.value(),
-            message.key(),
-            headers=dead_letter_headers(message, rejection),
-            on_delivery=checkpoint.expect_delivery(),
+            message.value,
+            message.key,
+            dead_letter_headers(message, rejection),
+            checkpoint,
         )
         self._metrics.dead_lettered.labels(reason=rejection.reason.value).inc()

@@ -28,6 +28,8 @@ from confluent_kafka import Consumer
 
 from model.rank import RankContext
 from pipeline.connectors.kafka.clients import make_consumer, make_producer
+from pipeline.connectors.kafka.consumer import InputConsumer
+from pipeline.connectors.kafka.producer import OutputProducer
 from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.settings.loading import Settings
 from pipeline.stages.commit import TransactionalCheckpointer, transactional_kafka
@@ -235,22 +237,23 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     )
     kafka = transactional_kafka(settings, RankContext())
     output = settings.topics.output
-    consumer = make_consumer(kafka)
-    zombie = make_producer(kafka)
+    consumer = InputConsumer(make_consumer(kafka))
+    zombie = OutputProducer(make_producer(kafka))
     first = TransactionalCheckpointer(consumer, zombie, commit_interval_s=60.0)
     checkpoint = first.open
-    for i in range(10):
-        zombie.produce(output, f"zombie-{i}".encode(), on_delivery=checkpoint.expect_delivery())
+    checkpoint.expect(10)
+    zombie.send(output, [f"zombie-{i}".encode() for i in range(10)], [None] * 10, checkpoint)
     assert zombie.flush(30) == 0  # in the log, inside the open transaction
 
-    successor = make_producer(kafka)  # same transactional.id: a restart of the same member
+    # same transactional.id: a restart of the same member
+    successor = OutputProducer(make_producer(kafka))
     second = TransactionalCheckpointer(consumer, successor, commit_interval_s=60.0)
     with pytest.raises(DeliveryFailed, match="producer unusable"):
         first.flush_and_commit(10)  # the zombie cannot commit: fenced (a fatal error)
     assert first.aborts == 0 and first.transactions == 0
     checkpoint = second.open
-    for i in range(5):
-        successor.produce(output, f"live-{i}".encode(), on_delivery=checkpoint.expect_delivery())
+    checkpoint.expect(5)
+    successor.send(output, [f"live-{i}".encode() for i in range(5)], [None] * 5, checkpoint)
     second.flush_and_commit(30)
     assert second.transactions == 1
     consumer.close()

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from confluent_kafka import Message
 
 from model.features.build import build_model_input
 from model.features.spec import FeatureSpec
@@ -60,7 +61,7 @@ def user_event(candidates: int = 3, user_id: int = 7, num_results: int = 2) -> d
 
 def event_messages(
     topic: str, values: list[bytes | None], partition: int = 0, first_offset: int = 0
-) -> list[FakeMessage]:
+) -> list[Message]:
     """Consumed messages of one partition with consecutive offsets."""
     return [
         FakeMessage(topic, value, partition, first_offset + i) for i, value in enumerate(values)

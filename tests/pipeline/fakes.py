@@ -1,8 +1,11 @@
 """Fakes of the Kafka clients for stage and loop unit tests (integration tests use the broker).
 
-They implement the Protocols of :mod:`pipeline.connectors.kafka.clients` and nothing more: a
-consumer that serves a scripted list of messages and records commits, a producer that records what
-it was given and fires delivery callbacks when told (or on poll/flush, like librdkafka).
+They stand for librdkafka's clients behind the Kafka edge (:class:`~pipeline.connectors.kafka.
+consumer.RawConsumer`, :class:`~pipeline.connectors.kafka.producer.RawProducer`) and nothing
+more: a consumer that serves a scripted list of messages and records commits, a producer that
+records what it was given and fires delivery callbacks when told (or on poll/flush, like
+librdkafka). Tests hand them to the stages through the edge (:func:`edge_consumer`,
+:func:`edge_producer`), as :func:`pipeline.connectors.kafka.clients.connect` does.
 """
 
 from __future__ import annotations
@@ -11,47 +14,62 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message, TopicPartition
 
-from pipeline.connectors.kafka.clients import DeliveryCallback, Headers, RebalanceCallback
+from pipeline.connectors.kafka.consumer import InputConsumer, RebalanceCallback
+from pipeline.connectors.kafka.producer import DeliveryCallback, OutputProducer
+from pipeline.runtime.backpressure import BackpressuredProducer
+from pipeline.runtime.pausing import InputPause
+from pipeline.stages.source import KafkaSource
+from pipeline.types import Headers, PolledBatch, Shutdown
 
 
-@dataclass
-class FakeMessage:
-    """A consumed (or produced) message: the accessors the pipeline calls."""
+def FakeMessage(
+    _topic: str,
+    _value: bytes | None = None,
+    _partition: int = 0,
+    _offset: int = 0,
+    _key: bytes | None = None,
+    _headers: Headers | None = None,
+    _error: KafkaError | None = None,
+    _timestamp: tuple[int, int] = (TIMESTAMP_NOT_AVAILABLE, 0),
+) -> Message:
+    """A consumed (or produced) message: a real ``confluent_kafka.Message``, as the client
+    makes them (the edge reads its columns with the client's own accessors)."""
+    return Message(
+        topic=_topic,
+        value=_value,
+        partition=_partition,
+        offset=_offset,
+        key=_key,
+        headers=_headers,
+        error=_error,
+        timestamp=_timestamp,
+    )
 
-    _topic: str
-    _value: bytes | None = None
-    _partition: int = 0
-    _offset: int = 0
-    _key: bytes | None = None
-    _headers: Headers | None = None
-    _error: KafkaError | None = None
-    _timestamp: tuple[int, int] = (TIMESTAMP_NOT_AVAILABLE, 0)
 
-    def topic(self) -> str:
-        return self._topic
+def polled(messages: list[Message]) -> PolledBatch:
+    """``messages`` (of one topic) as the Kafka edge hands them on."""
+    consumer = InputConsumer(FakeConsumer(messages=deque(messages)))
+    consumer.topic = messages[0].topic() if messages else ""
+    return consumer.consume(len(messages), 0)
 
-    def value(self) -> bytes | None:
-        return self._value
 
-    def partition(self) -> int:
-        return self._partition
+def edge_consumer(consumer: FakeConsumer) -> InputConsumer:
+    """The fake consumer behind the Kafka edge."""
+    return InputConsumer(consumer)
 
-    def offset(self) -> int:
-        return self._offset
 
-    def key(self) -> bytes | None:
-        return self._key
+def edge_producer(producer: FakeProducer) -> OutputProducer:
+    """The fake producer behind the Kafka edge."""
+    return OutputProducer(producer)
 
-    def headers(self) -> Headers | None:
-        return self._headers
 
-    def error(self) -> KafkaError | None:
-        return self._error
-
-    def timestamp(self) -> tuple[int, int]:
-        return self._timestamp
+def sender(producer: FakeProducer) -> BackpressuredProducer:
+    """The fake producer as the sinks are given it: behind the Kafka edge and the loop's
+    backpressure (a full queue waits, as in the loop)."""
+    source = KafkaSource(edge_consumer(FakeConsumer()), "in", 1)
+    return BackpressuredProducer(edge_producer(producer), InputPause(source), Shutdown(10.0))
 
 
 @dataclass
@@ -59,7 +77,7 @@ class FakeConsumer:
     """Serves ``messages`` in order from :meth:`consume`; assigns ``partitions`` on the first
     call (running ``on_assign`` inside consume, as librdkafka does)."""
 
-    messages: deque[FakeMessage] = field(default_factory=deque)
+    messages: deque[Message] = field(default_factory=deque)
     partitions: list[tuple[str, int]] = field(default_factory=list)
     commits: list[tuple[dict[tuple[str, int], int], bool]] = field(default_factory=list)
     callbacks: dict[str, RebalanceCallback] = field(default_factory=dict)
@@ -137,7 +155,7 @@ class FakeProducer:
     def __init__(
         self, acks_per_poll: int = 0, stuck_on_flush: int = 0, ack_every_poll: bool = False
     ) -> None:
-        self.records: list[FakeMessage] = []
+        self.records: list[Message] = []
         self.pending: list[tuple[DeliveryCallback, KafkaError | None]] = []
         self.polls: list[float] = []
         self.flushes: list[float] = []
@@ -161,7 +179,7 @@ class FakeProducer:
             error = self.failures.popleft() if self.failures else None
             self.pending.append((on_delivery, error))
 
-    def on_topic(self, topic: str) -> list[FakeMessage]:
+    def on_topic(self, topic: str) -> list[Message]:
         return [r for r in self.records if r.topic() == topic]
 
     def ack(self, n: int | None = None) -> None:
@@ -169,7 +187,7 @@ class FakeProducer:
         n = len(self.pending) if n is None else n
         fire, self.pending = self.pending[:n], self.pending[n:]
         for callback, error in fire:
-            callback(error, FakeMessage("recs"))  # type: ignore[arg-type]
+            callback(error, FakeMessage("recs"))
 
     def poll(self, timeout: float = 0) -> int:
         self.polls.append(timeout)

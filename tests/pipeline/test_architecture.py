@@ -1,6 +1,7 @@
 """The shape of the code, checked against docs/architecture.md: every import between folders
-goes the way the page's table allows; stages import no other stage; nothing calls back into the
-loop; no test hook in the serving packages; no import cycle."""
+goes the way the page's table allows, and every import of a client library (Kafka, Redis, torch,
+Faiss) comes from a folder its table allows; stages import no other stage; nothing calls back
+into the loop; no test hook in the serving packages; no import cycle."""
 
 from __future__ import annotations
 
@@ -15,10 +16,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 TABLE_SECTION = "## Which folder may import which"
+LIBRARY_SECTION = "## Which folder may import which client library"
 STAGES = ROOT / "pipeline" / "stages"
 SERVING = [ROOT / "pipeline", ROOT / "model"]
 OUR_PACKAGES = ("pipeline", "model")
 ROW = re.compile(r"^\| `([^`]+)` \| (.+) \|$")
+
+
+def _table(heading: str) -> dict[str, frozenset[str]]:
+    """The table under ``heading``: its rows' first cell -> the backticked names of the second
+    (empty for ``none``)."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index(heading + "\n") + len(heading) :]
+    section = section[: section.find("\n## ")] if "\n## " in section else section
+    rows: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        match = ROW.match(line)
+        if match is None:
+            continue
+        first, cell = match.groups()
+        assert first not in rows, f"{first} has two rows"
+        may = frozenset() if cell.strip() == "none" else frozenset(re.findall(r"`([^`]+)`", cell))
+        rows[first] = may
+    assert rows, f"no table under {heading!r} in {ARCHITECTURE}"
+    return rows
 
 
 @cache
@@ -28,20 +49,14 @@ def import_table() -> dict[str, frozenset[str]]:
     A row's first cell is a folder (``.../``) or a module (``....py``); its second lists, in
     backticks, what that folder may import, or says ``none``.
     """
-    text = ARCHITECTURE.read_text()
-    section = text[text.index(TABLE_SECTION) + len(TABLE_SECTION) :]
-    section = section[: section.find("\n## ")] if "\n## " in section else section
-    rows: dict[str, frozenset[str]] = {}
-    for line in section.splitlines():
-        match = ROW.match(line)
-        if match is None:
-            continue
-        folder, cell = match.groups()
-        assert folder not in rows, f"{folder} has two rows"
-        may = frozenset() if cell.strip() == "none" else frozenset(re.findall(r"`([^`]+)`", cell))
-        rows[folder] = may
-    assert rows, f"no table under {TABLE_SECTION!r} in {ARCHITECTURE}"
-    return rows
+    return _table(TABLE_SECTION)
+
+
+@cache
+def library_table() -> dict[str, frozenset[str]]:
+    """The page's table of client libraries: ``{"confluent_kafka": {"pipeline/connectors/kafka/",
+    ...}, ...}``: the folders and modules that may import each one (anything under them)."""
+    return _table(LIBRARY_SECTION)
 
 
 def _covers(entry: str, path: str) -> bool:
@@ -150,6 +165,67 @@ def test_imports_go_the_way_the_table_allows(path: Path) -> None:
         if row_of(target) != source and not any(_covers(a, target) for a in allowed)
     )
     assert not wrong, f"{_relative(path)} ({source}) imports {wrong}; allowed: {sorted(allowed)}"
+
+
+def _imported_libraries(source: str) -> set[str]:
+    """The client libraries of :func:`library_table` that ``source`` imports (anywhere in it,
+    functions and ``TYPE_CHECKING`` blocks included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found & library_table().keys()
+
+
+def library_violations(path: str, source: str) -> list[str]:
+    """The client libraries the module at ``path`` (relative to the root) imports and may not."""
+    return sorted(
+        library
+        for library in _imported_libraries(source)
+        if not any(_covers(allowed, path) for allowed in library_table()[library])
+    )
+
+
+def test_the_library_table_names_the_libraries_and_real_folders() -> None:
+    table = library_table()
+    assert set(table) == {"confluent_kafka", "redis", "torch", "faiss"}
+    for allowed in table.values():
+        for entry in allowed:
+            target = ROOT / entry
+            assert target.is_dir() if entry.endswith("/") else target.is_file(), f"no {entry}"
+
+
+@pytest.mark.parametrize("path", SOURCE_FILES, ids=_relative)
+def test_client_libraries_are_imported_only_where_the_table_allows(path: Path) -> None:
+    wrong = library_violations(_relative(path), path.read_text())
+    assert not wrong, f"{_relative(path)} imports {wrong}; see {LIBRARY_SECTION!r}"
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "from confluent_kafka import Message",
+        "import confluent_kafka",
+        "from confluent_kafka.admin import AdminClient",
+        "import redis",
+        "if TYPE_CHECKING:\n    from confluent_kafka import TopicPartition",
+        "def f():\n    import redis.exceptions",
+    ],
+)
+def test_a_stage_or_the_loop_importing_a_client_fails_the_check(statement: str) -> None:
+    edge = statement.replace("redis", "confluent_kafka")
+    assert not library_violations("pipeline/connectors/kafka/consumer.py", edge)
+    stages_and_loop = [
+        "pipeline/stages/source.py",
+        "pipeline/stages/commit/protocol.py",
+        "pipeline/stages/enrich/enricher.py",
+        "pipeline/runtime/loop.py",
+        "pipeline/types.py",
+    ]
+    for path in stages_and_loop:
+        assert library_violations(path, statement), f"{statement!r} allowed in {path}"
 
 
 def _module(path: Path) -> str:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.columns import EVENT_COLUMNS, EventColumns, FieldColumns
 from pipeline.connectors.avro.reference import records_to_columns
 from pipeline.types import DecodedMessages, RejectedMessage, RejectReason
-from tests.pipeline.factories import event_messages
+from tests.pipeline.fakes import FakeMessage, polled
 
 _event = st.tuples(
     st.integers(0, 10**6),  # user id
@@ -78,13 +78,9 @@ def test_rejecting_events_and_dropping_partitions_keep_messages_in_order(
     rows = _rows(columns)
     n = len(events)
     # Message i holds event i; every third message has a partition of its own.
-    messages = event_messages("in", [b"x"] * n)
-    partitions = np.array([i % 3 for i in range(n)], dtype=np.int64)
+    messages = polled([FakeMessage("in", b"x", i % 3, i) for i in range(n)])
     decoded = DecodedMessages(
-        "in",
-        messages,  # type: ignore[arg-type]
-        partitions,
-        np.arange(n, dtype=np.int64),
+        messages,
         columns,
         np.arange(n, dtype=np.int64),
         [],
@@ -100,12 +96,10 @@ def test_rejecting_events_and_dropping_partitions_keep_messages_in_order(
         (i, RejectReason.NO_CANDIDATES) for i in which
     ]
     gone = data.draw(st.sets(st.integers(0, 2)))
-    left = rejected.without_partitions(gone)
+    left = rejected.without_partitions({("in", p) for p in gone} | {("other", 0)})
     survivors = [i for i in kept if i % 3 not in gone]
     assert _rows(left.events) == [rows[i] for i in survivors]
-    assert [left.messages[j] for j in left.event_message.tolist()] == [
-        messages[i] for i in survivors
-    ]
+    assert left.offsets[left.event_message].tolist() == survivors  # message i has offset i
     head, tail = rejected.split(min(1, len(kept)))
     assert len(head) + len(tail) == n
 

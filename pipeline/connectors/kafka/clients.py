@@ -1,8 +1,11 @@
-"""Thin wrappers over confluent-kafka clients: the Protocols stages depend on, creation,
-back-pressured produce, topic setup.
+"""Kafka clients: creation from ``[kafka]``, topic set-up, and the clients of one loop.
 
-Stages never name ``confluent_kafka.Consumer``/``Producer``: they take the small Protocols
-below, so their unit tests run on fakes while integration tests use the real broker.
+:func:`connect` makes the loop's clients (the real broker; unit tests pass fakes of the client
+through :meth:`KafkaClients.of`): librdkafka's consumer and producer, each behind its edge
+(:class:`~pipeline.connectors.kafka.consumer.InputConsumer`,
+:class:`~pipeline.connectors.kafka.producer.OutputProducer`), so that no stage sees a client type.
+:func:`make_consumer`, :func:`make_producer` and :func:`produce` make and use the bare clients
+(the client tools of :mod:`pipeline.tools`).
 """
 
 from __future__ import annotations
@@ -10,111 +13,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, overload
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import NewTopic
 
 from pipeline.connectors.kafka.admin import CLIENT_LOGGER, make_admin
+from pipeline.connectors.kafka.consumer import CommitResults, InputConsumer, RawConsumer
 from pipeline.connectors.kafka.limits import consumer_fetch_limits, input_record_limit
+from pipeline.connectors.kafka.producer import DeliveryCallback, OutputProducer, RawProducer
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.topics import TopicsSettings
+from pipeline.types import Headers
 
 log = logging.getLogger(__name__)
 
 
 ErrorCallback = Callable[[KafkaError], None]
 """librdkafka's ``error_cb``: client-level errors (broker down, auth failed...)."""
-
-DeliveryCallback = Callable[[KafkaError | None, Message], None]
-"""The ``on_delivery`` signature of ``confluent_kafka.Producer.produce``."""
-
-RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
-"""``on_assign``/``on_revoke``/``on_lost``: (consumer, partitions)."""
-
-Headers = list[tuple[str, str | bytes | None]]
-
-CommitCallback = Callable[[KafkaError | None, list[TopicPartition]], None]
-"""librdkafka's ``on_commit``: the result of an offset commit (served by ``consume``)."""
-
-
-class CommitResults:
-    """The consumer's ``on_commit``, forwarding each commit result to :attr:`listener`.
-
-    The consumer is configured before the commit protocol exists; the protocol sets
-    ``listener`` when it is built.
-
-    Example::
-
-        results = CommitResults()
-        consumer = make_consumer(settings, extra={"on_commit": results})
-        results.listener = checkpointer.on_commit
-    """
-
-    def __init__(self) -> None:
-        self.listener: CommitCallback | None = None
-
-    def __call__(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        if self.listener is not None:
-            self.listener(err, partitions)
-
-
-class PollingProducer(Protocol):
-    """What the commit protocol needs of a producer: serve callbacks, wait for delivery."""
-
-    def poll(self, timeout: float = ...) -> int: ...
-
-    def flush(self, timeout: float = ...) -> int: ...
-
-
-class RecordProducer(PollingProducer, Protocol):
-    """What the sinks need: produce a record with a delivery callback."""
-
-    def produce(
-        self,
-        topic: str,
-        value: bytes | None = ...,
-        key: bytes | None = ...,
-        *,
-        headers: Headers | None = ...,
-        on_delivery: DeliveryCallback | None = ...,
-    ) -> None: ...
-
-
-class CommittingConsumer(Protocol):
-    """What the commit protocol needs of a consumer."""
-
-    @overload
-    def commit(
-        self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...
-    ) -> None: ...
-
-    @overload
-    def commit(
-        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
-    ) -> list[TopicPartition]: ...
-
-
-class SubscribingConsumer(CommittingConsumer, Protocol):
-    """What the source stage needs of a consumer."""
-
-    def subscribe(
-        self,
-        topics: list[str],
-        on_assign: RebalanceCallback = ...,
-        on_revoke: RebalanceCallback = ...,
-        on_lost: RebalanceCallback = ...,
-    ) -> None: ...
-
-    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Message]: ...
-
-    def pause(self, partitions: list[TopicPartition]) -> None: ...
-
-    def resume(self, partitions: list[TopicPartition]) -> None: ...
-
-    def seek(self, partition: TopicPartition) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def log_client_error(err: KafkaError) -> None:
@@ -160,7 +76,7 @@ def make_producer(
 
 
 def produce(
-    producer: RecordProducer,
+    producer: RawProducer,
     topic: str,
     value: bytes | None,
     *,
@@ -216,15 +132,39 @@ def ensure_topics(
 
 @dataclass
 class KafkaClients:
-    """The clients one scoring loop uses (real ones from :func:`connect`, fakes in tests)."""
+    """The clients one scoring loop uses, at the edge (real ones from :func:`connect`, fakes of
+    the client in tests: :meth:`of`)."""
 
-    consumer: SubscribingConsumer
-    producer: RecordProducer
+    consumer: InputConsumer
+    producer: OutputProducer
     commit_results: CommitResults | None = None
     """Where the consumer reports commit results (``None``: commits are taken as done)."""
-    new_producer: Callable[[], Any] | None = None
+    new_producer: Callable[[], OutputProducer] | None = None
     """Makes another producer configured as :attr:`producer` (exactly-once replaces one whose
     transactional call never came back; ``None``: it cannot)."""
+
+    @classmethod
+    def of(
+        cls,
+        consumer: RawConsumer,
+        producer: RawProducer,
+        commit_results: CommitResults | None = None,
+        new_producer: Callable[[], RawProducer] | None = None,
+    ) -> KafkaClients:
+        """The clients of a loop over librdkafka's consumer and producer (or fakes of them).
+
+        Example::
+
+            clients = KafkaClients.of(FakeConsumer(), FakeProducer())
+        """
+        renew = None
+        if new_producer is not None:
+            make = new_producer
+
+            def renew() -> OutputProducer:
+                return OutputProducer(make())
+
+        return cls(InputConsumer(consumer), OutputProducer(producer), commit_results, renew)
 
 
 ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
@@ -263,11 +203,9 @@ def connect(
         )
     limits = consumer_fetch_limits(record_limit) if record_limit is not None else {}
     results = CommitResults()
-    return KafkaClients(
-        consumer=make_consumer(
-            settings, stats_cb=stats_cb, extra={"on_commit": results}, defaults=limits
-        ),
-        producer=make_producer(settings),
-        commit_results=results,
-        new_producer=lambda: make_producer(settings),
+    return KafkaClients.of(
+        make_consumer(settings, stats_cb=stats_cb, extra={"on_commit": results}, defaults=limits),
+        make_producer(settings),
+        results,
+        lambda: make_producer(settings),
     )

@@ -1,4 +1,6 @@
 """Redis: ``feature_store`` holds the key layout of the feature store (``<prefix>:u:<id>``,
 ``<prefix>:i:<id>``; docs/schemas.md), the batch's MGET request built in one compiled pass, the
-values' binary encoding, and the writer that fills the store.
+values' binary encoding, and the writer that fills the store; ``layout`` the configured record
+layouts; ``connection`` the enrichers' own connection (packed commands out, replies in, redis's
+errors as ours), so that no stage imports ``redis``.
 """

@@ -15,10 +15,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-
+from pipeline.connectors.kafka.errors import KafkaClientError
+from pipeline.connectors.kafka.producer import OutputProducer
 from pipeline.types import DeliveryFailed
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ class TransactionCalls:
 
     def __init__(
         self,
-        producer: Any,
+        producer: OutputProducer,
         budget_s: float,
         deadline: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
@@ -83,7 +82,7 @@ class TransactionCalls:
             call: the call, given the seconds it may take.
 
         Raises:
-            KafkaException: an abortable, fatal or unclassified error.
+            KafkaClientError: an abortable, fatal or unclassified error.
             GaveUp: retriable errors, or the call still running, past its budget; or another
                 call still in flight.
         """
@@ -94,14 +93,11 @@ class TransactionCalls:
             try:
                 self._attempt(what, call)
                 return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if not isinstance(err, KafkaError) or not err.retriable():
-                    raise
-                if err.fatal() or err.txn_requires_abort():
+            except KafkaClientError as err:
+                if not err.retriable or err.fatal or err.txn_requires_abort:
                     raise
                 if self._clock() >= self._end():
-                    raise GaveUp(what, str(err), in_flight=False) from exc
+                    raise GaveUp(what, str(err), in_flight=False) from err
                 log.warning("%s: %s (retriable): retrying", what, err)
                 self.producer.poll(self.RETRY_BACKOFF_S)
 
@@ -122,7 +118,7 @@ class TransactionCalls:
                 return False
         return True
 
-    def renewed(self, producer: Any) -> None:
+    def renewed(self, producer: OutputProducer) -> None:
         """Go on with ``producer``: the call in flight on the old one, if any, is abandoned (it
         never delays another call again)."""
         self.producer = producer

@@ -10,11 +10,11 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
    they join the open :class:`~pipeline.types.Checkpoint`.
 2. When a micro-batch closes, :meth:`Checkpointer.cut` ends the open checkpoint there: the batch
    carries it (``Batch.checkpoint``), and what is consumed from then on joins the next one.
-3. Every record produced on behalf of consumed messages passes ``checkpoint.expect_delivery()``
-   as its ``on_delivery``: the sinks (:mod:`pipeline.stages.publish`,
-   :mod:`pipeline.stages.dead_letter`) see only the checkpoint of their records, never the
-   :class:`Checkpointer`. Once a batch's records are all produced its checkpoint is sealed
-   (``checkpoint.seal()``).
+3. Every record produced for consumed messages is counted into its checkpoint first
+   (``checkpoint.expect(n)``), and the Kafka edge acknowledges it there: the sinks
+   (:mod:`pipeline.stages.publish`, :mod:`pipeline.stages.dead_letter`) see only the checkpoint
+   of their records, never the :class:`Checkpointer`. Once a batch's records are all produced
+   its checkpoint is sealed (``checkpoint.seal()``).
 4. :meth:`Checkpointer.commit_ready` commits, in order, the leading sealed checkpoints whose
    records are all acknowledged (asynchronously, so the hot loop never waits on the broker; at
    most every ``delivery.commit_interval_ms``); while more than ``max_sealed`` sealed
@@ -22,10 +22,10 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
 5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
    acknowledgement and commits synchronously.
 
-Commit results are checked: with :class:`~pipeline.connectors.kafka.clients.CommitResults` wired to
+Commit results are checked: with :class:`~pipeline.connectors.kafka.consumer.CommitResults` wired to
 the consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
-a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its
-offsets are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later);
+a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its offsets
+are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later);
 :attr:`Checkpointer.commit_error` says why it failed, so that a drain can tell a group that is
 rebalancing (wait and commit again: :mod:`pipeline.runtime.drain`) from a refusal, and
 :meth:`Checkpointer.uncommitted_events` how many consumed events are not committed.
@@ -45,10 +45,11 @@ from collections import deque
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from pipeline.connectors.kafka.clients import CommitResults, CommittingConsumer, PollingProducer
-from pipeline.types import Checkpoint, DeliveryFailed, Shutdown
+from pipeline.connectors.kafka.consumer import CommitResults, InputConsumer
+from pipeline.connectors.kafka.errors import KafkaClientError
+from pipeline.connectors.kafka.producer import OutputProducer
+from pipeline.types import Checkpoint, DeliveryFailed, Partition, Shutdown
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,8 @@ class Checkpointer:
     """Owns the commit protocol described in the module docstring.
 
     Args:
-        consumer: commits offsets (only ``commit`` is used).
-        producer: the producer every output/DLQ record goes through (only ``poll`` and
-            ``flush`` are used).
+        consumer: commits offsets (only ``commit`` and ``commit_sync`` are used).
+        producer: the producer every output/DLQ record goes through (``poll``, ``flush``).
         max_sealed: sealed-but-unacknowledged checkpoints allowed before :meth:`commit_ready`
             waits.
         commit_results: the consumer's ``on_commit`` (``None``: an asynchronous commit is
@@ -77,15 +77,15 @@ class Checkpointer:
         ckpt = Checkpointer(consumer, producer)
         ckpt.consumed("events", partitions, offsets)      # a poll's messages, in order
         checkpoint = ckpt.cut()                          # the batch closes
-        producer.produce(..., on_delivery=checkpoint.expect_delivery())
+        checkpoint.expect(len(values))                   # then producer.send(..., checkpoint)
         checkpoint.seal()                                # its records are all produced
         ckpt.commit_ready()
     """
 
     def __init__(
         self,
-        consumer: CommittingConsumer,
-        producer: PollingProducer,
+        consumer: InputConsumer,
+        producer: OutputProducer,
         max_sealed: int = 4,
         commit_results: CommitResults | None = None,
         shutdown: Shutdown | None = None,
@@ -100,22 +100,22 @@ class Checkpointer:
         self._confirmed = commit_results is not None
         if commit_results is not None:
             commit_results.listener = self.on_commit
-        self._retry: dict[tuple[str, int], int] = {}
+        self._retry: dict[Partition, int] = {}
         self._retry_at = 0.0
-        self.committed: dict[tuple[str, int], int] = {}
+        self.committed: dict[Partition, int] = {}
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
-        self._resume: dict[tuple[str, int], int] = {}
+        self._resume: dict[Partition, int] = {}
         """Per partition consumed since it was assigned, where to go back to: its last offset
         committed since then, else the first one consumed (:meth:`abort`)."""
         self.commit_failures = 0
-        self.commit_error: KafkaError | None = None
+        self.commit_error: KafkaClientError | None = None
         """Why the latest failed commit failed, while its offsets wait for another one."""
         self._shutdown = shutdown
         self._commit_interval_s = commit_interval_s
         self._next_commit_at = 0.0
 
     @property
-    def producer(self) -> PollingProducer:
+    def producer(self) -> OutputProducer:
         return self._producer  # the producer whose records the checkpoints guard
 
     @property
@@ -222,7 +222,7 @@ class Checkpointer:
 
     def _commit_done(self, asynchronous: bool) -> int:
         """Commit the leading sealed checkpoints that are fully acknowledged."""
-        merged: dict[tuple[str, int], int] = {}
+        merged: dict[Partition, int] = {}
         count = 0
         while self._checkpoints and self._checkpoints[0].done:
             checkpoint = self._checkpoints[0]
@@ -269,14 +269,11 @@ class Checkpointer:
         again, once the group has settled after a rebalance)."""
         self._commit_done(asynchronous=False)
 
-    def uncommitted_events(self, partitions: set[tuple[str, int]] | None = None) -> int:
-        """How many consumed events are not committed: per partition, the furthest offset
-        consumed minus where it would go back to (:meth:`abort`)
-
-        Args:
-            partitions: count only these (default: all).
+    def uncommitted_events(self, partitions: set[Partition] | None = None) -> int:
+        """How many consumed events (of ``partitions``; default: all) are not committed: per
+        partition, the furthest offset consumed minus where it would go back to (:meth:`abort`).
         """
-        furthest: dict[tuple[str, int], int] = dict(self._retry)
+        furthest: dict[Partition, int] = dict(self._retry)
         for checkpoint in (*self._checkpoints, self._open):
             for key, offset in checkpoint.next_offsets.items():
                 furthest[key] = max(offset, furthest.get(key, -1))
@@ -287,7 +284,7 @@ class Checkpointer:
             count += max(0, offset - self._resume.get(key, offset))
         return count
 
-    def abort(self) -> dict[tuple[str, int], int]:
+    def abort(self) -> dict[Partition, int]:
         """Drop every checkpoint not committed: the loop goes back and consumes their messages
         again (:meth:`pipeline.runtime.drain.Drain.rewind`).
 
@@ -302,7 +299,7 @@ class Checkpointer:
         self.commit_error = None
         return offsets
 
-    def handed_over(self, partitions: set[tuple[str, int]]) -> int:
+    def handed_over(self, partitions: set[Partition]) -> int:
         """``partitions`` moved to another member after their revocation's commit: what of
         theirs is still uncommitted stays so (committing it later could move the new owner's
         offsets back; the new owner resumes from the last commit).
@@ -314,17 +311,17 @@ class Checkpointer:
         self._drop(partitions)
         return left
 
-    def forget_open(self, partitions: list[tuple[str, int]]) -> None:
+    def forget_open(self, partitions: list[Partition]) -> None:
         """Drop the open checkpoint's offsets of ``partitions`` (their events were not produced
         and will be consumed again by the partitions' next owner)."""
         for key in set(partitions) & self._open.next_offsets.keys():
             del self._open.next_offsets[key]
 
-    def forget(self, partitions: list[tuple[str, int]]) -> None:
+    def forget(self, partitions: list[Partition]) -> None:
         """Drop uncommitted offsets of partitions we no longer own (after a lost assignment)."""
         self._drop(set(partitions))
 
-    def _drop(self, partitions: set[tuple[str, int]]) -> None:
+    def _drop(self, partitions: set[Partition]) -> None:
         """Forget ``partitions``' uncommitted offsets and where they would go back to (a later
         assignment starts afresh)."""
         for checkpoint in (*self._checkpoints, self._open):
@@ -341,20 +338,25 @@ class Checkpointer:
         """Records produced and not yet acknowledged."""
         return self._open.pending + sum(c.pending for c in self._checkpoints)
 
-    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The consumer's ``on_commit``: advance :attr:`committed`, or keep failed offsets for
-        the next commit."""
-        offsets = {(tp.topic, tp.partition): tp.offset for tp in partitions}
-        if err is not None:
-            self._failed(offsets, str(err), err)
+    def on_commit(
+        self,
+        error: KafkaClientError | None,
+        offsets: dict[Partition, int],
+        errors: dict[Partition, KafkaClientError],
+    ) -> None:
+        """A commit's result (``CommitResults`` calls it: the commit's ``error``, its
+        ``offsets``, each failed partition's ``errors``): advance :attr:`committed`, or keep
+        failed offsets for the next commit."""
+        if error is not None:
+            self._failed(offsets, str(error), error)
             return
-        errors = [tp.error for tp in partitions if tp.error]
-        failed = {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.error}
-        if failed:
-            self._failed(failed, "; ".join(str(e) for e in errors), errors[0])
-        self._advance({k: v for k, v in offsets.items() if k not in failed})
+        if errors:
+            failed = {key: offsets[key] for key in errors if key in offsets}
+            reasons = list(errors.values())
+            self._failed(failed, "; ".join(str(e) for e in reasons), reasons[0])
+        self._advance({k: v for k, v in offsets.items() if k not in errors})
 
-    def _advance(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _advance(self, offsets: dict[Partition, int]) -> None:
         for key, offset in offsets.items():
             if offset >= 0 and offset > self.committed.get(key, -1):
                 self.committed[key] = offset
@@ -365,9 +367,7 @@ class Checkpointer:
         if not self._retry:
             self.commit_error = None
 
-    def _failed(
-        self, offsets: dict[tuple[str, int], int], reason: str, error: KafkaError | None
-    ) -> None:
+    def _failed(self, offsets: dict[Partition, int], reason: str, error: KafkaClientError) -> None:
         self.commit_failures += 1
         self.commit_error = error
         log.warning("offset commit failed (%s): will retry %s", reason, offsets)
@@ -376,24 +376,22 @@ class Checkpointer:
                 self._retry[key] = offset
         self._retry_at = time.monotonic() + RETRY_COMMIT_S
 
-    def _commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> None:
+    def _commit(self, offsets: dict[Partition, int], asynchronous: bool) -> None:
         if self._retry and (offsets or not asynchronous or time.monotonic() >= self._retry_at):
             offsets = {**self._retry, **offsets}  # newer offsets supersede retried ones
             self._retry_at = time.monotonic() + RETRY_COMMIT_S
         if not offsets:
             return
-        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         if asynchronous:
-            self._consumer.commit(offsets=tps, asynchronous=True)
+            self._consumer.commit(offsets)
             if not self._confirmed:
                 self._advance(offsets)
             log.debug("committing %s", offsets)
             return
         try:
-            result = self._consumer.commit(offsets=tps, asynchronous=False)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            self._failed(offsets, str(exc), error)
+            errors = self._consumer.commit_sync(offsets)
+        except KafkaClientError as exc:
+            self._failed(offsets, str(exc), exc)
             return
-        self.on_commit(None, result if result is not None else tps)
+        self.on_commit(None, offsets, errors)
         log.debug("committed %s", offsets)

@@ -16,24 +16,23 @@ the same way); it changes *how* sealed checkpoints are committed:
    periodic commit waits until the open checkpoint has produced nothing. A forced commit
    (shutdown, revocation, too many sealed checkpoints) does not wait: after a crash such a
    dead letter may be written again (the output topic is not affected).
-4. Errors are handled by librdkafka's class (``KafkaError.retriable()``,
-   ``txn_requires_abort()``, ``fatal()``), as Kafka Streams does. A *retriable* one (the
-   coordinator unreachable, a call timed out) is retried, the same call again: librdkafka
-   resumes it where it stopped, so a broker that comes back in time lets the transaction
+4. Errors are handled by librdkafka's class (``retriable``, ``txn_requires_abort``, ``fatal`` of
+   :class:`~pipeline.connectors.kafka.errors.KafkaClientError`), as Kafka Streams does. A
+   *retriable* one (the coordinator unreachable, a call timed out) is retried, the same call again:
+   librdkafka resumes it where it stopped, so a broker that comes back in time lets the transaction
    commit. An *abortable* one, a retriable one that outlasts the transaction's budget
-   (``timeout_s``: ``transaction.timeout.ms``, after which the coordinator aborts it anyway),
-   or partitions lost while it is open, make the transaction fail
-   (:class:`TransactionFailed`): the loop then aborts it (:meth:`abort`, once any call still
-   in flight has returned), drops what it had not committed, goes back to the offsets last
-   committed and goes on (:meth:`pipeline.runtime.drain.Drain.rewind`); a ``read_committed``
-   reader never sees the aborted records. Only a *fatal* error (the producer was fenced by a
-   newer one with the same ``transactional.id``), or the shutdown deadline passing first, ends
-   the run: :class:`~pipeline.types.DeliveryFailed`, exit non-zero, and the next run (or
-   torchrun's restart) resumes from the committed offsets. A transaction left open by a run
-   that died is aborted by its coordinator after ``transaction.timeout.ms``, or when the next
-   run with the same ``transactional.id`` fences its predecessor (``init_transactions``); a
-   member whose partitions were taken over is fenced by the group generation in its offsets
-   (KIP-447).
+   (``timeout_s``: ``transaction.timeout.ms``, after which the coordinator aborts it anyway), or
+   partitions lost while it is open, make the transaction fail (:class:`TransactionFailed`): the
+   loop then aborts it (:meth:`abort`, once any call still in flight has returned), drops what it
+   had not committed, goes back to the offsets last committed and goes on
+   (:meth:`pipeline.runtime.drain.Drain.rewind`); a ``read_committed`` reader never sees the aborted
+   records. Only a *fatal* error (the producer was fenced by a newer one with the same
+   ``transactional.id``), or the shutdown deadline passing first, ends the run:
+   :class:`~pipeline.types.DeliveryFailed`, exit non-zero, and the next run (or torchrun's restart)
+   resumes from the committed offsets. A transaction left open by a run that died is aborted by its
+   coordinator after ``transaction.timeout.ms``, or when the next run with the same
+   ``transactional.id`` fences its predecessor (``init_transactions``); a member whose partitions
+   were taken over is fenced by the group generation in its offsets (KIP-447).
 5. No Kafka call blocks the loop past its budget (:mod:`.calls`: each call on a helper thread,
    the loop's thread waiting in short slices; SIGTERM/SIGINT during such a wait set the
    shutdown deadline at once, :class:`~pipeline.types.Shutdown`, and the call is given up when
@@ -49,11 +48,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
-
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from model.rank import RankContext
+from pipeline.connectors.kafka.consumer import InputConsumer
+from pipeline.connectors.kafka.errors import KafkaClientError
+from pipeline.connectors.kafka.producer import OutputProducer
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
 from pipeline.stages.commit.calls import GaveUp, TransactionCalls
@@ -99,21 +98,22 @@ class TransactionalCheckpointer(Checkpointer):
         ckpt = TransactionalCheckpointer(consumer, producer, commit_interval_s=0.1)
         ckpt.consumed("events", partitions, offsets)
         checkpoint = ckpt.cut()
-        producer.produce("recs", value, on_delivery=checkpoint.expect_delivery())
+        checkpoint.expect(1)                    # begins the transaction
+        producer.send("recs", [value], [key], checkpoint)
         checkpoint.seal()
         ckpt.commit_ready()  # commits the transaction once 0.1 s have passed
     """
 
     def __init__(
         self,
-        consumer: Any,
-        producer: Any,
+        consumer: InputConsumer,
+        producer: OutputProducer,
         commit_interval_s: float,
         max_sealed: int = 4,
         timeout_s: float = TRANSACTION_TIMEOUT_S,
         shutdown: Shutdown | None = None,
         clock: Callable[[], float] = time.monotonic,
-        renew: Callable[[], Any] | None = None,
+        renew: Callable[[], OutputProducer] | None = None,
     ) -> None:
         self._txn_consumer = consumer
         self._interval_s = commit_interval_s
@@ -123,7 +123,7 @@ class TransactionalCheckpointer(Checkpointer):
         self._began = 0.0
         self._failure: str | None = None
         """Why the open transaction cannot be committed (until :meth:`abort`)."""
-        self._abandoned: list[Any] = []
+        self._abandoned: list[OutputProducer] = []
         """Producers replaced while a call of theirs still ran (kept: never destroyed under
         it)."""
         super().__init__(consumer, producer, max_sealed, shutdown=shutdown)
@@ -135,7 +135,7 @@ class TransactionalCheckpointer(Checkpointer):
         self._init_transactions()
 
     @property
-    def producer(self) -> Any:
+    def producer(self) -> OutputProducer:
         """The transactional producer serving now (a new one after :meth:`abort` may have
         replaced it)."""
         return self._calls.producer
@@ -143,7 +143,7 @@ class TransactionalCheckpointer(Checkpointer):
     def _init_transactions(self) -> None:
         try:
             self._calls.call("init_transactions", self.producer.init_transactions)
-        except (GaveUp, KafkaException) as exc:
+        except (GaveUp, KafkaClientError) as exc:
             raise DeliveryFailed(f"could not initialise transactions: {exc}") from exc
 
     def _new_checkpoint(self) -> Checkpoint:
@@ -198,16 +198,17 @@ class TransactionalCheckpointer(Checkpointer):
 
     def _commit_transaction(self, offsets: dict[tuple[str, int], int]) -> None:
         producer = self.producer
-        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            if tps:
+            if offsets:
                 # Asked here, on the consumer's own thread: confluent-kafka serialises calls
                 # on a client, so from the helper thread this would wait for a consume() in
                 # progress (this commit may run inside its rebalance callback).
-                group = self._txn_consumer.consumer_group_metadata()
+                group = self._txn_consumer.group_metadata()
                 self._calls.call(
                     "send_offsets_to_transaction",
-                    lambda timeout_s: producer.send_offsets_to_transaction(tps, group, timeout_s),
+                    lambda timeout_s: producer.send_offsets_to_transaction(
+                        offsets, group, timeout_s
+                    ),
                 )
             self._calls.call("commit_transaction", producer.commit_transaction)
         except GaveUp as exc:
@@ -217,12 +218,11 @@ class TransactionalCheckpointer(Checkpointer):
                     "by the coordinator (transaction.timeout.ms) or by the next run's fencing"
                 ) from exc
             raise self._fail(f"transaction not committed within its budget ({exc})") from exc
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.fatal():
+        except KafkaClientError as err:
+            if err.fatal:
                 self._in_transaction = False
-                raise DeliveryFailed(f"transaction failed, producer unusable: {err}") from exc
-            raise self._fail(f"transaction commit failed: {err}") from exc
+                raise DeliveryFailed(f"transaction failed, producer unusable: {err}") from err
+            raise self._fail(f"transaction commit failed: {err}") from err
         self._in_transaction = False
         failed = next((c.error for c in self._checkpoints if c.sealed and c.error), None)
         if failed is not None:  # cannot happen after a successful commit; guard anyway
@@ -275,11 +275,9 @@ class TransactionalCheckpointer(Checkpointer):
                 if self._calls.past_deadline():
                     raise DeliveryFailed(f"transaction not aborted: {exc}") from exc
                 log.warning("%s: trying again", exc)
-            except KafkaException as exc:
-                err = exc.args[0]
-                unusable = isinstance(err, KafkaError) and err.fatal()
-                what = "producer unusable" if unusable else "abort_transaction failed"
-                raise DeliveryFailed(f"{what}: {err}") from exc
+            except KafkaClientError as err:
+                what = "producer unusable" if err.fatal else "abort_transaction failed"
+                raise DeliveryFailed(f"{what}: {err}") from err
 
     def _replace_producer(self) -> None:
         """A new producer with the same ``transactional.id``, whose ``init_transactions`` fences
@@ -300,7 +298,7 @@ class TransactionalCheckpointer(Checkpointer):
                     raise DeliveryFailed(f"no new producer: {exc}") from exc
                 log.warning("%s: trying again", exc)
                 self._calls.wait()
-            except KafkaException as exc:
+            except KafkaClientError as exc:
                 raise DeliveryFailed(f"no new producer: {exc}") from exc
 
     def forget(self, partitions: list[tuple[str, int]]) -> None:

@@ -1,4 +1,5 @@
-"""Decode: consumed messages -> validated events as columns, or a reject reason per message.
+"""Decode: consumed messages (a :class:`~pipeline.types.PolledBatch`) -> validated events as
+columns, or a reject reason per message.
 
 =================  ===================================================================
 module             job
@@ -6,7 +7,8 @@ module             job
 ``compiled``       the built-in UserEvent: compiled kernels, fastavro for the exceptions
 ``configured``     any schema of the user's (``[events]``): fastavro, the feature map's
                    fields extracted into ``EventColumns.fields``
-``messages``       what both do around their ``decode_values``: partitions, offsets
+``messages``       what both do around their ``decode_values``: a poll's values in,
+                   its messages kept with the events
 =================  ===================================================================
 
 Both answer :class:`~pipeline.types.DecodedMessages`; the loop is given one of them

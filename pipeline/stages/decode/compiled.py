@@ -11,7 +11,7 @@ job). Each message is decoded once; a value over ``codec.max_message_bytes`` is 
 Example::
 
     decoder = MessageDecoder(CodecSettings(), recent_cap=20)
-    decoded = decoder.decode("user-events", messages)
+    decoded = decoder.decode(polled)   # a PolledBatch of the input topic
     decoded.events.user_ids, decoded.rejections
 """
 
@@ -23,7 +23,6 @@ from typing import cast
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
 from model.features.segments import offsets, positions
 from model.features.spec import string_to_id
@@ -38,8 +37,8 @@ from pipeline.connectors.avro.rules import (
     STATUS_SLOW_PATH,
 )
 from pipeline.settings.codec import CodecSettings, Framing
-from pipeline.stages.decode.messages import decoded_messages
-from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
+from pipeline.stages.decode.messages import decoded_messages, value_sizes
+from pipeline.types import DecodedMessages, EventColumns, PolledBatch, RejectedMessage
 
 __all__ = ["MessageDecoder"]
 
@@ -63,30 +62,32 @@ class MessageDecoder:
         """FNV-1a key of a context string's bytes -> :func:`model.features.spec.string_to_id`."""
         self.decode_values([])  # load (or compile) the kernels now, not on the first batch
 
-    def decode(self, topic: str, messages: list[Message]) -> DecodedMessages:
-        """Decode and validate ``messages`` (consumed from ``topic``, in consumption order)."""
-        return decoded_messages(topic, messages, self.decode_values)
+    def decode(self, messages: PolledBatch) -> DecodedMessages:
+        """Decode and validate ``messages`` (in consumption order)."""
+        return decoded_messages(messages, self.decode_values)
 
     def decode_values(
-        self, values: list[bytes | None]
+        self, values: list[bytes | None], lengths: npt.NDArray[np.int64] | None = None
     ) -> tuple[EventColumns, npt.NDArray[np.int64], list[tuple[int, RejectedMessage]]]:
-        """Decode message values.
+        """Decode message values (``lengths``: their sizes, -1 for null, when known).
 
         Returns:
             The accepted events (in message order), int64[E] the index of each one's value, and
             ``(index, why)`` of every rejected value, in order.
         """
-        status, events = self.kernel(values)
+        status, events = self.kernel(values, lengths)
         ok = np.flatnonzero(status == STATUS_OK)
         if len(ok) == len(values):
             return events, ok, []
         return self._with_exceptions(values, status, ok, events)
 
-    def kernel(self, values: list[bytes | None]) -> tuple[npt.NDArray[np.int8], EventColumns]:
+    def kernel(
+        self, values: list[bytes | None], lengths: npt.NDArray[np.int64] | None = None
+    ) -> tuple[npt.NDArray[np.int8], EventColumns]:
         """The compiled pass: per-value ``STATUS_*`` and the accepted events' columns."""
         n = len(values)
         limits = self._limits
-        sizes = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        sizes = value_sizes(values, lengths)
         oversized = sizes > limits.max_message_bytes
         # Oversized values are refused before they are copied: they take no room in ``buf``.
         lengths = np.where(oversized, 0, sizes)

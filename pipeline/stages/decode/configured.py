@@ -14,7 +14,7 @@ the walker does not take (a recursive type, microsecond times) decodes with fast
 Example::
 
     decoder = ConfiguredDecoder(settings.codec, resolve_feature_map(settings))
-    decoded = decoder.decode("page-views", messages)
+    decoded = decoder.decode(polled)   # a PolledBatch of the input topic
     decoded.events.fields.ints     # the feature map's single ids, one row per event
 """
 
@@ -27,7 +27,6 @@ from typing import cast
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
 from model.features.mapping import FeatureMap, Store
 from pipeline.connectors.avro import framing as wire
@@ -40,10 +39,10 @@ from pipeline.connectors.avro.rules import (
 )
 from pipeline.connectors.avro.walker import WalkOutputs, walk
 from pipeline.settings.codec import CodecSettings, Framing
-from pipeline.stages.decode.messages import decoded_messages
+from pipeline.stages.decode.messages import decoded_messages, value_sizes
 from pipeline.stages.decode.records import RecordDecoder
 from pipeline.stages.decode.walked import WalkedColumns
-from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
+from pipeline.types import DecodedMessages, EventColumns, PolledBatch, RejectedMessage
 
 __all__ = ["ConfiguredDecoder"]
 
@@ -79,14 +78,14 @@ class ConfiguredDecoder:
             self._walked = WalkedColumns(self._program, fmap, self.records.limits)
             self.decode_values([])  # load (or compile) the walker now, not on the first batch
 
-    def decode(self, topic: str, messages: list[Message]) -> DecodedMessages:
-        """Decode and validate ``messages`` (consumed from ``topic``, in consumption order)."""
-        return decoded_messages(topic, messages, self.decode_values)
+    def decode(self, messages: PolledBatch) -> DecodedMessages:
+        """Decode and validate ``messages`` (in consumption order)."""
+        return decoded_messages(messages, self.decode_values)
 
     def decode_values(
-        self, values: list[bytes | None]
+        self, values: list[bytes | None], lengths: I64 | None = None
     ) -> tuple[EventColumns, I64, list[tuple[int, RejectedMessage]]]:
-        """Decode message values.
+        """Decode message values (``lengths``: their sizes, -1 for null, when known).
 
         Returns:
             The accepted events (in message order), int64[E] the index of each one's value, and
@@ -95,17 +94,19 @@ class ConfiguredDecoder:
         if self._program is None:
             status = np.full(len(values), STATUS_SLOW_PATH, dtype=np.int8)
             return self._with_exceptions(values, status, np.zeros(0, np.int64), None)
-        status, events = self._kernel(values)
+        status, events = self._kernel(values, lengths)
         ok = np.flatnonzero(status == STATUS_OK)
         if len(ok) == len(values):
             return events, ok, []
         return self._with_exceptions(values, status, ok, events)
 
-    def _kernel(self, values: list[bytes | None]) -> tuple[npt.NDArray[np.int8], EventColumns]:
+    def _kernel(
+        self, values: list[bytes | None], lengths: I64 | None
+    ) -> tuple[npt.NDArray[np.int8], EventColumns]:
         """The compiled pass: per-value status and the accepted events' columns."""
         assert self._program is not None
         n = len(values)
-        sizes = np.fromiter((len(v) if v else 0 for v in values), np.int64, n)
+        sizes = value_sizes(values, lengths)
         oversized = sizes > self.records.limits.max_message_bytes
         # Oversized values are refused before they are copied: they take no room in ``buf``.
         lengths = np.where(oversized, 0, sizes)

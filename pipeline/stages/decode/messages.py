@@ -6,26 +6,30 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from confluent_kafka import Message
 
-from pipeline.types import DecodedMessages, EventColumns, RejectedMessage
+from pipeline.types import DecodedMessages, EventColumns, PolledBatch, RejectedMessage
 
-__all__ = ["ValueDecoder", "decoded_messages"]
+__all__ = ["ValueDecoder", "decoded_messages", "value_sizes"]
 
 ValueDecoder = Callable[
-    [list[bytes | None]],
+    [list[bytes | None], npt.NDArray[np.int64] | None],
     tuple[EventColumns, npt.NDArray[np.int64], list[tuple[int, RejectedMessage]]],
 ]
 """A decoder's ``decode_values``: the accepted events, each one's value index, the rejections."""
 
 
-def decoded_messages(
-    topic: str, messages: list[Message], decode_values: ValueDecoder
-) -> DecodedMessages:
-    """``messages`` (consumed from ``topic``, in consumption order) with their partitions and
-    offsets, their values decoded and validated by ``decode_values``."""
-    n = len(messages)
-    partitions = np.fromiter((m.partition() for m in messages), np.int64, n)
-    offsets = np.fromiter((m.offset() for m in messages), np.int64, n)
-    events, accepted, rejections = decode_values([m.value() for m in messages])
-    return DecodedMessages(topic, messages, partitions, offsets, events, accepted, rejections)
+def decoded_messages(messages: PolledBatch, decode_values: ValueDecoder) -> DecodedMessages:
+    """``messages`` (in consumption order) with their values decoded and validated by
+    ``decode_values``."""
+    events, accepted, rejections = decode_values(messages.values, messages.value_lengths)
+    return DecodedMessages(messages, events, accepted, rejections)
+
+
+def value_sizes(
+    values: list[bytes | None], lengths: npt.NDArray[np.int64] | None
+) -> npt.NDArray[np.int64]:
+    """Bytes of each value, 0 for a null one (``lengths``: as the Kafka edge measured them,
+    -1 for null; ``None``: measured here)."""
+    if lengths is not None:
+        return np.maximum(lengths, 0)
+    return np.fromiter((len(v) if v else 0 for v in values), np.int64, len(values))

@@ -32,10 +32,14 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-import redis
 
 from model.features.mapping import FeatureMap, RecordKind, RecordLayout
-from pipeline.connectors.redis.feature_store import enrichment_client
+from pipeline.connectors.redis.connection import (
+    FeatureClient,
+    FeatureConnection,
+    FeatureStoreUnavailable,
+    RecordRefused,
+)
 from pipeline.connectors.redis.layout import (
     RecordRows,
     hmget_commands,
@@ -159,12 +163,11 @@ class ConfiguredEnricher:
         settings: RedisSettings,
         fmap: FeatureMap,
         metrics: Metrics,
-        client: redis.Redis | None = None,
+        client: FeatureClient | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._client = client or enrichment_client(settings)  # no client-side retries
-        self._connection = self._client.connection_pool.make_connection()
+        self._connection = FeatureConnection(settings, client)  # no client-side retries
         self._down_until = 0.0
         self._users = _Side("user", fmap.user, settings) if fmap.user else None
         self._items = _Side("item", fmap.item, settings) if fmap.item else None
@@ -214,9 +217,9 @@ class ConfiguredEnricher:
         if time.monotonic() < self._down_until:
             return [[] for _ in wanted]
         try:
-            self._connection.send_packed_command([r for r, _ in requests if r])
+            self._connection.send([r for r, _ in requests if r])
             return [[self._reply() for _ in range(count)] for _, count in requests]
-        except redis.RedisError as exc:
+        except FeatureStoreUnavailable as exc:
             self._connection.disconnect()  # replies left unread must not answer the next send
             self._down_until = time.monotonic() + self._settings.retry_after_s
             log.warning(
@@ -230,8 +233,8 @@ class ConfiguredEnricher:
         """The next reply; an error reply (e.g. ``WRONGTYPE``: a key of another type) is that
         record's alone: ``None``, read whole, so the replies after it stay in step."""
         try:
-            return self._connection.read_response()
-        except redis.ResponseError as exc:
+            return self._connection.read()
+        except RecordRefused as exc:
             log.warning("redis refused one record's read (%s); served as missing", exc)
             return None
 

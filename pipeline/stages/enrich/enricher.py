@@ -25,10 +25,13 @@ from typing import Protocol, cast
 import numba
 import numpy as np
 import numpy.typing as npt
-import redis
 
+from pipeline.connectors.redis.connection import (
+    FeatureClient,
+    FeatureConnection,
+    FeatureStoreUnavailable,
+)
 from pipeline.connectors.redis.feature_store import (
-    enrichment_client,
     item_record_dtype,
     mget_request,
 )
@@ -73,7 +76,7 @@ class FeatureEnricher:
         item_dense_dim: int,
         recent_cap: int,
         metrics: Metrics,
-        client: redis.Redis | None = None,
+        client: FeatureClient | None = None,
     ) -> None:
         self._settings = settings
         self._prefix = settings.key_prefix
@@ -82,8 +85,7 @@ class FeatureEnricher:
         self._item_dtype = item_record_dtype(item_dense_dim)
         self._recent_cap = recent_cap
         self._metrics = metrics
-        self._client = client or enrichment_client(settings)  # no client-side retries
-        self._connection = self._client.connection_pool.make_connection()
+        self._connection = FeatureConnection(settings, client)  # no client-side retries
         """The enricher's own connection: opened by the first MGET, closed by an error, opened
         again by the next MGET."""
         self._down_until = 0.0
@@ -146,9 +148,9 @@ class FeatureEnricher:
         request = mget_request(self._prefix, user_ids, item_ids)
         try:
             # A failed send or read closes the connection; the next send opens a new one.
-            self._connection.send_packed_command([request])
-            values = cast(list[bytes | None], self._connection.read_response())
-        except redis.RedisError as exc:
+            self._connection.send([request])
+            values = cast(list[bytes | None], self._connection.read())
+        except FeatureStoreUnavailable as exc:
             self._down_until = time.monotonic() + self._settings.retry_after_s
             log.warning(
                 "redis unavailable (%s); serving default features for %.1fs",

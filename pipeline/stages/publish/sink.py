@@ -1,10 +1,11 @@
 """The sink: one record per event of a scored batch to the output topic.
 
 The sink is passive: it encodes the batch (one compiled call: the built-in Recommendation's
-encoder, or the user's schema's, :mod:`pipeline.stages.publish.configured`) and produces each
-record with its batch's :class:`~pipeline.types.Checkpoint` as the delivery callback
-(``checkpoint.expect_delivery()``), so the broker's acknowledgement flows back to the offsets
-it covers. What is committed, and when, is the commit stage's business.
+encoder, or the user's schema's, :mod:`pipeline.stages.publish.configured`) and produces its
+records in one call, counted into its batch's :class:`~pipeline.types.Checkpoint`
+(``checkpoint.expect(n)``), to which the Kafka edge acknowledges each one, so the broker's
+acknowledgement flows back to the offsets it covers. What is committed, and when, is the commit
+stage's business.
 """
 
 from __future__ import annotations
@@ -17,14 +18,29 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.connectors.avro.write_program import WriteProgram
-from pipeline.connectors.kafka.clients import RecordProducer
 from pipeline.observability.metrics import Metrics
 from pipeline.stages.publish.configured import SchemaEncoder
 from pipeline.stages.publish.flags import FallbackFlags, fallback_flags
 from pipeline.stages.publish.recommendation import RecommendationEncoder
-from pipeline.types import EventColumns, FallbackFeature, FieldColumns, PreparedBatch, ScoredBatch
+from pipeline.types import (
+    Checkpoint,
+    EventColumns,
+    FallbackFeature,
+    FieldColumns,
+    PreparedBatch,
+    ScoredBatch,
+)
 
-__all__ = ["EncodedBatch", "RecommendationSink", "RecordEncoder"]
+__all__ = ["BatchSender", "EncodedBatch", "RecommendationSink", "RecordEncoder"]
+
+
+class BatchSender(Protocol):
+    """What the sink needs of the producer
+    (:class:`~pipeline.runtime.backpressure.BackpressuredProducer` over the Kafka edge)."""
+
+    def produce_batch(
+        self, topic: str, values: list[bytes], keys: list[bytes], acks: Checkpoint
+    ) -> None: ...
 
 
 class RecordEncoder(Protocol):
@@ -87,7 +103,7 @@ class RecommendationSink:
 
     def __init__(
         self,
-        producer: RecordProducer,
+        producer: BatchSender,
         topic: str,
         header: bytes,
         metrics: Metrics,
@@ -157,9 +173,8 @@ class RecommendationSink:
             float64[E] end-to-end latency of each event (event_time -> produced), seconds.
         """
         events, checkpoint = prepared.batch.events, prepared.batch.checkpoint
-        produce = self._producer.produce
-        for key, value in zip(encoded.keys, encoded.values, strict=True):
-            produce(self._topic, value, key, on_delivery=checkpoint.expect_delivery())
+        checkpoint.expect(len(encoded.values))
+        self._producer.produce_batch(self._topic, encoded.values, encoded.keys, checkpoint)
         latency_s: npt.NDArray[np.float64] = (
             encoded.produced_at_ms - events.event_time_ms
         ) / 1000.0

@@ -14,12 +14,12 @@ from confluent_kafka import KafkaError, TopicPartition
 
 import model.serving.device
 from model.rank import RankContext
-from pipeline.connectors.kafka.clients import CommitResults
+from pipeline.connectors.kafka.consumer import CommitResults
 from pipeline.observability.metrics import FALLBACK_FEATURES, STEP_AGREE, Metrics
 from pipeline.runtime.stepping import LocalStep, ProcessGroup, StepAgreement
 from pipeline.stages.commit import Checkpointer
 from pipeline.types import FallbackFeature, RejectReason
-from tests.pipeline.fakes import FakeConsumer, FakeProducer
+from tests.pipeline.fakes import FakeConsumer, FakeProducer, edge_consumer, edge_producer
 
 EXPORTED = {
     "streamrank_consumed_messages_total",
@@ -85,7 +85,9 @@ def test_commit_failures_are_exported_from_the_committers_count() -> None:
     get = metrics.registry.get_sample_value
     assert get("streamrank_commit_failures_total") == 0  # before any committer exists
     results = CommitResults()
-    first = Checkpointer(FakeConsumer(), FakeProducer(), commit_results=results)  # type: ignore[arg-type]
+    first = Checkpointer(
+        edge_consumer(FakeConsumer()), edge_producer(FakeProducer()), commit_results=results
+    )
     metrics.commit_failures.watch(lambda: first.commit_failures)
     timed_out = KafkaError(KafkaError.REQUEST_TIMED_OUT)
     results(timed_out, [TopicPartition("events", 0, 5)])
@@ -94,7 +96,9 @@ def test_commit_failures_are_exported_from_the_committers_count() -> None:
     assert get("streamrank_commit_failures_total") == 2
     # A new run of the loop builds a new committer: the counter keeps the earlier failures.
     results = CommitResults()
-    second = Checkpointer(FakeConsumer(), FakeProducer(), commit_results=results)  # type: ignore[arg-type]
+    second = Checkpointer(
+        edge_consumer(FakeConsumer()), edge_producer(FakeProducer()), commit_results=results
+    )
     metrics.commit_failures.watch(lambda: second.commit_failures)
     assert get("streamrank_commit_failures_total") == 2
     results(timed_out, [TopicPartition("events", 0, 9)])

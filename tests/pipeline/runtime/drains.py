@@ -7,7 +7,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from confluent_kafka import TopicPartition
 
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
@@ -25,7 +24,14 @@ from pipeline.stages.score import ForwardExecutor
 from pipeline.stages.source import KafkaSource
 from pipeline.types import Shutdown
 from tests.pipeline.factories import DefaultsEnricher, columns, tiny_scorer, user_event
-from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
+from tests.pipeline.fakes import (
+    FakeConsumer,
+    FakeMessage,
+    FakeProducer,
+    edge_consumer,
+    edge_producer,
+    polled,
+)
 
 T = "in"
 
@@ -52,28 +58,29 @@ def rig(
     consumer = consumer or FakeConsumer()
     consumer.messages = deque([FakeMessage(T, b"x", 1, 7), FakeMessage(T, b"y", 0, 3)])
     producer = FakeProducer(ack_every_poll=True)
-    source = KafkaSource(consumer, T, 10)
+    input_consumer, output_producer = edge_consumer(consumer), edge_producer(producer)
+    source = KafkaSource(input_consumer, T, 10)
     batcher = MicroBatcher(max_rows=100, max_delay_ms=1000)
-    checkpointer = Checkpointer(consumer, producer)
+    checkpointer = Checkpointer(input_consumer, output_producer)
     metrics = Metrics()
+    shutdown = shutdown or Shutdown(10.0)
+    pause = InputPause(source)
+    wrapped = BackpressuredProducer(output_producer, pause, shutdown)
     processor = BatchProcessor(
         DefaultsEnricher(),
         ForwardExecutor(tiny_scorer(), metrics),
-        RecommendationSink(producer, "out", b"", metrics),
-        DeadLetterSink(producer, "dlq", metrics),
+        RecommendationSink(wrapped, "out", b"", metrics),
+        DeadLetterSink(wrapped, "dlq", metrics),
         metrics,
         RunSummary(),
         collective=collective,
     )
     stepper = stepper or StepAgreement(ProcessGroup() if collective else Alone())
-    shutdown = shutdown or Shutdown(10.0)
-    pause = InputPause(source)
-    wrapped = BackpressuredProducer(producer, pause, shutdown)
     drain = Drain(batcher, checkpointer, processor, source, wrapped, pause, stepper, shutdown)
     handler = RebalanceHandler(source, drain)
-    handler.on_assign(consumer, [TopicPartition(T, 0), TopicPartition(T, 1)])
+    handler.on_assign({(T, 0), (T, 1)})
     source.poll(0.0)
     for partition, offset in ((0, 0), (1, 0), (0, 1), (1, 1)):
         checkpointer.consumed(T, np.array([partition]), np.array([offset]))
-        batcher.add(columns([user_event()]), [FakeMessage(T, b"", partition, offset)])
+        batcher.add(columns([user_event()]), polled([FakeMessage(T, b"", partition, offset)]))
     return Rig(handler, drain, batcher, checkpointer, source, consumer, producer)

@@ -41,7 +41,7 @@ def fake_loop(
         settings,
         scorer,
         enricher=enricher,
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
+        clients=lambda kafka, topics, stats_cb: KafkaClients.of(consumer, producer),
         **parts,
     )
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.runtime.stepping import StepAgreement
@@ -133,7 +133,7 @@ def test_offsets_left_uncommitted_at_a_revocation_are_never_committed_later(
     consumer = BusyGroupConsumer(busy=10**6)
     r = rig(consumer=consumer)
     with caplog.at_level(logging.ERROR, logger="pipeline.runtime.drain"):
-        r.handler.on_revoke(consumer, [TopicPartition(T, 1)])
+        r.handler.on_revoke({(T, 1)})
     (line,) = _drain_errors(caplog)
     assert "offsets of 2 consumed events are not committed" in line  # partition 1's
     consumer.busy = 0

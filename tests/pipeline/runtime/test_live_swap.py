@@ -90,7 +90,7 @@ def _run_with_promotion(
         Metrics(),
         checkpoint=versions.current_path(),
         enricher=DefaultsEnricher(TINY_SPEC),
-        clients=lambda kafka, topics, stats_cb: KafkaClients(consumer, producer),
+        clients=lambda kafka, topics, stats_cb: KafkaClients.of(consumer, producer),
     )
     models = pipeline.models
     assert models is not None

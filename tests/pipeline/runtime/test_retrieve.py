@@ -31,6 +31,7 @@ from pipeline.settings.codec import CodecSettings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.types import FieldColumns, RejectReason
 from tests.pipeline.factories import TINY_SPEC, encode_events, event_messages, user_event
+from tests.pipeline.fakes import polled
 
 CATALOGUE = np.arange(1_000, 1_060, dtype=np.int64)
 
@@ -44,7 +45,7 @@ def index() -> RetrievalIndex:
 
 def _decoded(records: list[dict[str, object]]):  # type: ignore[no-untyped-def]
     decoder = MessageDecoder(CodecSettings(), TINY_SPEC.recent_items_cap, retrieve=True)
-    return decoder.decode("in", event_messages("in", encode_events(records)))  # type: ignore[arg-type]
+    return decoder.decode(polled(event_messages("in", encode_events(records))))
 
 
 def test_events_without_candidates_get_the_index_best_items(index: RetrievalIndex) -> None:

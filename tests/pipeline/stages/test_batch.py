@@ -12,8 +12,8 @@ import pytest
 from pipeline.connectors.avro.reference import records_to_columns
 from pipeline.stages import batch as batch_mod
 from pipeline.stages.batch import MicroBatcher
-from pipeline.types import DecodedMessages, EventColumns, RejectedMessage, RejectReason
-from tests.pipeline.fakes import FakeMessage
+from pipeline.types import DecodedMessages, EventColumns, PolledBatch, RejectedMessage, RejectReason
+from tests.pipeline.fakes import FakeMessage, polled
 
 
 def _event(n_candidates: int, i: int = 0) -> dict[str, Any]:
@@ -32,8 +32,8 @@ def _cols(*events: dict[str, Any]) -> EventColumns:
     return records_to_columns(list(events))
 
 
-def _src(n: int, partition: int = 0) -> list[Any]:
-    return [FakeMessage("t", None, partition, i) for i in range(n)]
+def _src(n: int, partition: int = 0) -> PolledBatch:
+    return polled([FakeMessage("t", None, partition, i) for i in range(n)])
 
 
 def _decoded(events: list[dict[str, Any]], rejected: set[int] = frozenset()) -> DecodedMessages:  # type: ignore[assignment]
@@ -48,12 +48,8 @@ def _decoded(events: list[dict[str, Any]], rejected: set[int] = frozenset()) -> 
             messages.append(FakeMessage("t", b"", 0, len(messages)))
         event_message.append(len(messages))
         messages.append(FakeMessage("t", b"v", 0, len(messages)))
-    n = len(messages)
     return DecodedMessages(
-        "t",
-        messages,
-        np.zeros(n, np.int64),
-        np.arange(n, dtype=np.int64),
+        polled(messages),
         _cols(*events),
         np.asarray(event_message, np.int64),
         rejections,
@@ -180,7 +176,7 @@ class TestMicroBatcher:
 
     def test_drop_partitions_keeps_the_other_events(self) -> None:
         batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
-        sources = [*_src(1, 0), *_src(1, 1), *_src(1, 0)]
+        sources = PolledBatch.concat([_src(1, 0), _src(1, 1), _src(1, 0)])
         batcher.add(_cols(_event(2), _event(3, 1), _event(4, 2)), sources)
         assert batcher.drop_partitions({("t", 0)}) == 2
         assert batcher.rows == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeline.observability.metrics import Metrics
 from pipeline.stages.dead_letter import DETAIL_HEADER, REASON_HEADER, DeadLetterSink
 from pipeline.types import Checkpoint, RejectedMessage, RejectReason
-from tests.pipeline.fakes import FakeMessage, FakeProducer
+from tests.pipeline.fakes import FakeMessage, FakeProducer, polled, sender
 
 
 def test_dead_letter_keeps_the_message_and_adds_reason_headers() -> None:
@@ -13,7 +13,8 @@ def test_dead_letter_keeps_the_message_and_adds_reason_headers() -> None:
     message = FakeMessage("in", b"\x01garbage", 3, 17, _key=b"k", _headers=[("trace", b"t-1")])
     checkpoint = Checkpoint()
     rejection = RejectedMessage(RejectReason.UNDECODABLE, "x" * 5000)
-    DeadLetterSink(producer, "dlq", metrics).publish(message, rejection, checkpoint)  # type: ignore[arg-type]
+    consumed = polled([message]).message(0)
+    DeadLetterSink(sender(producer), "dlq", metrics).publish(consumed, rejection, checkpoint)
 
     (record,) = producer.on_topic("dlq")
     assert record.value() == b"\x01garbage" and record.key() == b"k"
@@ -23,4 +24,6 @@ def test_dead_letter_keeps_the_message_and_adds_reason_headers() -> None:
     assert len(headers[DETAIL_HEADER] or b"") == 1024
     assert headers["x-source-partition"] == b"3" and headers["x-source-offset"] == b"17"
     assert checkpoint.pending == 1
+    producer.ack()
+    assert checkpoint.pending == 0 and checkpoint.error is None
     assert metrics.dead_lettered.labels(reason="undecodable")._value.get() == 1

@@ -32,6 +32,7 @@ from pipeline.settings.codec import CodecSettings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.types import EventColumns, RejectedMessage, RejectReason
 from tests.pipeline.factories import event_messages
+from tests.pipeline.fakes import polled
 
 LIMITS = CodecSettings(
     max_message_bytes=400,
@@ -130,7 +131,7 @@ def test_decode_gives_accepted_columns_and_reference_rejections(
 ) -> None:
     decoder = MessageDecoder(LIMITS, RECENT_CAP, retrieve=retrieve)
     reference = _reference(decoder, values)
-    batch = decoder.decode("in", event_messages("in", list(values)))  # type: ignore[arg-type]
+    batch = decoder.decode(polled(event_messages("in", list(values))))
     accepted = [i for i, r in enumerate(reference) if isinstance(r, dict)]
     assert batch.event_message.tolist() == accepted
     assert batch.offsets.tolist() == list(range(len(values)))

@@ -11,7 +11,7 @@ from pipeline.settings.codec import CodecSettings
 from pipeline.stages.publish import RecommendationSink, fallback_flags
 from pipeline.types import Checkpoint, ScoredBatch
 from tests.pipeline.factories import prepared_batch, user_event
-from tests.pipeline.fakes import FakeProducer
+from tests.pipeline.fakes import FakeProducer, sender
 from tests.pipeline.stages.test_features import EventFactory, _enrichment, _events
 
 
@@ -30,7 +30,9 @@ def test_one_recommendation_per_event_guarding_the_batch_checkpoint(codec: Recor
         scores=np.array([0.9, 0.5, 0.7]),
         model_version="m-3",
     )
-    latency = RecommendationSink(producer, "recs", codec.header, metrics).publish(batch, scored)
+    latency = RecommendationSink(sender(producer), "recs", codec.header, metrics).publish(
+        batch, scored
+    )
 
     assert latency.shape == (2,)
     assert checkpoint.pending == 2
@@ -53,7 +55,7 @@ def test_a_failing_encode_sends_nothing(codec: RecordCodec) -> None:
         scores=np.array([0.9, 0.5, 0.7]),
         model_version="m-3",
     )
-    sink = RecommendationSink(producer, "recs", codec.header, Metrics())
+    sink = RecommendationSink(sender(producer), "recs", codec.header, Metrics())
     with pytest.raises(Exception):  # noqa: B017 - whatever the encoder raises
         sink.encode_batch(batch, scored)
     assert producer.on_topic("recs") == [] and batch.batch.checkpoint.pending == 0

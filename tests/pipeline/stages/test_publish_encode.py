@@ -18,7 +18,7 @@ from pipeline.observability.metrics import Metrics
 from pipeline.settings.codec import CodecSettings
 from pipeline.stages.publish import FallbackFlags, RecommendationSink
 from pipeline.types import ScoredBatch
-from tests.pipeline.fakes import FakeProducer
+from tests.pipeline.fakes import FakeProducer, sender
 
 longs = st.integers(-(2**63), 2**63 - 1)
 scores = st.floats(allow_nan=False, width=64)
@@ -62,7 +62,7 @@ def _check(codec: RecordCodec, batch: list[Any], model_version: str, now_ms: int
         user=np.array([u for *_, u, _, _ in batch], dtype=bool),
         item=np.array([i for *_, i, _ in batch], dtype=bool),
     )
-    sink = RecommendationSink(FakeProducer(), "recs", codec.header, Metrics())
+    sink = RecommendationSink(sender(FakeProducer()), "recs", codec.header, Metrics())
     got = sink.encode(_columns(batch), scored, flags, now_ms)
     want = [
         codec.encode(

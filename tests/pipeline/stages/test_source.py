@@ -8,19 +8,18 @@ from collections import deque
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, Message
 
+from pipeline.connectors.kafka.errors import KafkaClientError
 from pipeline.stages.source import KafkaSource
-from tests.pipeline.fakes import FakeConsumer, FakeMessage
+from tests.pipeline.fakes import FakeConsumer, FakeMessage, edge_consumer
 
 T = "in"
 
 
-def _source(
-    messages: list[FakeMessage], max_messages: int = 10
-) -> tuple[KafkaSource, FakeConsumer]:
+def _source(messages: list[Message], max_messages: int = 10) -> tuple[KafkaSource, FakeConsumer]:
     consumer = FakeConsumer(messages=deque(messages))
-    return KafkaSource(consumer, T, max_messages), consumer
+    return KafkaSource(edge_consumer(consumer), T, max_messages), consumer
 
 
 def test_poll_fills_a_bounded_backlog_and_records_activity() -> None:
@@ -32,9 +31,9 @@ def test_poll_fills_a_bounded_backlog_and_records_activity() -> None:
     first = source.first_input_at
     assert source.poll(0.0) == 2
     assert source.first_input_at == first
-    assert [m.offset() for m in source.take(3)] == [0, 1, 2]
-    assert [m.offset() for m in source.take(10)] == [3, 4]
-    assert source.take(1) == []
+    assert source.take(3).offsets.tolist() == [0, 1, 2]
+    assert source.take(10).offsets.tolist() == [3, 4]
+    assert len(source.take(1)) == 0
 
 
 def test_end_of_partition_is_skipped_and_other_errors_are_logged(
@@ -43,18 +42,18 @@ def test_end_of_partition_is_skipped_and_other_errors_are_logged(
     eof = FakeMessage(T, _error=KafkaError(KafkaError._PARTITION_EOF))
     transient = FakeMessage(T, _error=KafkaError(KafkaError._TRANSPORT))
     source, _ = _source([eof, transient, FakeMessage(T, b"x", 0, 9)])
-    source.poll(0.0)
-    assert [m.offset() for m in source.take(10)] == [9]
+    assert source.poll(0.0) == 1  # the errors are not messages
+    assert source.take(10).offsets.tolist() == [9]
     assert "consumer error" in caplog.text
-    assert source.take(10) == []
+    assert len(source.take(10)) == 0
 
 
 def test_fatal_client_error_raises() -> None:
     fatal = FakeMessage(T, _error=KafkaError(KafkaError._FATAL, "fenced", fatal=True))
     source, _ = _source([fatal])
-    source.poll(0.0)
-    with pytest.raises(KafkaException):
-        source.take(1)
+    with pytest.raises(KafkaClientError, match="fenced") as raised:
+        source.poll(0.0)
+    assert raised.value.fatal
 
 
 def test_revocation_drops_the_backlog_of_revoked_partitions_only() -> None:
@@ -64,22 +63,27 @@ def test_revocation_drops_the_backlog_of_revoked_partitions_only() -> None:
     source.poll(0.0)
     assert source.revoked({(T, 1)}) == 3
     assert source.assignment == {(T, 0)}
-    kept = [(m.partition(), m.offset()) for m in source.take(10)]
-    assert kept == [(0, 0), (0, 1), (0, 2)]
+    kept = source.take(10)
+    assert list(zip(kept.partitions.tolist(), kept.offsets.tolist(), strict=True)) == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+    ]
 
 
 def test_subscribe_passes_the_rebalance_callbacks_and_close_closes() -> None:
     source, consumer = _source([])
-    calls: list[str] = []
+    calls: list[tuple[str, set[tuple[str, int]]]] = []
     source.subscribe(
-        lambda c, p: calls.append("assign"),
-        lambda c, p: calls.append("revoke"),
-        lambda c, p: calls.append("lost"),
+        lambda p: calls.append(("assign", p)),
+        lambda p: calls.append(("revoke", p)),
+        lambda p: calls.append(("lost", p)),
     )
     consumer.rebalance("on_revoke", [(T, 0)])
-    consumer.rebalance("on_lost", [(T, 0)])
-    consumer.rebalance("on_assign", [(T, 0)])
-    assert calls == ["revoke", "lost", "assign"]
+    consumer.rebalance("on_lost", [(T, 1)])
+    consumer.rebalance("on_assign", [(T, 0), (T, 1)])
+    # the callbacks get the partitions as (topic, partition) pairs, never a client type
+    assert calls == [("revoke", {(T, 0)}), ("lost", {(T, 1)}), ("assign", {(T, 0), (T, 1)})]
     source.close()
     assert consumer.closed
 

@@ -8,10 +8,16 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from pipeline.connectors.kafka.clients import CommitResults
+from pipeline.connectors.kafka.consumer import CommitResults
 from pipeline.stages.commit import Checkpointer
 from pipeline.types import DeliveryFailed, Shutdown
-from tests.pipeline.fakes import FakeConsumer, FakeMessage, FakeProducer
+from tests.pipeline.fakes import (
+    FakeConsumer,
+    FakeMessage,
+    FakeProducer,
+    edge_consumer,
+    edge_producer,
+)
 
 T = "events"
 
@@ -32,14 +38,15 @@ def producer() -> FakeProducer:
 
 @pytest.fixture
 def ckpt(consumer: FakeConsumer, producer: FakeProducer) -> Checkpointer:
-    return Checkpointer(consumer, producer)  # type: ignore[arg-type]
+    return Checkpointer(edge_consumer(consumer), edge_producer(producer))
 
 
 def _produce(ckpt: Checkpointer, producer: FakeProducer, n: int = 1, error: bool = False) -> None:
     for _ in range(n):
         if error:
             producer.failures.append(_error())
-        producer.produce("recs", b"", on_delivery=ckpt.open.expect_delivery())
+        ckpt.open.expect()
+        edge_producer(producer).send("recs", [b""], [None], ckpt.open)
 
 
 def _consume(ckpt: Checkpointer, partition: int, offset: int) -> None:
@@ -278,7 +285,7 @@ def test_flush_and_commit_with_undelivered_records_raises(
     consumer: FakeConsumer,
 ) -> None:
     producer = FakeProducer(stuck_on_flush=1)
-    ckpt = Checkpointer(consumer, producer)  # type: ignore[arg-type]
+    ckpt = Checkpointer(edge_consumer(consumer), edge_producer(producer))
     _consume(ckpt, 0, 0)
     _produce(ckpt, producer, 2)
     with pytest.raises(DeliveryFailed, match="1 records still undelivered"):
@@ -288,7 +295,7 @@ def test_flush_and_commit_with_undelivered_records_raises(
 
 def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer) -> None:
     producer = FakeProducer(acks_per_poll=1)
-    ckpt = Checkpointer(consumer, producer, max_sealed=2)  # type: ignore[arg-type]
+    ckpt = Checkpointer(edge_consumer(consumer), edge_producer(producer), max_sealed=2)
     for offset in range(2):
         _batch(ckpt, producer, offset)
     assert ckpt.commit_ready() == 0
@@ -303,7 +310,7 @@ def test_max_sealed_back_pressure_polls_until_below_limit(consumer: FakeConsumer
 
 def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
     producer = FakeProducer(acks_per_poll=1)
-    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt = Checkpointer(edge_consumer(consumer), edge_producer(producer), max_sealed=1)
     _consume(ckpt, 0, 0)
     _produce(ckpt, producer, 3)  # three acks needed before the first checkpoint is done
     ckpt.seal_open()
@@ -316,7 +323,7 @@ def test_back_pressure_waits_as_long_as_needed(consumer: FakeConsumer) -> None:
 
 def test_back_pressure_surfaces_delivery_failure(consumer: FakeConsumer) -> None:
     producer = FakeProducer(acks_per_poll=1)
-    ckpt = Checkpointer(consumer, producer, max_sealed=1)  # type: ignore[arg-type]
+    ckpt = Checkpointer(edge_consumer(consumer), edge_producer(producer), max_sealed=1)
     _batch(ckpt, producer, 0, error=True)
     _batch(ckpt, producer, 1)
     with pytest.raises(DeliveryFailed):
@@ -328,14 +335,15 @@ def test_callback_belongs_to_the_open_checkpoint_at_produce_time(
     ckpt: Checkpointer, consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
     _consume(ckpt, 0, 0)
-    cb_first = ckpt.open.expect_delivery()
+    _produce(ckpt, producer)
     ckpt.seal_open()
     _consume(ckpt, 0, 1)
-    cb_second = ckpt.open.expect_delivery()
+    _produce(ckpt, producer)
     ckpt.seal_open()
-    cb_second(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    (first, _), (second, _) = producer.pending
+    second(None, FakeMessage("recs"))
     assert ckpt.commit_ready() == 0
-    cb_first(None, FakeMessage("recs"))  # type: ignore[arg-type]
+    first(None, FakeMessage("recs"))
     assert ckpt.commit_ready() == 2
     assert consumer.offsets == [{(T, 0): 2}]
 
@@ -344,7 +352,7 @@ def _confirmed(
     consumer: FakeConsumer, producer: FakeProducer
 ) -> tuple[Checkpointer, CommitResults]:
     results = CommitResults()
-    ckpt = Checkpointer(consumer, producer, commit_results=results)  # type: ignore[arg-type]
+    ckpt = Checkpointer(edge_consumer(consumer), edge_producer(producer), commit_results=results)
     return ckpt, results
 
 
@@ -418,7 +426,9 @@ def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -
 def test_waits_end_at_the_shutdown_deadline(consumer: FakeConsumer) -> None:
     producer = FakeProducer(stuck_on_flush=1)  # the broker never acknowledges
     shutdown = Shutdown(0.2)
-    ckpt = Checkpointer(consumer, producer, max_sealed=1, shutdown=shutdown)  # type: ignore[arg-type]
+    ckpt = Checkpointer(
+        edge_consumer(consumer), edge_producer(producer), max_sealed=1, shutdown=shutdown
+    )
     for offset in range(3):
         _batch(ckpt, producer, offset)
     shutdown.request()
@@ -434,7 +444,9 @@ def test_commits_at_most_once_per_commit_interval(
 ) -> None:
     clock = [100.0]
     monkeypatch.setattr("pipeline.stages.commit.protocol.time.monotonic", lambda: clock[0])
-    ckpt = Checkpointer(consumer, producer, max_sealed=100, commit_interval_s=0.1)  # type: ignore[arg-type]
+    ckpt = Checkpointer(
+        edge_consumer(consumer), edge_producer(producer), max_sealed=100, commit_interval_s=0.1
+    )
 
     def batch(offset: int) -> None:
         _batch(ckpt, producer, offset)
@@ -457,7 +469,9 @@ def test_commits_at_most_once_per_commit_interval(
 def test_acknowledged_checkpoints_waiting_for_the_interval_do_not_count_as_in_flight(
     consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt = Checkpointer(consumer, producer, max_sealed=1, commit_interval_s=3600)  # type: ignore[arg-type]
+    ckpt = Checkpointer(
+        edge_consumer(consumer), edge_producer(producer), max_sealed=1, commit_interval_s=3600
+    )
     for offset in range(5):
         _batch(ckpt, producer, offset)
         producer.ack(1)

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from model.rank import RankContext
+from pipeline.connectors.kafka.producer import OutputProducer
 from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
 from pipeline.stages.commit import TransactionalCheckpointer, TransactionFailed, transactional_kafka
 from pipeline.types import DeliveryFailed, Shutdown
+from tests.pipeline.fakes import edge_consumer, edge_producer
 from tests.pipeline.stages.commit.transactional import (
     FakeClock,
     GroupConsumer,
@@ -35,13 +36,13 @@ def _checkpointer(
     timeout_s: float = 30.0,
     clock: FakeClock | None = None,
     shutdown: Shutdown | None = None,
-    renew: Callable[[], Any] | None = None,
+    renew: Callable[[], OutputProducer] | None = None,
 ) -> tuple[TransactionalCheckpointer, TxnProducer]:
     clock = clock or FakeClock()
     producer = TxnProducer(clock)
     ckpt = TransactionalCheckpointer(
-        GroupConsumer(),
-        producer,
+        edge_consumer(GroupConsumer()),
+        edge_producer(producer),
         interval_s,
         max_sealed=2,
         timeout_s=timeout_s,
@@ -55,7 +56,8 @@ def _checkpointer(
 def _batch(ckpt: TransactionalCheckpointer, producer: TxnProducer, offset: int) -> None:
     ckpt.consumed(T, np.array([0]), np.array([offset]))
     checkpoint = ckpt.cut()
-    producer.produce("recs", b"", on_delivery=checkpoint.expect_delivery())
+    checkpoint.expect()  # begins the transaction
+    edge_producer(producer).send("recs", [b""], [None], checkpoint)
     checkpoint.seal()
 
 
@@ -81,7 +83,8 @@ def test_a_batch_in_flight_is_left_to_the_next_transaction() -> None:
     in_flight = ckpt.cut()  # forward running: nothing produced yet
     ckpt.commit_delivered(1.0)  # a forced commit (a revocation)
     assert producer.sent_offsets == [{(T, 0): 5}]
-    producer.produce("recs", b"", on_delivery=in_flight.expect_delivery())
+    in_flight.expect()
+    edge_producer(producer).send("recs", [b""], [None], in_flight)
     assert producer.calls[-1] == "begin"  # its record opens the next transaction
     in_flight.seal()
     ckpt.flush_and_commit(1.0)
@@ -103,7 +106,9 @@ def test_retriable_errors_are_retried_and_the_transaction_commits() -> None:
     clock = FakeClock()
     producer = TxnProducer(clock)
     producer.scripts["init"] = [retriable()]
-    ckpt = TransactionalCheckpointer(GroupConsumer(), producer, 60.0, clock=clock)
+    ckpt = TransactionalCheckpointer(
+        edge_consumer(GroupConsumer()), edge_producer(producer), 60.0, clock=clock
+    )
     _batch(ckpt, producer, 0)
     producer.scripts["offsets"] = [retriable(), retriable(KafkaError._TRANSPORT)]
     producer.scripts["commit"] = [retriable()]
@@ -177,10 +182,14 @@ def test_init_transactions_that_never_succeed_fail_the_start() -> None:
     producer = TxnProducer(clock)
     producer.scripts["init"] = [retriable() for _ in range(100)]
     with pytest.raises(DeliveryFailed, match="could not initialise"):
-        TransactionalCheckpointer(GroupConsumer(), producer, 1.0, timeout_s=5.0, clock=clock)
+        TransactionalCheckpointer(
+            edge_consumer(GroupConsumer()), edge_producer(producer), 1.0, timeout_s=5.0, clock=clock
+        )
     producer.scripts["init"] = [fatal()]
     with pytest.raises(DeliveryFailed, match="fenced"):
-        TransactionalCheckpointer(GroupConsumer(), producer, 1.0, clock=clock)
+        TransactionalCheckpointer(
+            edge_consumer(GroupConsumer()), edge_producer(producer), 1.0, clock=clock
+        )
 
 
 @pytest.fixture
@@ -215,7 +224,8 @@ def test_a_call_that_never_answers_is_given_up_at_its_budget(release: threading.
 def test_a_producer_whose_call_never_answers_is_replaced(release: threading.Event) -> None:
     clock = FakeClock()
     fresh = TxnProducer(clock)
-    ckpt, producer = _checkpointer(timeout_s=10.0, clock=clock, renew=lambda: fresh)
+    renewed = edge_producer(fresh)
+    ckpt, producer = _checkpointer(timeout_s=10.0, clock=clock, renew=lambda: renewed)
 
     def hang() -> None:
         clock.advance(20.0)
@@ -229,7 +239,7 @@ def test_a_producer_whose_call_never_answers_is_replaced(release: threading.Even
     # its coordinator aborts the transaction it left open).
     assert ckpt.abort() == {(T, 0): 0}
     assert "abort" not in producer.calls and fresh.calls == ["init"]
-    assert ckpt.producer is fresh and ckpt.aborts == 1
+    assert ckpt.producer is renewed and ckpt.aborts == 1
     _batch(ckpt, fresh, 0)
     ckpt.commit_delivered(1.0)
     assert fresh.calls[-2:] == ["offsets", "commit"] and ckpt.committed == {(T, 0): 1}
