@@ -142,12 +142,15 @@ class ScoringServer:
                 for message in channel.receive():
                     self._dispatch(channel, message)
             workers.check()
-            if workers.failure is not None and workers.finished:
+            # One reading of `finished` for this step: a worker reaped between two readings
+            # would let the step stop before its failure was raised.
+            finished = workers.finished
+            if workers.failure is not None and finished:
                 raise IngestWorkerFailed(workers.failure)
             # agree
             rows = pending[0][1].rows if pending else 0
             offer = self._models.offer(drained=True) if self._models is not None else NO_SWAP
-            local = LocalStep(bool(pending), rows, False, workers.finished, offer=offer)
+            local = LocalStep(bool(pending), rows, False, finished, offer=offer)
             step = self._stepper.agree(local)
             # score
             if step.run:
@@ -156,6 +159,8 @@ class ScoringServer:
             if self._models is not None:
                 self._follow(self._models, step)
             if step.stop:
+                if workers.failure is not None:
+                    raise IngestWorkerFailed(workers.failure)
                 return
 
     @property
