@@ -10,7 +10,7 @@ says so (``skipped``) and the others still run.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from model.ranker import Ranker
 from model.synthetic import SyntheticWorld
 from scripts.gpucheck.common import sample_events
 from scripts.gpucheck.model_sections import on_device
+
+if TYPE_CHECKING:
+    from pipeline.types import Checkpoint
 
 
 class FeatureTable:
@@ -47,22 +50,21 @@ class FeatureTable:
 
 
 class NullProducer:
-    """Takes every record and acknowledges it at once (no broker on the GPU machine)."""
+    """Takes every record and acknowledges it at once (no broker on the GPU machine): the
+    sinks' producer (``produce_batch`` for the output, ``produce`` for the dead letters)."""
 
     def __init__(self) -> None:
         self.records = 0
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, **kwargs: Any) -> None:
+    def produce_batch(
+        self, topic: str, values: list[bytes], keys: list[bytes], acks: Checkpoint
+    ) -> None:
+        self.records += len(values)
+        acks.pending -= len(values)
+
+    def produce(self, topic: str, value: Any, key: Any, headers: Any, acks: Checkpoint) -> None:
         self.records += 1
-        on_delivery = kwargs.get("on_delivery")
-        if on_delivery is not None:
-            on_delivery(None, None)
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
+        acks.pending -= 1
 
 
 def scoring_stage(
