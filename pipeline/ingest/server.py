@@ -141,10 +141,10 @@ class ScoringServer:
             for channel in workers.wait(0.0 if pending else self._stepper.poll_timeout_s):
                 for message in channel.receive():
                     self._dispatch(channel, message)
-            workers.check()
-            # One reading of `finished` for this step: a worker reaped between two readings
-            # would let the step stop before its failure was raised.
+            # `finished` is read before `check`: a worker that exits in between is then seen
+            # by `check` (its failure raised below), never only by this step's stop.
             finished = workers.finished
+            workers.check()
             if workers.failure is not None and finished:
                 raise IngestWorkerFailed(workers.failure)
             # agree
@@ -159,8 +159,6 @@ class ScoringServer:
             if self._models is not None:
                 self._follow(self._models, step)
             if step.stop:
-                if workers.failure is not None:
-                    raise IngestWorkerFailed(workers.failure)
                 return
 
     @property
