@@ -81,6 +81,13 @@ def check_configured_model(
     tables = module_tables(probe)
     served = {f for t in tables for f in t.feature_names}
     collections(probe)  # refuses the embedding modules the contract does not serve
+    managed = managed_collisions(probe)
+    if managed and settings.batching.ingest_workers:
+        raise ModelConfigError(
+            f"batching.ingest_workers = {settings.batching.ingest_workers}: {managed[0]} is a "
+            "managed-collision collection, served by the one-process path only (its remapping "
+            "behind ingest workers is not verified); set batching.ingest_workers = 0"
+        )
     config, fmap = configured_module(settings)
     for key in fmap.layout.keys:
         if key not in served:
@@ -89,7 +96,7 @@ def check_configured_model(
                 f"(the module's features: {sorted(served)})"
             )
     trial_forward(config, fmap.layout)
-    resolve_retrieval(settings, fmap, tables, managed_collisions(probe))
+    resolve_retrieval(settings, fmap, tables, managed)
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(

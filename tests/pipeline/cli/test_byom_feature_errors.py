@@ -109,3 +109,20 @@ def test_a_sharded_job_refuses_what_its_ranks_cannot_serve_in_one_line(
         _run(run_cli, data_parallel, "--nproc", "2"),
         "model.sharding: sequence table t_history cannot be data_parallel",
     )
+
+
+def test_a_managed_collision_model_refuses_ingest_workers_in_one_line(
+    run_cli: CliRunner, tmp_path: Path
+) -> None:
+    managed = _config(
+        tmp_path,
+        "deepfm",
+        ('"torchrec.models.deepfm:SimpleDeepFMNN"', '"tests.model.module.modules:managed_deepfm"'),
+        append="\n[model.module.managed_collision]\ninput_hash_size = 1048576\n"
+        "\n[batching]\ningest_workers = 1\n",
+    )
+    _assert_one_line_user_error(
+        _run(run_cli, managed),
+        "batching.ingest_workers = 1",
+        "managed-collision collection, served by the one-process path only",
+    )
