@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.rank import RankContext
 from model.serving import Scorer
@@ -46,6 +47,9 @@ from pipeline.runtime.stepping import ProcessGroup, StepAgreement, Stepper
 from pipeline.settings.loading import Settings, check_ingest_workers
 from pipeline.stages.enrich.enricher import BatchEnricher
 
+if TYPE_CHECKING:
+    from pipeline.models.preflight import ConfiguredModel
+
 __all__ = ["build_pipeline", "serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ def serve(
     degradations: int = 0,
     checkpoint: Path | None = None,
     worker_setup: Callable[[], object] | None = None,
+    configured: ConfiguredModel | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -72,6 +77,9 @@ def serve(
             resolved by the caller); default ``model.checkpoint``.
         worker_setup: with ingest workers, run first in each of them (e.g. the CLI's logging
             configuration; picklable).
+        configured: ``[model.module]`` as the start-up checks of this process resolved it
+            (:func:`pipeline.models.preflight.check_configured_model`); default: resolved by
+            the loader.
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -99,7 +107,7 @@ def serve(
     try:
         if settings.batching.ingest_workers:
             check_ingest_workers(settings)
-            loader = ModelLoader(settings, rank)
+            loader = ModelLoader(settings, rank, configured=configured)
             served = loader.load(checkpoint or settings.model.checkpoint)
             _model_metrics(metrics, served.scorer)
             summary = serve_with_workers(
@@ -116,7 +124,7 @@ def serve(
                 models=_follow_versions(settings, loader, checkpoint, metrics),
             )
             return summary, step_stats(metrics) if rank.distributed else {}
-        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
+        pipeline = build_pipeline(settings, rank, metrics, checkpoint, configured=configured)
         if settings.metrics.enabled:
             port = settings.metrics.port + rank.rank if settings.metrics.port else 0
             metrics.serve(settings.metrics.host, port)
@@ -145,6 +153,7 @@ def build_pipeline(
     checkpoint: Path | None = None,
     enricher: BatchEnricher | None = None,
     clients: ClientFactory = connect,
+    configured: ConfiguredModel | None = None,
 ) -> ScoringPipeline:
     """The scoring loop of this process, its model version loaded (collective with ranks).
 
@@ -160,6 +169,7 @@ def build_pipeline(
         checkpoint: the checkpoint directory to serve (default ``model.checkpoint``).
         enricher: the feature source (default: Redis as configured).
         clients: builds the Kafka clients (default: the configured broker).
+        configured: ``[model.module]`` resolved (default: by the loader).
 
     Returns:
         The pipeline, ready to :meth:`~pipeline.runtime.loop.ScoringPipeline.run`.
@@ -168,7 +178,7 @@ def build_pipeline(
 
         pipeline = build_pipeline(settings, RankContext(), Metrics())
     """
-    loader = ModelLoader(settings, rank)
+    loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
     return ScoringPipeline(

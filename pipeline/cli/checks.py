@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from confluent_kafka import KafkaException
@@ -23,6 +24,9 @@ from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import CatalogueSource
 from pipeline.settings.secrets import mask_url
+
+if TYPE_CHECKING:
+    from pipeline.models.preflight import ConfiguredModel
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
 REDIS_PROBE_TIMEOUT_S = 2.0
@@ -208,7 +212,9 @@ def require_schema_registry(
         ) from error
 
 
-def require_configured_model(settings: Settings, checkpoint: Path | None = None) -> None:
+def require_configured_model(
+    settings: Settings, checkpoint: Path | None = None
+) -> ConfiguredModel | None:
     """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]``,
     ``[features]`` or ``[output]`` (:mod:`pipeline.models.preflight`,
     :mod:`pipeline.models.output`), and, given the ``checkpoint`` to serve, for a version
@@ -221,9 +227,13 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
         settings: the command's settings.
         checkpoint: the version to serve, if any.
 
+    Returns:
+        The configured model as the checks resolved it (for the serving path); ``None`` for
+        the built-in model.
+
     Example::
 
-        require_configured_model(settings)
+        configured = require_configured_model(settings)
     """
     if settings.model.module is None:
         if settings.events.configured or settings.features.configured:
@@ -247,11 +257,11 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
             resolve_output(settings)
         except ValueError as error:  # OutputContractError: one line naming the key
             raise UserError(str(error)) from error
-        return
+        return None
     from pipeline.models.preflight import check_configured_model  # torch: only then
 
     try:
-        check_configured_model(settings, checkpoint)
+        return check_configured_model(settings, checkpoint)
     except ValueError as error:  # ModelConfigError, FeatureMapError: one line naming the key
         raise UserError(str(error)) from error
 

@@ -139,7 +139,7 @@ class ScoringPipeline:
         self.decoder = inputs.decoder
         self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
         self.retriever = CandidateRetriever(
-            index, retrieval.num_candidates, self.metrics, inputs.enricher
+            index, retrieval.config.num_candidates, self.metrics, inputs.enricher
         )
         self.models = models
         self.enricher: BatchEnricher = inputs.enricher
