@@ -126,8 +126,7 @@ def serve(
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(settings, rank, metrics, checkpoint, configured=configured)
         if settings.metrics.enabled:
-            port = settings.metrics.port + rank.rank if settings.metrics.port else 0
-            metrics.serve(settings.metrics.host, port)
+            metrics.serve(settings.metrics.host, settings.metrics.port_for(rank.rank))
         pipeline.stop_on_signals()
         log.info(
             "scoring %s -> %s (dlq %s) with model %s",

@@ -153,7 +153,6 @@ class ScoringPipeline:
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
         self.summary = RunSummary()
         self._clients = clients
-        self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
         self._rewinding = False
@@ -227,7 +226,7 @@ class ScoringPipeline:
         program = self.output.program
         processor = BatchProcessor(
             self.enricher,
-            ForwardExecutor(self.scorer, metrics, self._warm_up_rows),
+            ForwardExecutor(self.scorer, metrics, self.settings.batching.warm_up_rows),
             RecommendationSink(producer, settings.topics.output, codec.header, metrics, program),
             dead_letters,
             metrics,

@@ -17,6 +17,7 @@ from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOpti
 from model.serving.graph_shapes import graph_shapes, shape_for
 from model.store.checkpoint import save_checkpoint
 from pipeline.observability.metrics import Metrics
+from pipeline.settings.batching import BatchingSettings
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import ForwardExecutor
 from tests.pipeline.factories import TINY_SPEC, prepared_batch, user_event
@@ -46,9 +47,10 @@ def test_the_scoring_thread_warms_up_at_the_batch_size_before_returning(
         "warm_up",
         lambda self, rows: warmed.append((threading.current_thread().name, list(rows))) or 0.0,
     )
-    options = ServingOptions(checkpoint, device="cpu", batch_rows=512)
+    batching = BatchingSettings(max_batch_rows=512)
+    options = ServingOptions(checkpoint, device="cpu", batch_rows=batching.max_batch_rows)
     executor = ForwardExecutor(
-        ScorerFactory(options).create_scorer(), Metrics(), options.warm_up_rows
+        ScorerFactory(options).create_scorer(), Metrics(), batching.warm_up_rows
     )
     assert [rows for _, rows in warmed] == [[512, 256]]
     assert warmed[0][0].startswith("forward")  # not the caller's thread
