@@ -34,10 +34,10 @@ class ServingOptions:
         compile_mode: a :class:`~model.options.CompileMode`.
         precision: forward precision, ``fp32``/``tf32``/``bf16`` (every path).
         sharding: table placement when the job has several ranks.
-        batch_rows: the usual largest batch (``batching.max_batch_rows``): the planner's batch
-            size, and with ``graph_shapes`` the largest padded batch.
+        max_batch_rows: the usual largest batch (``batching.max_batch_rows``): the planner's
+            batch size, and with graph shapes the largest padded batch.
         max_event_rows: the most rows one event can bring (``codec.max_candidates``): an event
-            larger than ``batch_rows`` is a batch alone, so graph shapes must hold it too.
+            larger than ``max_batch_rows`` is a batch alone, so graph shapes must hold it too.
         module: a configured module (``[model.module]``) and its versions' weights;
             ``None``: the built-in ranker of the checkpoint's own spec.
         layout: the input the feature map builds for ``module`` (required with it).
@@ -55,7 +55,7 @@ class ServingOptions:
     compile_mode: CompileMode = CompileMode.DEFAULT
     precision: Precision = Precision.FP32
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    batch_rows: int = 4096
+    max_batch_rows: int = 4096
     max_event_rows: int = 1000
     module: ModuleConfig | None = None
     layout: InputLayout | None = None

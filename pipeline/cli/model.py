@@ -228,7 +228,7 @@ def plan(
         nproc,
         device.value,
         settings.model.sharding.to_config(),
-        batch_rows=settings.batching.max_batch_rows,
+        max_batch_rows=settings.batching.max_batch_rows,
     )
     report = describe_plan(sharding_plan, tables, nproc)
     sys.stdout.write((json.dumps(report.as_dict()) if as_json else report.render()) + "\n")

@@ -125,12 +125,12 @@ class ModelSettings(Section):
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
 
     def serving_options(
-        self, batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
+        self, max_batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
     ) -> ServingOptions:
         """What :class:`~model.serving.ScorerFactory` builds from these settings.
 
         Args:
-            batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
+            max_batch_rows: ``batching.max_batch_rows`` (planner input, largest graph shape).
             max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
             checkpoint: the checkpoint to serve (a versions directory's current version);
                 default ``checkpoint``.
@@ -143,6 +143,6 @@ class ModelSettings(Section):
             compile_mode=self.compile_mode,
             precision=self.precision,
             sharding=self.sharding.to_config(),
-            batch_rows=batch_rows,
+            max_batch_rows=max_batch_rows,
             max_event_rows=max_event_rows,
         )

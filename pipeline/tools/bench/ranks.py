@@ -51,7 +51,7 @@ def _bytes_per_rank(settings: Settings, nprocs: tuple[int, ...]) -> dict[int, An
             n,
             "cpu",
             settings.model.sharding.to_config(),
-            batch_rows=settings.batching.max_batch_rows,
+            max_batch_rows=settings.batching.max_batch_rows,
         )
         memory[n] = describe_plan(plan, spec, n).as_dict()["ranks"]
     return memory

@@ -31,7 +31,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def test_one_process_gets_the_precision(checkpoint: Path) -> None:
-    options = ServingOptions(checkpoint, device="cpu", precision=Precision.BF16, batch_rows=512)
+    options = ServingOptions(checkpoint, device="cpu", precision=Precision.BF16, max_batch_rows=512)
     scorer = ScorerFactory(options).create_scorer()
     assert scorer.precision is Precision.BF16
     assert scorer.device == torch.device("cpu")
@@ -48,7 +48,7 @@ def test_the_scoring_thread_warms_up_at_the_batch_size_before_returning(
         lambda self, rows: warmed.append((threading.current_thread().name, list(rows))) or 0.0,
     )
     batching = BatchingSettings(max_batch_rows=512)
-    options = ServingOptions(checkpoint, device="cpu", batch_rows=batching.max_batch_rows)
+    options = ServingOptions(checkpoint, device="cpu", max_batch_rows=batching.max_batch_rows)
     executor = ForwardExecutor(
         ScorerFactory(options).create_scorer(), Metrics(), batching.warm_up_rows
     )
@@ -96,7 +96,9 @@ def test_several_ranks_refuse_what_they_cannot_serve(
 
 
 def test_warm_up_runs_a_forward_per_size(checkpoint: Path) -> None:
-    scorer = ScorerFactory(ServingOptions(checkpoint, device="cpu", batch_rows=8)).create_scorer()
+    scorer = ScorerFactory(
+        ServingOptions(checkpoint, device="cpu", max_batch_rows=8)
+    ).create_scorer()
     calls = _count_forwards(scorer)
     _assert_timed(scorer, [64, 32])
     assert calls == [64, 32]
