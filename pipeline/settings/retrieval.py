@@ -19,11 +19,11 @@ import enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import PrivateAttr, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from model.retrieval.config import RetrievalConfig
 from model.retrieval.sources import VectorSource
-from pipeline.settings.section import Section, keys_of
+from pipeline.settings.section import ConfigSection, Section, keys_of
 
 __all__ = [
     "CatalogueSource",
@@ -80,15 +80,16 @@ class VectorSettings(Section):
 
 
 if TYPE_CHECKING:
-    _IndexKeys = Section
+    _IndexKeys = ConfigSection[RetrievalConfig]
 else:
     _IndexKeys = keys_of(RetrievalConfig, omit=("seed",))
 
 
 class RetrievalSettings(_IndexKeys):
     """``[retrieval]``: the keys of :class:`model.retrieval.config.RetrievalConfig` (how the
-    index is built and queried: declared, documented and checked there, and read as
-    :attr:`config`), plus whether to retrieve, the catalogue, and a configured model's vectors.
+    index is built and queried: declared, documented and checked there; the loader, the index
+    builders, the loop and the benchmarks take it as :attr:`config`, made once), plus whether
+    to retrieve, the catalogue, and a configured model's vectors.
 
     Example::
 
@@ -115,14 +116,8 @@ class RetrievalSettings(_IndexKeys):
     """A configured model's indexed vectors: ``{ source = "table", table = ... }`` or
     ``{ source = "item", field = ... }``. Required with ``[model.module]`` and ``enabled``."""
 
-    _config: RetrievalConfig = PrivateAttr()
-
     @model_validator(mode="after")
     def _valid(self) -> RetrievalSettings:
-        # RetrievalConfig's own checks: a ValueError is one line naming the key
-        self._config = RetrievalConfig(
-            **{key: getattr(self, key) for key in _IndexKeys.model_fields}
-        )
         if self.catalogue is CatalogueSource.FILE and self.catalogue_path is None:
             raise ValueError('catalogue = "file" needs catalogue_path')
         if self.query is not None and self.query.source is VectorSource.ITEM:
@@ -130,13 +125,6 @@ class RetrievalSettings(_IndexKeys):
         if self.items is not None and self.items.source is VectorSource.USER:
             raise ValueError('items.source = "user": the index holds items (table or item)')
         return self
-
-    @property
-    def config(self) -> RetrievalConfig:
-        """How the index is built and queried (:class:`model.retrieval.config.RetrievalConfig`,
-        made once when the section was read): the one object the loader, the index builders,
-        the loop and the benchmarks take."""
-        return self._config
 
 
 class ModelSwapSettings(Section):

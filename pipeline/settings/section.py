@@ -2,18 +2,21 @@
 
 A section whose keys are the fields of a frozen dataclass of :mod:`model` (which must not import
 :mod:`pipeline`) takes them from it (:func:`keys_of`): the dataclass is the one declaration of
-the keys, their types, defaults and checks, and the section builds it once it is valid.
+the keys, their types, defaults and checks, and the section builds it once, when it is read
+(:attr:`ConfigSection.config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
-__all__ = ["Section", "keys_of"]
+__all__ = ["ConfigSection", "Section", "keys_of"]
+
+ConfigT = TypeVar("ConfigT")
 
 
 class Section(BaseModel):
@@ -22,17 +25,37 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def keys_of(config: type[Any], omit: tuple[str, ...] = ()) -> type[Section]:
-    """A :class:`Section` whose keys are the fields of the frozen dataclass ``config``: the
-    same names, types and defaults (the dataclass's own checks run when the section builds
-    it).
+class ConfigSection(Section, Generic[ConfigT]):
+    """A section whose keys are a dataclass's fields (made by :func:`keys_of`): once valid, it
+    builds the dataclass (whose own checks raise ``ValueError``: one line naming the key)."""
+
+    config_type: ClassVar[type[Any]]
+    """The dataclass."""
+    config_keys: ClassVar[tuple[str, ...]]
+    """Its fields that are keys of the section."""
+    _config: Any = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _build_config(self) -> Self:
+        self._config = self.config_type(**{key: getattr(self, key) for key in self.config_keys})
+        return self
+
+    @property
+    def config(self) -> ConfigT:
+        """The dataclass these keys describe, made once when the section was read."""
+        return typing.cast(ConfigT, self._config)
+
+
+def keys_of(config: type[Any], omit: tuple[str, ...] = ()) -> type[ConfigSection[Any]]:
+    """A :class:`ConfigSection` whose keys are the fields of the frozen dataclass ``config``:
+    the same names, types and defaults.
 
     Args:
         config: a dataclass of :mod:`model` (e.g. :class:`model.retrieval.config.RetrievalConfig`).
         omit: fields that are not settings (they keep the dataclass's default).
 
     Returns:
-        The section class, to be subclassed by the settings section (which adds its own keys).
+        The section class, to be subclassed by the settings section (which may add keys).
 
     Example::
 
@@ -49,4 +72,7 @@ def keys_of(config: type[Any], omit: tuple[str, ...] = ()) -> type[Section]:
             keys[field.name] = (hints[field.name], field.default)
         else:
             keys[field.name] = (hints[field.name], ...)
-    return create_model(f"{config.__name__}Keys", __base__=Section, **keys)
+    section = create_model(f"{config.__name__}Keys", __base__=ConfigSection, **keys)
+    section.config_type = config
+    section.config_keys = tuple(keys)
+    return section

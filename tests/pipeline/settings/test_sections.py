@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from model.distributed.config import ShardingConfig, ShardingKind, TableShardingConfig
 from model.features.spec import SparseFeature
 from model.retrieval.config import IndexKind, RetrievalConfig
 from pipeline.settings.loading import load_settings
+from pipeline.settings.model import ShardingSettings, TableShardingSettings
 from pipeline.settings.retrieval import RetrievalSettings
 
 
@@ -46,3 +48,18 @@ def test_retrieval_configs_own_checks_refuse_a_bad_value_naming_the_key() -> Non
         RetrievalSettings(num_candidates=0)
     with pytest.raises(ValidationError, match="seed"):
         RetrievalSettings.model_validate({"seed": 3})
+
+
+def test_table_sharding_keys_are_table_sharding_configs_fields_and_built_once() -> None:
+    names = [f.name for f in dataclasses.fields(TableShardingConfig)]
+    assert list(TableShardingSettings.model_fields) == names
+    sharding = ShardingSettings.model_validate(
+        {"default": "row_wise", "tables": {"item_id": {"sharding_type": "column_wise"}}}
+    )
+    assert sharding.config == ShardingConfig(
+        default=TableShardingConfig(ShardingKind.ROW_WISE),
+        per_table={"item_id": TableShardingConfig(ShardingKind.COLUMN_WISE)},
+    )
+    assert sharding.config is sharding.config  # made once, when read
+    with pytest.raises(ValidationError, match="explicit ranks are not supported for row_wise"):
+        TableShardingSettings.model_validate({"sharding_type": "row_wise", "ranks": [0, 1]})
