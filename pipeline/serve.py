@@ -180,6 +180,7 @@ def build_pipeline(
     loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
+    resolved = loader.configured()
     return ScoringPipeline(
         settings,
         served.scorer,
@@ -190,6 +191,7 @@ def build_pipeline(
         clients=clients,
         index=served.index,
         models=_follow_versions(settings, loader, checkpoint, metrics),
+        feature_map=resolved.fmap if resolved is not None else None,
     )
 
 

@@ -266,13 +266,21 @@ def require_configured_model(
         raise UserError(str(error)) from error
 
 
-def require_module_version(settings: Settings, checkpoint: Path) -> None:
+def require_module_version(
+    settings: Settings, checkpoint: Path, configured: ConfiguredModel | None = None
+) -> None:
     """Raise :class:`UserError` unless ``checkpoint`` is a version imported for
     ``[model.module]``'s architecture (a new architecture needs its weights imported again).
 
+    Args:
+        settings: the command's settings (``[model.module]`` set).
+        checkpoint: the version to serve.
+        configured: ``[model.module]`` as :func:`require_configured_model` resolved it
+            (default: resolved here).
+
     Example::
 
-        require_module_version(settings, served)
+        require_module_version(settings, served, require_configured_model(settings))
     """
     from model.module.store import check_architecture, is_module_version, load_module_meta
     from pipeline.models.preflight import configured_module
@@ -283,7 +291,7 @@ def require_module_version(settings: Settings, checkpoint: Path) -> None:
             "module's weights with `streamrank model import STATE_DICT_FILE --promote`"
         )
     try:
-        config, _ = configured_module(settings)
+        config = configured.module if configured else configured_module(settings)[0]
         check_architecture(config, load_module_meta(checkpoint), checkpoint)
     except ValueError as error:
         raise UserError(str(error)) from error

@@ -112,7 +112,7 @@ def run(
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     if launch is not None and settings.model.module is not None:
-        require_module_version(settings, served)
+        require_module_version(settings, served, configured)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)

@@ -143,13 +143,14 @@ class ModelLoader:
         options = settings.model.serving_options(
             settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
         )
-        configured = self._configured()
+        configured = self.configured()
         if configured is None:
             return options
         return dataclasses.replace(options, module=configured.module, layout=configured.fmap.layout)
 
-    def _configured(self) -> ConfiguredModel | None:
-        """The configured model, resolved once; ``None`` for the built-in model."""
+    def configured(self) -> ConfiguredModel | None:
+        """The configured model (its config, feature map and retrieval plan), resolved once
+        per process; ``None`` for the built-in model."""
         if self.settings.model.module is None:
             return None
         if self._module is None:
@@ -184,7 +185,7 @@ class ModelLoader:
             Exception: whatever reading the checkpoint, the catalogue or building the index
                 raised.
         """
-        configured = self._configured()
+        configured = self.configured()
         if configured is None:
             from model.store.checkpoint import load_meta
 
@@ -269,7 +270,7 @@ class ModelLoader:
         from pipeline.models.configured_index import load_configured_index
 
         retrieval = self.settings.retrieval
-        configured = self._configured()
+        configured = self.configured()
         assert configured is not None and configured.retrieval is not None  # retrieval is on
         plan = configured.retrieval
         redis_items = isinstance(plan.items, RecordVectors)

@@ -75,6 +75,7 @@ from pipeline.stages.source import KafkaSource
 from pipeline.types import Batch, Shutdown
 
 if TYPE_CHECKING:
+    from model.features.mapping import FeatureMap
     from model.retrieval.index import VectorIndex
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ class ScoringPipeline:
             are dead-lettered, ``no_candidates``).
         models: follows a versions directory and swaps new versions in
             (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
+        feature_map: a configured model's feature map, resolved by the model loader
+            (default: resolved here from ``settings``).
 
     Example::
 
@@ -126,6 +129,7 @@ class ScoringPipeline:
         rank: RankContext | None = None,
         index: VectorIndex | None = None,
         models: ModelSwap | None = None,
+        feature_map: FeatureMap | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
@@ -134,7 +138,7 @@ class ScoringPipeline:
         batching, retrieval = settings.batching, settings.retrieval
         # decode, enrich, features: the built-in model's, or those of [model.module]'s map
         inputs = serving_inputs(
-            settings, self.metrics, scorer.spec if scorer.builtin else None, enricher
+            settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
         self.decoder = inputs.decoder
         self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
