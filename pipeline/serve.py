@@ -235,6 +235,7 @@ def serve_ingest_worker(assignment: WorkerAssignment) -> None:
             stepper=worker.stepper,
             rank=assignment.rank,
             index=worker.index,
+            feature_map=worker.feature_map,
         )
         pipeline.stop_on_signals()
         summary = pipeline.run(
