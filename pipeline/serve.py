@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.rank import RankContext
 from model.serving import Scorer
@@ -46,6 +47,9 @@ from pipeline.runtime.stepping import ProcessGroup, StepAgreement, Stepper
 from pipeline.settings.loading import Settings, check_ingest_workers
 from pipeline.stages.enrich.enricher import BatchEnricher
 
+if TYPE_CHECKING:
+    from pipeline.models.preflight import ConfiguredModel
+
 __all__ = ["build_pipeline", "serve", "serve_ingest_worker"]
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ def serve(
     degradations: int = 0,
     checkpoint: Path | None = None,
     worker_setup: Callable[[], object] | None = None,
+    configured: ConfiguredModel | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -72,6 +77,9 @@ def serve(
             resolved by the caller); default ``model.checkpoint``.
         worker_setup: with ingest workers, run first in each of them (e.g. the CLI's logging
             configuration; picklable).
+        configured: ``[model.module]`` as the start-up checks of this process resolved it
+            (:func:`pipeline.models.preflight.check_configured_model`); default: resolved by
+            the loader.
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -99,7 +107,7 @@ def serve(
     try:
         if settings.batching.ingest_workers:
             check_ingest_workers(settings)
-            loader = ModelLoader(settings, rank)
+            loader = ModelLoader(settings, rank, configured=configured)
             served = loader.load(checkpoint or settings.model.checkpoint)
             _model_metrics(metrics, served.scorer)
             summary = serve_with_workers(
@@ -116,10 +124,9 @@ def serve(
                 models=_follow_versions(settings, loader, checkpoint, metrics),
             )
             return summary, step_stats(metrics) if rank.distributed else {}
-        pipeline = build_pipeline(settings, rank, metrics, checkpoint)
+        pipeline = build_pipeline(settings, rank, metrics, checkpoint, configured=configured)
         if settings.metrics.enabled:
-            port = settings.metrics.port + rank.rank if settings.metrics.port else 0
-            metrics.serve(settings.metrics.host, port)
+            metrics.serve(settings.metrics.host, settings.metrics.port_for(rank.rank))
         pipeline.stop_on_signals()
         log.info(
             "scoring %s -> %s (dlq %s) with model %s",
@@ -145,6 +152,7 @@ def build_pipeline(
     checkpoint: Path | None = None,
     enricher: BatchEnricher | None = None,
     clients: ClientFactory = connect,
+    configured: ConfiguredModel | None = None,
 ) -> ScoringPipeline:
     """The scoring loop of this process, its model version loaded (collective with ranks).
 
@@ -160,6 +168,7 @@ def build_pipeline(
         checkpoint: the checkpoint directory to serve (default ``model.checkpoint``).
         enricher: the feature source (default: Redis as configured).
         clients: builds the Kafka clients (default: the configured broker).
+        configured: ``[model.module]`` resolved (default: by the loader).
 
     Returns:
         The pipeline, ready to :meth:`~pipeline.runtime.loop.ScoringPipeline.run`.
@@ -168,9 +177,10 @@ def build_pipeline(
 
         pipeline = build_pipeline(settings, RankContext(), Metrics())
     """
-    loader = ModelLoader(settings, rank)
+    loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
+    resolved = loader.configured()
     return ScoringPipeline(
         settings,
         served.scorer,
@@ -181,6 +191,7 @@ def build_pipeline(
         clients=clients,
         index=served.index,
         models=_follow_versions(settings, loader, checkpoint, metrics),
+        feature_map=resolved.fmap if resolved is not None else None,
     )
 
 
@@ -224,6 +235,7 @@ def serve_ingest_worker(assignment: WorkerAssignment) -> None:
             stepper=worker.stepper,
             rank=assignment.rank,
             index=worker.index,
+            feature_map=worker.feature_map,
         )
         pipeline.stop_on_signals()
         summary = pipeline.run(

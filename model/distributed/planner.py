@@ -123,7 +123,7 @@ def plan_sharding(
     world_size: int,
     device_type: str = "cpu",
     config: ShardingConfig | None = None,
-    batch_rows: int = 4096,
+    max_batch_rows: int = 4096,
     local_world_size: int | None = None,
 ) -> ShardingPlan:
     """A ``ShardingPlan`` for a model's tables, without a process group.
@@ -153,7 +153,8 @@ def plan_sharding(
         world_size: number of ranks.
         device_type: ``"cpu"`` or ``"cuda"``.
         config: per-table sharding; default: every table table-wise, automatic kernel.
-        batch_rows: rows per rank and batch, the planner's cost-model batch size.
+        max_batch_rows: rows per rank and batch (``batching.max_batch_rows``), the planner's
+            cost-model batch size.
         local_world_size: ranks per host (default ``world_size``: one host); sets the CUDA
             device index of each rank (``rank % local_world_size``) and table-row-wise groups.
 
@@ -217,7 +218,7 @@ def plan_sharding(
     if planned:
         chosen = [by_name[n] for n in planned]
         result.update(
-            _run_planner(chosen, table_cfg, world_size, local_size, device_type, batch_rows)
+            _run_planner(chosen, table_cfg, world_size, local_size, device_type, max_batch_rows)
         )
     load = [0] * world_size
     work = [0.0] * world_size
@@ -270,7 +271,7 @@ def _run_planner(
     world_size: int,
     local_size: int,
     device_type: str,
-    batch_rows: int,
+    max_batch_rows: int,
 ) -> EmbeddingModuleShardingPlan:
     names = [t.name for t in chosen]
     ebc = EmbeddingBagCollection(tables=embedding_bag_configs(chosen), device="meta")
@@ -286,7 +287,7 @@ def _run_planner(
             world_size=world_size, compute_device=device_type, local_world_size=local_size
         )
         planner = EmbeddingShardingPlanner(
-            topology=topology, batch_size=batch_rows, constraints=constraints, debug=False
+            topology=topology, batch_size=max_batch_rows, constraints=constraints, debug=False
         )
         try:
             plan = planner.plan(ebc, sharders())

@@ -70,7 +70,9 @@ class ScorerFactory:
             module = load_single(options, served, device)
         shapes: tuple[GraphShape, ...] = ()
         if records_cuda_graphs(options.compile, options.compile_mode, device):
-            shapes = graph_shapes(served.layout, max(options.batch_rows, options.max_event_rows))
+            shapes = graph_shapes(
+                served.layout, max(options.max_batch_rows, options.max_event_rows)
+            )
         return Scorer(
             module,
             served.spec or served.layout,

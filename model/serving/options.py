@@ -34,9 +34,10 @@ class ServingOptions:
         compile_mode: a :class:`~model.options.CompileMode`.
         precision: forward precision, ``fp32``/``tf32``/``bf16`` (every path).
         sharding: table placement when the job has several ranks.
-        batch_rows: the usual largest batch; warm-up runs at it and at half of it.
+        max_batch_rows: the usual largest batch (``batching.max_batch_rows``): the planner's
+            batch size, and with graph shapes the largest padded batch.
         max_event_rows: the most rows one event can bring (``codec.max_candidates``): an event
-            larger than ``batch_rows`` is a batch alone, so graph shapes must hold it too.
+            larger than ``max_batch_rows`` is a batch alone, so graph shapes must hold it too.
         module: a configured module (``[model.module]``) and its versions' weights;
             ``None``: the built-in ranker of the checkpoint's own spec.
         layout: the input the feature map builds for ``module`` (required with it).
@@ -54,7 +55,7 @@ class ServingOptions:
     compile_mode: CompileMode = CompileMode.DEFAULT
     precision: Precision = Precision.FP32
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    batch_rows: int = 4096
+    max_batch_rows: int = 4096
     max_event_rows: int = 1000
     module: ModuleConfig | None = None
     layout: InputLayout | None = None
@@ -62,11 +63,6 @@ class ServingOptions:
     def __post_init__(self) -> None:
         if self.module is not None and self.layout is None:
             raise ValueError("a configured module needs the input layout of its feature map")
-
-    @property
-    def warm_up_rows(self) -> tuple[int, ...]:
-        """The batch sizes to warm up at: ``batch_rows`` and half of it."""
-        return (self.batch_rows, max(1, self.batch_rows // 2))
 
     def check(self, world_size: int) -> None:
         """Refuse what a job of ``world_size`` ranks cannot serve.

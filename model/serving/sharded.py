@@ -71,7 +71,7 @@ def load_sharded_model(
         rank.world_size,
         device.type,
         options.sharding,
-        batch_rows=options.batch_rows,
+        max_batch_rows=options.max_batch_rows,
         local_world_size=rank.local_world_size,
     )
     if rank.rank == 0:

@@ -362,7 +362,7 @@ def bench_retrieval_command(
         raise UserError(f"--nprobe takes cell counts like 16,32,64; got {nprobe!r}") from exc
     if min((items, queries - 1, batch - 1, k - 1, *nprobes), default=0) < 0 or 0 in nprobes:
         raise UserError("--items must be >= 0; --queries, --batch, --k and --nprobe >= 1")
-    retrieval_config = settings.retrieval.to_config()
+    retrieval_config = settings.retrieval.config
     if threads is not None:
         try:
             retrieval_config = dataclasses.replace(retrieval_config, threads=threads)

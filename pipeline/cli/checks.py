@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from confluent_kafka import KafkaException
@@ -23,6 +24,9 @@ from pipeline.settings.loading import Settings
 from pipeline.settings.redis import RedisSettings
 from pipeline.settings.retrieval import CatalogueSource
 from pipeline.settings.secrets import mask_url
+
+if TYPE_CHECKING:
+    from pipeline.models.preflight import ConfiguredModel
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
 REDIS_PROBE_TIMEOUT_S = 2.0
@@ -208,7 +212,9 @@ def require_schema_registry(
         ) from error
 
 
-def require_configured_model(settings: Settings, checkpoint: Path | None = None) -> None:
+def require_configured_model(
+    settings: Settings, checkpoint: Path | None = None
+) -> ConfiguredModel | None:
     """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]``,
     ``[features]`` or ``[output]`` (:mod:`pipeline.models.preflight`,
     :mod:`pipeline.models.output`), and, given the ``checkpoint`` to serve, for a version
@@ -221,9 +227,13 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
         settings: the command's settings.
         checkpoint: the version to serve, if any.
 
+    Returns:
+        The configured model as the checks resolved it (for the serving path); ``None`` for
+        the built-in model.
+
     Example::
 
-        require_configured_model(settings)
+        configured = require_configured_model(settings)
     """
     if settings.model.module is None:
         if settings.events.configured or settings.features.configured:
@@ -247,22 +257,30 @@ def require_configured_model(settings: Settings, checkpoint: Path | None = None)
             resolve_output(settings)
         except ValueError as error:  # OutputContractError: one line naming the key
             raise UserError(str(error)) from error
-        return
+        return None
     from pipeline.models.preflight import check_configured_model  # torch: only then
 
     try:
-        check_configured_model(settings, checkpoint)
+        return check_configured_model(settings, checkpoint)
     except ValueError as error:  # ModelConfigError, FeatureMapError: one line naming the key
         raise UserError(str(error)) from error
 
 
-def require_module_version(settings: Settings, checkpoint: Path) -> None:
+def require_module_version(
+    settings: Settings, checkpoint: Path, configured: ConfiguredModel | None = None
+) -> None:
     """Raise :class:`UserError` unless ``checkpoint`` is a version imported for
     ``[model.module]``'s architecture (a new architecture needs its weights imported again).
 
+    Args:
+        settings: the command's settings (``[model.module]`` set).
+        checkpoint: the version to serve.
+        configured: ``[model.module]`` as :func:`require_configured_model` resolved it
+            (default: resolved here).
+
     Example::
 
-        require_module_version(settings, served)
+        require_module_version(settings, served, require_configured_model(settings))
     """
     from model.module.store import check_architecture, is_module_version, load_module_meta
     from pipeline.models.preflight import configured_module
@@ -273,7 +291,7 @@ def require_module_version(settings: Settings, checkpoint: Path) -> None:
             "module's weights with `streamrank model import STATE_DICT_FILE --promote`"
         )
     try:
-        config, _ = configured_module(settings)
+        config = configured.module if configured else configured_module(settings)[0]
         check_architecture(config, load_module_meta(checkpoint), checkpoint)
     except ValueError as error:
         raise UserError(str(error)) from error

@@ -217,9 +217,7 @@ def plan(
 
     if settings.model.module is not None and nproc > 1:
         try:
-            check_module_sharding(
-                settings.model.module.to_config(), settings.model.sharding.to_config()
-            )
+            check_module_sharding(settings.model.module.to_config(), settings.model.sharding.config)
         except ValueError as error:
             raise UserError(str(error)) from error
     tables = _planned_tables(settings)
@@ -227,8 +225,8 @@ def plan(
         tables,
         nproc,
         device.value,
-        settings.model.sharding.to_config(),
-        batch_rows=settings.batching.max_batch_rows,
+        settings.model.sharding.config,
+        max_batch_rows=settings.batching.max_batch_rows,
     )
     report = describe_plan(sharding_plan, tables, nproc)
     sys.stdout.write((json.dumps(report.as_dict()) if as_json else report.render()) + "\n")

@@ -106,12 +106,13 @@ def run(
         else None
     )
     require_device(settings.model.device)
+    configured = None
     if launch is not None:  # once, before any rank starts (the ranks run the checks' result)
-        require_configured_model(settings)
+        configured = require_configured_model(settings)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     if launch is not None and settings.model.module is not None:
-        require_module_version(settings, served)
+        require_module_version(settings, served, configured)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)
@@ -140,6 +141,7 @@ def run(
             degradations=int(os.environ.get(DEGRADATIONS_ENV, "0")),
             checkpoint=served,
             worker_setup=_worker_logging(ctx),
+            configured=configured,
         )
     except (UnsupportedOption, ModelConfigError, FeatureMapError, OutputContractError) as exc:
         raise UserError(str(exc)) from exc

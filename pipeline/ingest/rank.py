@@ -80,11 +80,10 @@ def serve_with_workers(
     """
     merged = MergedMetrics(metrics.registry)
     if settings.metrics.enabled:
-        port = settings.metrics.port + rank.rank if settings.metrics.port else 0
+        port = settings.metrics.port_for(rank.rank)
         metrics.serve(settings.metrics.host, port, registry=merged.registry)
     bind_thread(scorer.device)
-    rows = settings.batching.max_batch_rows
-    warm_up_rows = (rows, max(1, rows // 2))
+    warm_up_rows = settings.batching.warm_up_rows
     scorer.warm_up(warm_up_rows)  # collective with several ranks
     workers = IngestWorkers(
         settings,

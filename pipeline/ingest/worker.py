@@ -51,6 +51,7 @@ from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings
 
 if TYPE_CHECKING:
+    from model.features.mapping import FeatureMap
     from model.retrieval.index import VectorIndex
 
 __all__ = ["WorkerRuntime", "worker_process"]
@@ -85,6 +86,8 @@ class WorkerRuntime:
         stepper: its loop's stepper (stops on idleness with the other workers).
         index: the served version's retrieval index (``None``: retrieval off, or an empty
             catalogue).
+        feature_map: a configured model's feature map, when the worker resolved it for its
+            retrieval index (its loop then takes it as it is); ``None``: the loop resolves it.
     """
 
     assignment: WorkerAssignment
@@ -95,6 +98,7 @@ class WorkerRuntime:
     relay: MetricsRelay
     stepper: WorkerStepper
     index: VectorIndex | None = None
+    feature_map: FeatureMap | None = None
 
     def finish(self, summary: RunSummary) -> None:
         """Send the run's summary and final metrics to the rank (the last message)."""
@@ -154,6 +158,8 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
         if assignment.checkpoint is not None:  # before it is ready: it retrieves from its start
             loader = ModelLoader(assignment.settings, assignment.rank)
             runtime.index = loader.retrieval_index(assignment.checkpoint)
+            configured = loader.configured()  # resolved once: the loop takes its feature map
+            runtime.feature_map = configured.fmap if configured is not None else None
         link.wait_for_start()
         yield runtime
     except BaseException as exc:

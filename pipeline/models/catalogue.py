@@ -225,7 +225,7 @@ def load_retrieval_index(
     from model.retrieval.index import build_index, needed_tables
     from model.store.tables import EmbeddingTables
 
-    config = settings.to_config()
+    config = settings.config
     tables = EmbeddingTables.from_checkpoint(checkpoint, needed_tables(config))
     index = build_index(tables, catalogue, config)
     log.info(

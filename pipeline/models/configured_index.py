@@ -193,7 +193,7 @@ def load_configured_index(
             "dead-letter topic (no_candidates) until a model version loads with some"
         )
         return None
-    config = settings.retrieval.to_config()
+    config = settings.retrieval.config
     built = index_vectors(np.ascontiguousarray(vectors, np.float32), ids, config, version)
     query = weights.table(plan.query) if isinstance(plan.query, TableVectors) else None
     index = dataclasses.replace(

@@ -70,6 +70,7 @@ def serving_inputs(
     metrics: Metrics,
     spec: FeatureSpec | None = None,
     enricher: BatchEnricher | None = None,
+    feature_map: FeatureMap | None = None,
 ) -> ServingInputs:
     """The stages that read the input of the model ``settings`` serve.
 
@@ -80,13 +81,15 @@ def serving_inputs(
         spec: the built-in model's spec (its recent-items cap and dense widths); required
             without ``[model.module]``.
         enricher: a feature source to use instead of Redis (tests).
+        feature_map: ``[model.module]``'s feature map as the loader resolved it
+            (:class:`pipeline.models.preflight.ConfiguredModel`); default: resolved here.
 
     Raises:
         FeatureMapError: the feature map does not resolve (one line naming the key).
     """
     retrieve = settings.retrieval.enabled
     if settings.model.module is not None:
-        fmap = resolve_feature_map(settings)
+        fmap = feature_map or resolve_feature_map(settings)
         return ServingInputs(
             ConfiguredDecoder(settings.codec, fmap, retrieve),
             enricher or ConfiguredEnricher(settings.redis, fmap, metrics),

@@ -54,12 +54,11 @@ from pipeline.settings.loading import Settings
 from pipeline.settings.retrieval import CatalogueSource
 
 if TYPE_CHECKING:
-    from model.features.layout import InputLayout
     from model.features.spec import FeatureSpec
     from model.module.types import ModuleConfig
     from model.retrieval.index import VectorIndex
-    from model.retrieval.sources import RetrievalPlan
     from model.serving import Scorer, ServingOptions
+    from pipeline.models.preflight import ConfiguredModel
 
 __all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel", "max_event_rows"]
 
@@ -118,6 +117,9 @@ class ModelLoader:
         rank: this process's place in the job (several ranks: sharded, collective).
         redis_client: for ``retrieval.catalogue = "redis"`` (default: one from
             ``[redis]``, made when first needed).
+        configured: ``[model.module]`` resolved by the start-up checks of this process
+            (:func:`pipeline.models.preflight.check_configured_model`); default: resolved here
+            when first needed (:func:`pipeline.models.preflight.resolve_configured_model`).
     """
 
     def __init__(
@@ -125,15 +127,14 @@ class ModelLoader:
         settings: Settings,
         rank: RankContext | None = None,
         redis_client: redis.Redis | None = None,
+        configured: ConfiguredModel | None = None,
     ) -> None:
         self.settings = settings
         self.rank = rank or RankContext()
         self._redis = redis_client
         self._spec: FeatureSpec | None = None
-        self._module: tuple[ModuleConfig, InputLayout] | None = None
-        """``[model.module]``'s config and its feature map's layout (made when first asked)."""
-        self._plan: RetrievalPlan | None = None
-        """A configured model's retrieval plan (made when first asked)."""
+        self._module = configured
+        """``[model.module]`` resolved: its config, feature map and retrieval plan."""
 
     def options(self, checkpoint: Path) -> ServingOptions:
         """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
@@ -142,20 +143,20 @@ class ModelLoader:
         options = settings.model.serving_options(
             settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
         )
-        configured = self._configured()
+        configured = self.configured()
         if configured is None:
             return options
-        return dataclasses.replace(options, module=configured[0], layout=configured[1])
+        return dataclasses.replace(options, module=configured.module, layout=configured.fmap.layout)
 
-    def _configured(self) -> tuple[ModuleConfig, InputLayout] | None:
-        """The configured module and its input layout; ``None`` for the built-in model."""
+    def configured(self) -> ConfiguredModel | None:
+        """The configured model (its config, feature map and retrieval plan), resolved once
+        per process; ``None`` for the built-in model."""
         if self.settings.model.module is None:
             return None
         if self._module is None:
-            from pipeline.models.preflight import configured_module
+            from pipeline.models.preflight import resolve_configured_model
 
-            config, fmap = configured_module(self.settings)
-            self._module = config, fmap.layout
+            self._module = resolve_configured_model(self.settings)
         return self._module
 
     def load(self, checkpoint: Path) -> ServedModel:
@@ -184,7 +185,7 @@ class ModelLoader:
             Exception: whatever reading the checkpoint, the catalogue or building the index
                 raised.
         """
-        configured = self._configured()
+        configured = self.configured()
         if configured is None:
             from model.store.checkpoint import load_meta
 
@@ -192,7 +193,7 @@ class ModelLoader:
             self._check_compatible(meta.spec)
             version = meta.model_version
         else:
-            version = _check_module_version(configured[0], checkpoint)
+            version = _check_module_version(configured.module, checkpoint)
         scorer = None
         if self.rank.distributed:
             if check_weights:
@@ -269,7 +270,9 @@ class ModelLoader:
         from pipeline.models.configured_index import load_configured_index
 
         retrieval = self.settings.retrieval
-        plan = self._retrieval_plan()
+        configured = self.configured()
+        assert configured is not None and configured.retrieval is not None  # retrieval is on
+        plan = configured.retrieval
         redis_items = isinstance(plan.items, RecordVectors)
         client = None
         if retrieval.catalogue is CatalogueSource.REDIS or redis_items:
@@ -280,23 +283,6 @@ class ModelLoader:
             return None
         version = load_module_meta(checkpoint).model_version
         return load_configured_index(checkpoint, self.settings, plan, catalogue, client, version)
-
-    def _retrieval_plan(self) -> RetrievalPlan:
-        """The configured model's retrieval plan, resolved once (``streamrank run`` has checked
-        it at start-up: :func:`pipeline.models.preflight.check_configured_model`)."""
-        if self._plan is None:
-            from model.module.checks import managed_collisions, module_tables
-            from model.module.factory import build_module
-            from pipeline.models.preflight import configured_module
-            from pipeline.models.retrieval import resolve_retrieval
-
-            config, fmap = configured_module(self.settings)
-            probe = build_module(config, "meta", embedding_device="meta")
-            tables, managed = module_tables(probe), managed_collisions(probe)
-            plan = resolve_retrieval(self.settings, fmap, tables, managed)
-            assert plan is not None  # retrieval is on
-            self._plan = plan
-        return self._plan
 
     def _redis_client(self) -> redis.Redis:
         if self._redis is None:
@@ -323,7 +309,7 @@ def max_event_rows(settings: Settings) -> int:
     """
     rows = settings.codec.max_candidates
     if settings.retrieval.enabled:
-        rows = max(rows, settings.retrieval.num_candidates)
+        rows = max(rows, settings.retrieval.config.num_candidates)
     return rows
 
 

@@ -18,14 +18,19 @@ traceback from the first batch. In order:
 6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
    its task scores naming columns of ``model.module.output_names``.
 
+The checks' result, a :class:`ConfiguredModel` (the module config, the feature map and the
+retrieval plan), is handed on to the serving path (:class:`pipeline.models.loader.ModelLoader`),
+which resolves it itself only where no check ran in its process (the ranks of ``--nproc N``).
+
 Example::
 
-    module, fmap = check_configured_model(settings, served_checkpoint)
+    configured = check_configured_model(settings, served_checkpoint)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.features.mapping import FeatureMap
@@ -33,12 +38,34 @@ from model.module.checks import collections, managed_collisions, module_tables, 
 from model.module.factory import build_module
 from model.module.store import check_architecture, is_module_version, load_module_meta
 from model.module.types import ModelConfigError, ModuleConfig
+from model.retrieval.sources import RetrievalPlan
 from pipeline.models.mapping import resolve_feature_map
 from pipeline.models.output import published_columns, resolve_output
 from pipeline.models.retrieval import resolve_retrieval
 from pipeline.settings.loading import Settings
 
-__all__ = ["check_configured_model", "configured_module"]
+__all__ = [
+    "ConfiguredModel",
+    "check_configured_model",
+    "configured_module",
+    "resolve_configured_model",
+]
+
+
+@dataclass(frozen=True)
+class ConfiguredModel:
+    """A configured model (``[model.module]``) resolved from the settings, once per process.
+
+    Attributes:
+        module: the module config (:func:`configured_module`).
+        fmap: its feature map.
+        retrieval: its retrieval plan (:func:`pipeline.models.retrieval.resolve_retrieval`);
+            ``None`` with ``retrieval.enabled = false``.
+    """
+
+    module: ModuleConfig
+    fmap: FeatureMap
+    retrieval: RetrievalPlan | None
 
 
 def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
@@ -59,9 +86,28 @@ def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
     return dataclasses.replace(config, output=output), fmap
 
 
-def check_configured_model(
-    settings: Settings, checkpoint: Path | None = None
-) -> tuple[ModuleConfig, FeatureMap]:
+def resolve_configured_model(settings: Settings) -> ConfiguredModel:
+    """The module config, feature map and retrieval plan of ``settings``, without the other
+    checks of :func:`check_configured_model` (where they ran in another process).
+
+    Raises:
+        ModelConfigError / FeatureMapError / OutputContractError / RetrievalConfigError: one
+            line naming the key.
+
+    Example::
+
+        configured = resolve_configured_model(settings)
+    """
+    config, fmap = configured_module(settings)
+    plan = None
+    if settings.retrieval.enabled:
+        probe = build_module(config, "meta", embedding_device="meta")
+        tables, managed = module_tables(probe), managed_collisions(probe)
+        plan = resolve_retrieval(settings, fmap, tables, managed)
+    return ConfiguredModel(config, fmap, plan)
+
+
+def check_configured_model(settings: Settings, checkpoint: Path | None = None) -> ConfiguredModel:
     """Every start-up check of a configured model (module docstring).
 
     Args:
@@ -69,7 +115,7 @@ def check_configured_model(
         checkpoint: the version to serve (``None``: no version yet, e.g. before an import).
 
     Returns:
-        The module config and the feature map.
+        The module config, the feature map and the retrieval plan, for the serving path.
 
     Raises:
         ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
@@ -96,7 +142,7 @@ def check_configured_model(
                 f"(the module's features: {sorted(served)})"
             )
     trial_forward(config, fmap.layout)
-    resolve_retrieval(settings, fmap, tables, managed)
+    plan = resolve_retrieval(settings, fmap, tables, managed)
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(
@@ -105,4 +151,4 @@ def check_configured_model(
             )
         check_architecture(config, load_module_meta(checkpoint), checkpoint)
     resolve_output(settings, fmap)
-    return config, fmap
+    return ConfiguredModel(config, fmap, plan)

@@ -96,7 +96,7 @@ def resolve_retrieval(
             "and which are indexed (docs/byom.md); or set retrieval.enabled = false (every "
             "event then brings its candidates)"
         )
-    if list(retrieval.query_features) != [SparseFeature.USER_ID]:
+    if retrieval.config.query_features != (SparseFeature.USER_ID,):
         raise RetrievalConfigError(
             "retrieval.query_features: the built-in model's query; a configured model's is "
             "retrieval.query (drop query_features)"

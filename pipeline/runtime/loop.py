@@ -75,6 +75,7 @@ from pipeline.stages.source import KafkaSource
 from pipeline.types import Batch, Shutdown
 
 if TYPE_CHECKING:
+    from model.features.mapping import FeatureMap
     from model.retrieval.index import VectorIndex
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ class ScoringPipeline:
             are dead-lettered, ``no_candidates``).
         models: follows a versions directory and swaps new versions in
             (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
+        feature_map: a configured model's feature map, resolved by the model loader
+            (default: resolved here from ``settings``).
 
     Example::
 
@@ -126,6 +129,7 @@ class ScoringPipeline:
         rank: RankContext | None = None,
         index: VectorIndex | None = None,
         models: ModelSwap | None = None,
+        feature_map: FeatureMap | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
@@ -134,12 +138,12 @@ class ScoringPipeline:
         batching, retrieval = settings.batching, settings.retrieval
         # decode, enrich, features: the built-in model's, or those of [model.module]'s map
         inputs = serving_inputs(
-            settings, self.metrics, scorer.spec if scorer.builtin else None, enricher
+            settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
         self.decoder = inputs.decoder
         self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
         self.retriever = CandidateRetriever(
-            index, retrieval.num_candidates, self.metrics, inputs.enricher
+            index, retrieval.config.num_candidates, self.metrics, inputs.enricher
         )
         self.models = models
         self.enricher: BatchEnricher = inputs.enricher
@@ -153,7 +157,6 @@ class ScoringPipeline:
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
         self.summary = RunSummary()
         self._clients = clients
-        self._warm_up_rows = (batching.max_batch_rows, max(1, batching.max_batch_rows // 2))
         self._run: _Run | None = None
         self._taken = 0
         self._rewinding = False
@@ -227,7 +230,7 @@ class ScoringPipeline:
         program = self.output.program
         processor = BatchProcessor(
             self.enricher,
-            ForwardExecutor(self.scorer, metrics, self._warm_up_rows),
+            ForwardExecutor(self.scorer, metrics, self.settings.batching.warm_up_rows),
             RecommendationSink(producer, settings.topics.output, codec.header, metrics, program),
             dead_letters,
             metrics,

@@ -44,6 +44,13 @@ class BatchingSettings(Section):
     of the consumer group with its own commits, while the rank's process only scores their
     batches (:mod:`pipeline.ingest`). 0: one process does everything."""
 
+    @property
+    def warm_up_rows(self) -> tuple[int, ...]:
+        """The batch sizes the scorer is warmed up at before the first batch: ``max_batch_rows``
+        and half of it (two sizes let ``torch.compile`` settle on dynamic shapes). Read by the
+        loop's scoring stage and by a rank's scoring server for its ingest workers."""
+        return (self.max_batch_rows, max(1, self.max_batch_rows // 2))
+
     @field_validator("overlap_forward", mode="before")
     @classmethod
     def _auto(cls, value: Any) -> Any:

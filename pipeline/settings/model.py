@@ -9,12 +9,12 @@ The spec keys (``model.features.spec.SPEC_SETTING_KEYS``) take their defaults fr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from model.distributed.config import (
     Balance,
-    ComputeKernel,
     ShardingConfig,
     ShardingKind,
     TableShardingConfig,
@@ -23,26 +23,23 @@ from model.features.spec import SPEC_SETTING_KEYS, FeatureSpec
 from model.options import CompileMode, Precision, QuantDtype
 from model.serving.options import ServingOptions
 from pipeline.settings.module import ModuleSettings
-from pipeline.settings.section import Section
+from pipeline.settings.section import ConfigSection, Section, keys_of
+
+if TYPE_CHECKING:
+    _TableKeys = ConfigSection[TableShardingConfig]
+else:
+    _TableKeys = keys_of(TableShardingConfig)
 
 
-class TableShardingSettings(Section):
-    """``[model.sharding.tables.<feature or table name>]``: the sharding of one table."""
-
-    sharding_type: ShardingKind = ShardingKind.TABLE_WISE
-    compute_kernel: ComputeKernel | None = None
-    """``None``: ``dense`` for data-parallel, else ``fused``."""
-    ranks: list[int] | None = None
-    """Explicit ranks (table-wise: one; column-wise: one per column shard)."""
-
-    def to_config(self) -> TableShardingConfig:
-        """The :class:`model.distributed.config.TableShardingConfig` of this table."""
-        ranks = tuple(self.ranks) if self.ranks is not None else None
-        return TableShardingConfig(self.sharding_type, self.compute_kernel, ranks)
+class TableShardingSettings(_TableKeys):
+    """``[model.sharding.tables.<feature or table name>]``: the sharding of one table, the keys
+    of :class:`model.distributed.config.TableShardingConfig` (declared, documented and checked
+    there; read as :attr:`config`)."""
 
 
 class ShardingSettings(Section):
-    """``[model.sharding]``: multi-rank table placement (see ``model.distributed``).
+    """``[model.sharding]``: multi-rank table placement (see ``model.distributed``), read as
+    :attr:`config` (a :class:`model.distributed.config.ShardingConfig`, made once).
 
     Example::
 
@@ -63,18 +60,24 @@ class ShardingSettings(Section):
     tables: dict[str, TableShardingSettings] = Field(default_factory=dict)
     """Per-table overrides keyed by feature name (``item_id``) or table name (``t_item_id``)."""
 
+    _config: ShardingConfig = PrivateAttr()
+
     @model_validator(mode="after")
     def _valid(self) -> ShardingSettings:
-        self.to_config()  # raises ValueError on combinations the config rejects
-        return self
-
-    def to_config(self) -> ShardingConfig:
-        """The :class:`model.distributed.config.ShardingConfig` these settings describe."""
-        return ShardingConfig(
+        # raises ValueError on combinations the config rejects
+        self._config = ShardingConfig(
             default=TableShardingConfig(self.default),
-            per_table={name: table.to_config() for name, table in self.tables.items()},
+            per_table={name: table.config for name, table in self.tables.items()},
             balance=self.balance,
         )
+        return self
+
+    @property
+    def config(self) -> ShardingConfig:
+        """The :class:`model.distributed.config.ShardingConfig` these settings describe (made
+        once, when the section was read): the serving options, ``plan`` and the benchmarks
+        take it."""
+        return self._config
 
 
 _SPEC_DEFAULTS = FeatureSpec()
@@ -125,12 +128,12 @@ class ModelSettings(Section):
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
 
     def serving_options(
-        self, batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
+        self, max_batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
     ) -> ServingOptions:
         """What :class:`~model.serving.ScorerFactory` builds from these settings.
 
         Args:
-            batch_rows: ``batching.max_batch_rows`` (warm-up size, planner input).
+            max_batch_rows: ``batching.max_batch_rows`` (planner input, largest graph shape).
             max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
             checkpoint: the checkpoint to serve (a versions directory's current version);
                 default ``checkpoint``.
@@ -142,7 +145,7 @@ class ModelSettings(Section):
             compile=self.compile,
             compile_mode=self.compile_mode,
             precision=self.precision,
-            sharding=self.sharding.to_config(),
-            batch_rows=batch_rows,
+            sharding=self.sharding.config,
+            max_batch_rows=max_batch_rows,
             max_event_rows=max_event_rows,
         )

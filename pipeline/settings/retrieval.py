@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
-from model.features.spec import SparseFeature
-from model.retrieval.config import IndexKind, RetrievalConfig
+from model.retrieval.config import RetrievalConfig
 from model.retrieval.sources import VectorSource
-from pipeline.settings.section import Section
+from pipeline.settings.section import ConfigSection, Section, keys_of
 
 __all__ = [
     "CatalogueSource",
@@ -79,8 +79,17 @@ class VectorSettings(Section):
         return self
 
 
-class RetrievalSettings(Section):
-    """``[retrieval]`` (keys of :class:`model.retrieval.index.RetrievalConfig`, plus the catalogue).
+if TYPE_CHECKING:
+    _IndexKeys = ConfigSection[RetrievalConfig]
+else:
+    _IndexKeys = keys_of(RetrievalConfig, omit=("seed",))
+
+
+class RetrievalSettings(_IndexKeys):
+    """``[retrieval]``: the keys of :class:`model.retrieval.config.RetrievalConfig` (how the
+    index is built and queried: declared, documented and checked there; the loader, the index
+    builders, the loop and the benchmarks take it as :attr:`config`, made once), plus whether
+    to retrieve, the catalogue, and a configured model's vectors.
 
     Example::
 
@@ -94,28 +103,6 @@ class RetrievalSettings(Section):
     enabled: bool = True
     """Answer events without candidates from the index; off: they go to the DLQ
     (``no_candidates``) as before."""
-    num_candidates: int = 100
-    """Items retrieved per event, all scored by the ranker."""
-    index: IndexKind = IndexKind.AUTO
-    """``auto``, ``flat`` (exact) or ``ivfpq`` (approximate)."""
-    exact_max_items: int = 100_000
-    """With ``index = "auto"``: the largest catalogue indexed exactly."""
-    nlist: int = 0
-    """IVF cells; 0: sqrt(items) rounded to a power of two."""
-    nprobe: int = 64
-    """IVF cells scanned per query."""
-    pq_m: int = 0
-    """PQ bytes per vector; 0: embedding_dim / 4."""
-    pq_bits: int = 8
-    refine_factor: int = 4
-    """The best refine_factor x num_candidates PQ hits are re-ranked exactly (0: off)."""
-    train_size: int = 0
-    """Vectors the IVF/PQ training sees; 0: min(items, max(64 x nlist, 65536))."""
-    query_features: list[SparseFeature] = Field(default_factory=lambda: [SparseFeature.USER_ID])
-    """Event-side embeddings summed into the query: user_id, recent_items, device, country."""
-    threads: int = 1
-    """OpenMP threads of each Faiss build or search (set around Faiss's own calls and restored
-    after: torch's thread count is never changed); 0: the calling thread's current setting."""
     catalogue: CatalogueSource = CatalogueSource.REDIS
     """Which item ids exist: ``redis`` (the item keys of the feature store: the built-in
     model's ``<prefix>:i:<id>``, a configured model's ``[features.item].key``), ``file`` or
@@ -131,7 +118,6 @@ class RetrievalSettings(Section):
 
     @model_validator(mode="after")
     def _valid(self) -> RetrievalSettings:
-        self.to_config()  # raises ValueError on values RetrievalConfig rejects
         if self.catalogue is CatalogueSource.FILE and self.catalogue_path is None:
             raise ValueError('catalogue = "file" needs catalogue_path')
         if self.query is not None and self.query.source is VectorSource.ITEM:
@@ -139,22 +125,6 @@ class RetrievalSettings(Section):
         if self.items is not None and self.items.source is VectorSource.USER:
             raise ValueError('items.source = "user": the index holds items (table or item)')
         return self
-
-    def to_config(self) -> RetrievalConfig:
-        """The :class:`model.retrieval.index.RetrievalConfig` these settings describe."""
-        return RetrievalConfig(
-            num_candidates=self.num_candidates,
-            index=self.index,
-            exact_max_items=self.exact_max_items,
-            nlist=self.nlist,
-            nprobe=self.nprobe,
-            pq_m=self.pq_m,
-            pq_bits=self.pq_bits,
-            refine_factor=self.refine_factor,
-            train_size=self.train_size,
-            query_features=tuple(self.query_features),
-            threads=self.threads,
-        )
 
 
 class ModelSwapSettings(Section):

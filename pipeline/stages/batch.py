@@ -27,20 +27,20 @@ class MicroBatcher:
     """Collects decoded events into batches bounded by rows and by delay.
 
     Args:
-        max_rows: rows (event x candidate) per batch.
+        max_batch_rows: rows (event x candidate) per batch.
         max_delay_ms: longest the oldest event waits.
 
     Example::
 
-        batcher = MicroBatcher(max_rows=4096, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=4096, max_delay_ms=20)
         batcher.queue(decoder.decode(polled))
         admitted = batcher.admit()   # register its offsets, dead-letter its rejects
         if batcher.ready():
             events, messages = batcher.close()
     """
 
-    def __init__(self, max_rows: int, max_delay_ms: float) -> None:
-        self.max_rows = max_rows
+    def __init__(self, max_batch_rows: int, max_delay_ms: float) -> None:
+        self.max_batch_rows = max_batch_rows
         self.max_delay_s = max_delay_ms / 1000
         self._parts: list[EventColumns] = []
         self._messages: list[PolledBatch] = []
@@ -73,7 +73,7 @@ class MicroBatcher:
         """Move the waiting events that fit into the open batch.
 
         Args:
-            row_cap: close the batch at this many rows if fewer than ``max_rows`` (a latency
+            row_cap: close the batch at this many rows if fewer than ``max_batch_rows`` (a latency
                 budget's cut: :mod:`pipeline.runtime.batch_policy`); the first event always fits.
 
         Returns:
@@ -106,16 +106,16 @@ class MicroBatcher:
     def room(self, candidate_counts: npt.NDArray[np.int64], row_cap: int | None = None) -> int:
         """How many of the next events (their candidate counts, in order) fit the open batch.
 
-        An empty batch takes at least one event (one event larger than ``max_rows`` is a batch
+        An empty batch takes at least one event (one event larger than ``max_batch_rows`` is a batch
         alone); an event is never split; a complete batch takes none.
 
         Args:
             candidate_counts: the next events' rows.
-            row_cap: a smaller limit than ``max_rows`` for this batch (``None``: none).
+            row_cap: a smaller limit than ``max_batch_rows`` for this batch (``None``: none).
         """
         if self._complete:
             return 0
-        limit = self.max_rows if row_cap is None else min(self.max_rows, row_cap)
+        limit = self.max_batch_rows if row_cap is None else min(self.max_batch_rows, row_cap)
         total = self._rows + np.cumsum(candidate_counts)
         fit = int(np.searchsorted(total, limit, side="right"))
         return max(fit, 1) if not self._events and len(candidate_counts) else fit
@@ -173,7 +173,7 @@ class MicroBatcher:
 
     @property
     def full(self) -> bool:
-        return self._rows >= self.max_rows
+        return self._rows >= self.max_batch_rows
 
     def ready(self, now: float | None = None) -> bool:
         """Whether the open batch should be scored now: full, complete, or due."""

@@ -150,7 +150,7 @@ from model.serving import ScorerFactory, ServingOptions
 from tests.pipeline.factories import TINY_SPEC
 path = Path({str(tmp_path / "m")!r})
 save_checkpoint(build_ranker(TINY_SPEC, seed=0), TINY_SPEC, path)
-ScorerFactory(ServingOptions(path, device="cpu", batch_rows=8)).create_scorer()
+ScorerFactory(ServingOptions(path, device="cpu", max_batch_rows=8)).create_scorer()
 prefixes = ("model.serving.sharded", "model.distributed.")
 print(sorted(m for m in sys.modules if m.startswith(prefixes)))
 """

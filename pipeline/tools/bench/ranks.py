@@ -50,8 +50,8 @@ def _bytes_per_rank(settings: Settings, nprocs: tuple[int, ...]) -> dict[int, An
             spec,
             n,
             "cpu",
-            settings.model.sharding.to_config(),
-            batch_rows=settings.batching.max_batch_rows,
+            settings.model.sharding.config,
+            max_batch_rows=settings.batching.max_batch_rows,
         )
         memory[n] = describe_plan(plan, spec, n).as_dict()["ranks"]
     return memory

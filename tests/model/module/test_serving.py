@@ -70,7 +70,7 @@ def imported(tmp_path: Path, config: ModuleConfig, seed: int) -> tuple[Path, tor
 
 
 def options(path: Path, config: ModuleConfig, layout: InputLayout, **kw: object) -> ServingOptions:
-    return ServingOptions(path, device="cpu", batch_rows=32, module=config, layout=layout, **kw)  # type: ignore[arg-type]
+    return ServingOptions(path, device="cpu", max_batch_rows=32, module=config, layout=layout, **kw)  # type: ignore[arg-type]
 
 
 CONFIGS = {

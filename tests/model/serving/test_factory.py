@@ -17,6 +17,7 @@ from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOpti
 from model.serving.graph_shapes import graph_shapes, shape_for
 from model.store.checkpoint import save_checkpoint
 from pipeline.observability.metrics import Metrics
+from pipeline.settings.batching import BatchingSettings
 from pipeline.stages.features import build_feature_columns
 from pipeline.stages.score import ForwardExecutor
 from tests.pipeline.factories import TINY_SPEC, prepared_batch, user_event
@@ -30,7 +31,7 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def test_one_process_gets_the_precision(checkpoint: Path) -> None:
-    options = ServingOptions(checkpoint, device="cpu", precision=Precision.BF16, batch_rows=512)
+    options = ServingOptions(checkpoint, device="cpu", precision=Precision.BF16, max_batch_rows=512)
     scorer = ScorerFactory(options).create_scorer()
     assert scorer.precision is Precision.BF16
     assert scorer.device == torch.device("cpu")
@@ -46,9 +47,10 @@ def test_the_scoring_thread_warms_up_at_the_batch_size_before_returning(
         "warm_up",
         lambda self, rows: warmed.append((threading.current_thread().name, list(rows))) or 0.0,
     )
-    options = ServingOptions(checkpoint, device="cpu", batch_rows=512)
+    batching = BatchingSettings(max_batch_rows=512)
+    options = ServingOptions(checkpoint, device="cpu", max_batch_rows=batching.max_batch_rows)
     executor = ForwardExecutor(
-        ScorerFactory(options).create_scorer(), Metrics(), options.warm_up_rows
+        ScorerFactory(options).create_scorer(), Metrics(), batching.warm_up_rows
     )
     assert [rows for _, rows in warmed] == [[512, 256]]
     assert warmed[0][0].startswith("forward")  # not the caller's thread
@@ -94,7 +96,9 @@ def test_several_ranks_refuse_what_they_cannot_serve(
 
 
 def test_warm_up_runs_a_forward_per_size(checkpoint: Path) -> None:
-    scorer = ScorerFactory(ServingOptions(checkpoint, device="cpu", batch_rows=8)).create_scorer()
+    scorer = ScorerFactory(
+        ServingOptions(checkpoint, device="cpu", max_batch_rows=8)
+    ).create_scorer()
     calls = _count_forwards(scorer)
     _assert_timed(scorer, [64, 32])
     assert calls == [64, 32]

@@ -25,7 +25,7 @@ PRECISIONS = (Precision.BF16, Precision.FP32)
 
 
 def _options(checkpoint: Path, precision: Precision) -> ServingOptions:
-    return ServingOptions(checkpoint, device="cpu", precision=precision, batch_rows=64)
+    return ServingOptions(checkpoint, device="cpu", precision=precision, max_batch_rows=64)
 
 
 def _rank(rank: int, world: int, port: int, checkpoint: str, out: str, precision: str) -> None:

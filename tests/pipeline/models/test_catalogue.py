@@ -76,7 +76,7 @@ def test_settings_validation() -> None:
     with pytest.raises(ValueError):
         RetrievalSettings(bogus=1)  # type: ignore[call-arg]
     values = {"query_features": ["user_id", "country"], "index": "ivfpq"}
-    config = RetrievalSettings.model_validate(values).to_config()
+    config = RetrievalSettings.model_validate(values).config
     assert config.query_features == (SparseFeature.USER_ID, SparseFeature.COUNTRY)
     assert config.index is IndexKind.IVFPQ
     with pytest.raises(ValueError, match="needs a Redis client"):

@@ -60,7 +60,7 @@ def rig(
     producer = FakeProducer(ack_every_poll=True)
     input_consumer, output_producer = edge_consumer(consumer), edge_producer(producer)
     source = KafkaSource(input_consumer, T, 10)
-    batcher = MicroBatcher(max_rows=100, max_delay_ms=1000)
+    batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=1000)
     checkpointer = Checkpointer(input_consumer, output_producer)
     metrics = Metrics()
     shutdown = shutdown or Shutdown(10.0)

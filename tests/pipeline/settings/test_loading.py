@@ -320,7 +320,7 @@ def test_model_sharding_table_from_toml(tmp_path: Path) -> None:
 
     model = load_settings(_toml(tmp_path, MODEL_TOML)).model
     assert model.quantize is QuantDtype.INT8
-    assert model.sharding.to_config() == ShardingConfig(
+    assert model.sharding.config == ShardingConfig(
         default=TableShardingConfig(ShardingKind.ROW_WISE),
         per_table={
             "recent_items": TableShardingConfig(
@@ -335,10 +335,10 @@ def test_model_sharding_table_from_toml(tmp_path: Path) -> None:
 def test_model_sharding_defaults_and_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
     from model.distributed.config import ShardingConfig, ShardingKind, TableShardingConfig
 
-    assert Settings().model.sharding.to_config() == ShardingConfig()
+    assert Settings().model.sharding.config == ShardingConfig()
     monkeypatch.setenv("STREAMRANK_MODEL__SHARDING__DEFAULT", "row_wise")
     monkeypatch.setenv("STREAMRANK_MODEL__SHARDING__TABLES__ITEM_ID__SHARDING_TYPE", "column_wise")
-    cfg = load_settings().model.sharding.to_config()
+    cfg = load_settings().model.sharding.config
     assert cfg.default == TableShardingConfig(ShardingKind.ROW_WISE)
     assert cfg.per_table == {"item_id": TableShardingConfig(ShardingKind.COLUMN_WISE)}
 

@@ -74,7 +74,7 @@ def _drive(batcher: MicroBatcher, events: list[dict[str, Any]]) -> list[list[str
 
 class TestMicroBatcher:
     def test_empty(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=20)
         assert len(batcher) == 0
         assert batcher.rows == 0
         assert not batcher.full
@@ -83,35 +83,35 @@ class TestMicroBatcher:
         assert batcher.close() is None
 
     def test_add_counts_rows_and_events(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=20)
         batcher.add(_cols(_event(3), _event(4, 1)), _src(2), now=0.0)
         assert len(batcher) == 2
         assert batcher.rows == 7
         assert not batcher.full
 
     def test_room_boundary(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=20)
         batcher.add(_cols(_event(6)), _src(1), now=0.0)
         assert batcher.room(np.array([4, 1])) == 1
         assert batcher.room(np.array([3, 1, 1])) == 2
         assert batcher.room(np.array([5])) == 0
 
     def test_full_at_exactly_max_rows(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=20)
         batcher.add(_cols(_event(6)), _src(1), now=0.0)
         assert not batcher.full
         batcher.add(_cols(_event(4, 1)), _src(1), now=0.0)
         assert batcher.full
 
     def test_empty_batch_accepts_oversized_event(self) -> None:
-        batcher = MicroBatcher(max_rows=4, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=4, max_delay_ms=20)
         assert batcher.room(np.array([9, 1])) == 1
         batcher.add(_cols(_event(9)), _src(1), now=0.0)
         assert batcher.full
         assert batcher.room(np.array([1])) == 0
 
     def test_an_event_that_does_not_fit_completes_the_batch_until_close(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=1000)
         batcher.queue(_decoded([_event(6), _event(5, 1)]), arrived=0.0)
         admitted = batcher.admit()
         assert admitted is not None and len(admitted) == 1
@@ -123,7 +123,7 @@ class TestMicroBatcher:
         assert batcher.admit() is not None and batcher.waiting == 0
 
     def test_rejected_messages_are_admitted_in_order_with_the_events_around_them(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=1000)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=1000)
         batcher.queue(
             _decoded([_event(6), _event(5, 1), _event(1, 2)], rejected={1, 2}), arrived=0.0
         )
@@ -140,29 +140,29 @@ class TestMicroBatcher:
 
     def test_oversized_event_forms_its_own_batch(self) -> None:
         events = [_event(2, 0), _event(9, 1), _event(2, 2)]
-        batches = _drive(MicroBatcher(max_rows=4, max_delay_ms=20), events)
+        batches = _drive(MicroBatcher(max_batch_rows=4, max_delay_ms=20), events)
         assert batches == [["e0"], ["e1"], ["e2"]]
 
     def test_event_never_split_and_rows_bounded(self) -> None:
         sizes = [3, 5, 1, 7, 2, 2, 8, 1, 1, 1, 6, 4]
         events = [_event(n, i) for i, n in enumerate(sizes)]
-        max_rows = 8
-        batches = _drive(MicroBatcher(max_rows=max_rows, max_delay_ms=20), events)
+        max_batch_rows = 8
+        batches = _drive(MicroBatcher(max_batch_rows=max_batch_rows, max_delay_ms=20), events)
         assert [e for b in batches for e in b] == [e["event_id"] for e in events]
         rows = [[sizes[int(e[1:])] for e in b] for b in batches]
         for b in rows:
-            assert sum(b) <= max_rows or len(b) == 1
+            assert sum(b) <= max_batch_rows or len(b) == 1
         # Greedy packing: a batch closes only when the next event would not fit.
         for b, nxt in itertools.pairwise(rows):
-            assert sum(b) == max_rows or sum(b) + nxt[0] > max_rows
+            assert sum(b) == max_batch_rows or sum(b) + nxt[0] > max_batch_rows
 
     def test_max_rows_one_gives_one_event_per_batch(self) -> None:
         events = [_event(n, i) for i, n in enumerate([1, 3, 1, 2])]
-        batches = _drive(MicroBatcher(max_rows=1, max_delay_ms=20), events)
+        batches = _drive(MicroBatcher(max_batch_rows=1, max_delay_ms=20), events)
         assert batches == [[e["event_id"]] for e in events]
 
     def test_close_returns_the_columns_and_resets(self) -> None:
-        batcher = MicroBatcher(max_rows=10, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=10, max_delay_ms=20)
         batcher.add(_cols(_event(4)), _src(1), now=0.0)
         batcher.add(_cols(_event(6, 1)), _src(1), now=0.0)
         closed = batcher.close()
@@ -175,7 +175,7 @@ class TestMicroBatcher:
         assert batcher.room(np.array([10])) == 1
 
     def test_drop_partitions_keeps_the_other_events(self) -> None:
-        batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=20)
         sources = PolledBatch.concat([_src(1, 0), _src(1, 1), _src(1, 0)])
         batcher.add(_cols(_event(2), _event(3, 1), _event(4, 2)), sources)
         assert batcher.drop_partitions({("t", 0)}) == 2
@@ -184,7 +184,7 @@ class TestMicroBatcher:
         assert closed is not None and closed[0].candidate_ids.tolist() == [100, 101, 102]
 
     def test_drop_partitions_drops_waiting_events_too(self) -> None:
-        batcher = MicroBatcher(max_rows=4, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=4, max_delay_ms=20)
         decoded = _decoded([_event(3), _event(3, 1), _event(3, 2)])
         decoded.partitions[:] = [0, 1, 0]
         batcher.queue(decoded, arrived=0.0)
@@ -196,7 +196,7 @@ class TestMicroBatcher:
         assert closed is not None and closed[0].event_ids() == ["e1"]
 
     def test_delay_uses_now_argument(self) -> None:
-        batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=20)
         batcher.add(_cols(_event(1)), _src(1), now=1000.0)
         assert batcher.time_left(now=1000.0) == pytest.approx(0.020)
         assert batcher.time_left(now=1000.015) == pytest.approx(0.005)
@@ -206,7 +206,7 @@ class TestMicroBatcher:
         assert batcher.time_left(now=1000.5) == 0.0
 
     def test_delay_measured_from_oldest_event(self) -> None:
-        batcher = MicroBatcher(max_rows=100, max_delay_ms=50)
+        batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=50)
         batcher.add(_cols(_event(1, 0)), _src(1), now=10.0)
         batcher.add(
             _cols(_event(1, 1)), _src(1), now=10.04
@@ -215,7 +215,7 @@ class TestMicroBatcher:
         assert batcher.due(now=10.05)
 
     def test_clock_restarts_after_close(self) -> None:
-        batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=20)
         batcher.add(_cols(_event(1)), _src(1), now=0.0)
         batcher.close()
         batcher.add(_cols(_event(1)), _src(1), now=5.0)
@@ -225,7 +225,7 @@ class TestMicroBatcher:
     def test_default_clock_is_monotonic(self, monkeypatch: pytest.MonkeyPatch) -> None:
         clock = [100.0]
         monkeypatch.setattr(batch_mod.time, "monotonic", lambda: clock[0])
-        batcher = MicroBatcher(max_rows=100, max_delay_ms=20)
+        batcher = MicroBatcher(max_batch_rows=100, max_delay_ms=20)
         batcher.add(_cols(_event(1)), _src(1))
         assert not batcher.due()
         clock[0] = 100.021

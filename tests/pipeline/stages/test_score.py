@@ -186,7 +186,7 @@ def test_a_retrieval_index_built_and_queried_leaves_the_forward_its_torch_thread
     from model.store.tables import EmbeddingTables
     from pipeline.settings.retrieval import RetrievalSettings
 
-    config = RetrievalSettings().to_config()  # the defaults: threads = 1
+    config = RetrievalSettings().config  # the defaults: threads = 1
     scorer = ThreadCountingScorer()
     before = torch.get_num_threads()
     torch.set_num_threads(3)  # not the machine's default, whatever its cores
