@@ -24,9 +24,13 @@ demo: install stack-up
 # The tests start their own Kafka and Redis (session fixtures calling scripts/stack_up.sh).
 # test: the whole suite (what CI runs, .ci/run); test-fast: without the slow tests (the end to
 # end and multi-rank integration tests, the long model tests); test-unit: no servers at all.
+# The suite runs on TEST_WORKERS pytest-xdist workers (0: in this process), each with its own
+# Kafka and Redis (tests/conftest.py); files are handed out whole, the longest first.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 test: install
 	@scripts/install_tools.sh
-	@$(PY) -m pytest -q --durations=20 tests
+	@$(PY) -m pytest -q $(XDIST) --durations=20 tests
 	@$(MAKE) --no-print-directory test-compat
 
 # The model code on the GPU machine's versions (torch 2.11, TorchRec 1.6.1, FBGEMM 1.6.0) in
@@ -36,13 +40,13 @@ COMPAT_TESTS := tests/model tests/pipeline/stages/test_score.py tests/pipeline/r
 	tests/scripts/gpucheck
 test-compat:
 	@scripts/install_compat.sh
-	@.venv-compat/bin/python -m pytest -q $(COMPAT_TESTS)
+	@.venv-compat/bin/python -m pytest -q $(XDIST) $(COMPAT_TESTS)
 
 test-fast: install
-	@$(PY) -m pytest -q tests -m "not slow"
+	@$(PY) -m pytest -q $(XDIST) tests -m "not slow"
 
 test-unit: install
-	@$(PY) -m pytest -q tests -m "not integration"
+	@$(PY) -m pytest -q $(XDIST) tests -m "not integration"
 
 # The fault suite (tests/faults) alone; -s prints the numbers recorded in RELIABILITY.md.
 test-faults: install

@@ -428,11 +428,31 @@ def wait_for_outputs(
     return count
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback now (for a metrics endpoint)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(count: int = 1) -> int:
+    """A TCP port free on the loopback now, followed by ``count - 1`` more free ones (the
+    metrics endpoints of ``count`` ranks: rank r listens on the base port + r).
+
+    The port after a free one is often a client's ephemeral port (tests run in parallel), so
+    each is bound to check it.
+    """
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = int(sock.getsockname()[1])
+        if base + count > 65536:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free loopback ports")
 
 
 def scrape(port: int) -> str:

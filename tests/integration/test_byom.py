@@ -128,7 +128,7 @@ class Served:
             self.registry = pipeline.metrics.registry
             self.background = background_pipeline(settings, pipeline=pipeline)
             return
-        self.port = free_port()
+        self.port = free_port(nproc)
         env = {
             "STREAMRANK_BATCHING__MAX_BATCH_ROWS": "128",
             "STREAMRANK_BATCHING__INGEST_WORKERS": str(workers),

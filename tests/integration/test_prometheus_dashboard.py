@@ -15,7 +15,6 @@ import concurrent.futures
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,35 +41,12 @@ from tests.docker.promql import (
     checked_parts,
     dashboard_queries,
 )
-from tests.integration.conftest import SentEvents, wait_for_outputs
+from tests.integration.conftest import SentEvents, free_port, wait_for_outputs
 
 pytestmark = pytest.mark.slow
 
 NPROC = 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _free_ports(count: int) -> int:
-    """A base port with ``count`` consecutive free loopback ports."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no consecutive free ports")
 
 
 def _api(base: str, path: str, **params: Any) -> Any:
@@ -99,7 +75,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(rank_targets: list[str]) -> str:
-        port = _free_ports(1)
+        port = free_port()
         config = yaml.safe_load(SCRAPE_CONFIG.read_text())
         rewrite_targets(config, rank_targets, f"127.0.0.1:{port}")
         config["global"].update(
@@ -160,7 +136,7 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_live_pipeline(
     tmp_path: Path,
 ) -> None:
     settings = pipeline_settings
-    metrics_base = _free_ports(NPROC)
+    metrics_base = free_port(NPROC)
     ranks = cli(
         settings,
         "run",

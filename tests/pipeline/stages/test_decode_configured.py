@@ -113,6 +113,9 @@ def test_roles_and_fields_become_columns(deepfm_map: FeatureMap) -> None:
             "viewer.browser has 300 characters",
         ),
     ],
+    # Named by reason and detail: the encoded values hold the time of collection, and pytest-xdist
+    # workers must collect the same test ids.
+    ids=lambda case: case if isinstance(case, str) else "value",
 )
 def test_the_built_in_rules_reject_with_their_reasons(
     deepfm_map: FeatureMap, value: bytes, reason: str, detail: str
