@@ -37,7 +37,7 @@ from pathlib import Path
 from model.features.mapping import FeatureMap
 from model.module.checks import collections, managed_collisions, module_tables, trial_forward
 from model.module.factory import build_module
-from model.module.store import check_architecture, is_module_version, load_module_meta
+from model.module.store import CheckedVersion, check_version, is_module_version
 from model.module.types import ModelConfigError, ModuleConfig
 from model.retrieval.sources import RetrievalPlan
 from pipeline.models.mapping import resolve_feature_map
@@ -63,12 +63,16 @@ class ConfiguredModel:
         retrieval: its retrieval plan (:func:`pipeline.models.retrieval.resolve_retrieval`);
             ``None`` with ``retrieval.enabled = false``.
         output: its output contract (:func:`pipeline.models.output.resolve_output`).
+        checked: the version to serve, its architecture checked by the start-up checks
+            (:func:`model.module.store.check_version`); ``None``: not checked in this process
+            (the loader checks each version it loads).
     """
 
     module: ModuleConfig
     fmap: FeatureMap
     retrieval: RetrievalPlan | None
     output: OutputContract
+    checked: CheckedVersion | None = None
 
 
 def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
@@ -147,11 +151,12 @@ def check_configured_model(settings: Settings, checkpoint: Path | None = None) -
             )
     trial_forward(config, fmap.layout)
     plan = resolve_retrieval(settings, fmap, tables, managed)
+    checked = None
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(
                 f"{checkpoint} is not a version of a configured module: import the weights "
                 "with `streamrank model import STATE_DICT_FILE`"
             )
-        check_architecture(config, load_module_meta(checkpoint), checkpoint)
-    return ConfiguredModel(config, fmap, plan, resolve_output(settings, fmap))
+        checked = check_version(config, checkpoint)
+    return ConfiguredModel(config, fmap, plan, resolve_output(settings, fmap), checked)
