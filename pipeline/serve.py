@@ -192,6 +192,7 @@ def build_pipeline(
         index=served.index,
         models=_follow_versions(settings, loader, checkpoint, metrics),
         feature_map=resolved.fmap if resolved is not None else None,
+        output=resolved.output if resolved is not None else None,
     )
 
 
@@ -236,6 +237,7 @@ def serve_ingest_worker(assignment: WorkerAssignment) -> None:
             rank=assignment.rank,
             index=worker.index,
             feature_map=worker.feature_map,
+            output=worker.output,
         )
         pipeline.stop_on_signals()
         summary = pipeline.run(

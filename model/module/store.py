@@ -49,8 +49,10 @@ if TYPE_CHECKING:
     from model.store.versions import ModelVersions
 
 __all__ = [
+    "CheckedVersion",
     "ModuleMeta",
     "check_architecture",
+    "check_version",
     "import_state_dict",
     "is_module_version",
     "load_module_meta",
@@ -114,6 +116,36 @@ def load_module_meta(path: Path) -> ModuleMeta:
         ) from exc
     except (ValueError, TypeError) as exc:
         raise ModelConfigError(f"corrupt checkpoint metadata {meta_path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class CheckedVersion:
+    """A module version whose architecture was checked against the served module (once per
+    process: whoever checked it hands it on).
+
+    Attributes:
+        path: its checkpoint directory.
+        meta: its metadata, as read for the check.
+    """
+
+    path: Path
+    meta: ModuleMeta
+
+
+def check_version(config: ModuleConfig, path: Path) -> CheckedVersion:
+    """Read the metadata of the version at ``path`` and check it was imported for ``config``.
+
+    Raises:
+        FileNotFoundError: no ``meta.json``.
+        ModelConfigError: not a module version, or imported for another module.
+
+    Example::
+
+        checked = check_version(config, Path("artifacts/module/v1"))
+    """
+    meta = load_module_meta(path)
+    check_architecture(config, meta, path)
+    return CheckedVersion(path, meta)
 
 
 def check_architecture(config: ModuleConfig, meta: ModuleMeta, path: Path) -> None:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.distributed.config import SEQUENCE_SHARDING, ShardingConfig
 from model.features.layout import InputLayout
 from model.module.types import ModuleConfig
 from model.options import CompileMode, Precision, QuantDtype
+
+if TYPE_CHECKING:
+    from model.module.store import CheckedVersion
 
 __all__ = ["ServingOptions", "UnsupportedOption", "check_module_sharding"]
 
@@ -41,6 +45,8 @@ class ServingOptions:
         module: a configured module (``[model.module]``) and its versions' weights;
             ``None``: the built-in ranker of the checkpoint's own spec.
         layout: the input the feature map builds for ``module`` (required with it).
+        checked: ``checkpoint``'s version as its loader checked it against ``module``
+            (:func:`model.module.store.check_version`); ``None``: checked when it is built.
 
     Example::
 
@@ -59,6 +65,7 @@ class ServingOptions:
     max_event_rows: int = 1000
     module: ModuleConfig | None = None
     layout: InputLayout | None = None
+    checked: CheckedVersion | None = None
 
     def __post_init__(self) -> None:
         if self.module is not None and self.layout is None:

@@ -7,7 +7,8 @@ so the single-process and the sharded strategies build either through the model 
 - the built-in ranker: its config comes from the checkpoint's own spec
   (:func:`model.ranker.builtin_module_config`), its layout from the spec;
 - a configured module: its config and layout come from the configuration; the version's
-  ``meta.json`` must record the same architecture (:func:`model.module.store.check_architecture`).
+  ``meta.json`` must record the same architecture (:func:`model.module.store.check_version`,
+  once per process: checked here unless the options carry the loader's check).
 
 Example::
 
@@ -25,7 +26,7 @@ from torch import nn
 
 from model.features.layout import InputLayout
 from model.features.spec import FeatureSpec
-from model.module.store import check_architecture, load_module_meta, load_module_weights
+from model.module.store import check_version, load_module_weights
 from model.module.types import ModuleConfig
 from model.module.weights import check_state_dict
 from model.ranker import builtin_module_config
@@ -68,9 +69,10 @@ def describe_served(options: ServingOptions) -> ServedModule:
             builtin_module_config(spec), spec.input_layout(), meta.model_version, spec
         )
     assert options.layout is not None  # ServingOptions checks it
-    module_meta = load_module_meta(path)
-    check_architecture(options.module, module_meta, path)
-    return ServedModule(options.module, options.layout, module_meta.model_version)
+    checked = options.checked  # checked by its loader, else here
+    if checked is None or checked.path != path:
+        checked = check_version(options.module, path)
+    return ServedModule(options.module, options.layout, checked.meta.model_version)
 
 
 def load_weights(module: nn.Module, served: ServedModule, path: Path) -> None:

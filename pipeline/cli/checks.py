@@ -26,6 +26,7 @@ from pipeline.settings.retrieval import CatalogueSource
 from pipeline.settings.secrets import mask_url
 
 if TYPE_CHECKING:
+    from model.module.store import CheckedVersion
     from pipeline.models.preflight import ConfiguredModel
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
@@ -268,7 +269,7 @@ def require_configured_model(
 
 def require_module_version(
     settings: Settings, checkpoint: Path, configured: ConfiguredModel | None = None
-) -> None:
+) -> CheckedVersion:
     """Raise :class:`UserError` unless ``checkpoint`` is a version imported for
     ``[model.module]``'s architecture (a new architecture needs its weights imported again).
 
@@ -278,11 +279,15 @@ def require_module_version(
         configured: ``[model.module]`` as :func:`require_configured_model` resolved it
             (default: resolved here).
 
+    Returns:
+        The version, checked (handed on in :attr:`ConfiguredModel.checked`: the loader
+        and the scorer do not check it again).
+
     Example::
 
         require_module_version(settings, served, require_configured_model(settings))
     """
-    from model.module.store import check_architecture, is_module_version, load_module_meta
+    from model.module.store import check_version, is_module_version
     from pipeline.models.preflight import configured_module
 
     if not is_module_version(checkpoint):
@@ -292,6 +297,6 @@ def require_module_version(
         )
     try:
         config = configured.module if configured else configured_module(settings)[0]
-        check_architecture(config, load_module_meta(checkpoint), checkpoint)
+        return check_version(config, checkpoint)
     except ValueError as error:
         raise UserError(str(error)) from error

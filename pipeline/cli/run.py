@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -111,8 +112,9 @@ def run(
         configured = require_configured_model(settings)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
-    if launch is not None and settings.model.module is not None:
-        require_module_version(settings, served, configured)
+    if launch is not None and configured is not None:  # checked once: the loader takes it
+        checked = require_module_version(settings, served, configured)
+        configured = dataclasses.replace(configured, checked=checked)
     require_kafka(settings.kafka)
     require_redis(settings.redis)
     require_schema_registry(settings.codec)

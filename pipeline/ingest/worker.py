@@ -53,6 +53,7 @@ from pipeline.settings.loading import Settings
 if TYPE_CHECKING:
     from model.features.mapping import FeatureMap
     from model.retrieval.index import VectorIndex
+    from pipeline.models.output import OutputContract
 
 __all__ = ["WorkerRuntime", "worker_process"]
 
@@ -88,6 +89,8 @@ class WorkerRuntime:
             catalogue).
         feature_map: a configured model's feature map, when the worker resolved it for its
             retrieval index (its loop then takes it as it is); ``None``: the loop resolves it.
+        output: the configured model's output contract, resolved with its feature map;
+            ``None``: the loop resolves it.
     """
 
     assignment: WorkerAssignment
@@ -99,6 +102,7 @@ class WorkerRuntime:
     stepper: WorkerStepper
     index: VectorIndex | None = None
     feature_map: FeatureMap | None = None
+    output: OutputContract | None = None
 
     def finish(self, summary: RunSummary) -> None:
         """Send the run's summary and final metrics to the rank (the last message)."""
@@ -158,8 +162,9 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
         if assignment.checkpoint is not None:  # before it is ready: it retrieves from its start
             loader = ModelLoader(assignment.settings, assignment.rank)
             runtime.index = loader.retrieval_index(assignment.checkpoint)
-            configured = loader.configured()  # resolved once: the loop takes its feature map
-            runtime.feature_map = configured.fmap if configured is not None else None
+            configured = loader.configured()  # resolved once: the loop takes its map, contract
+            if configured is not None:
+                runtime.feature_map, runtime.output = configured.fmap, configured.output
         link.wait_for_start()
         yield runtime
     except BaseException as exc:

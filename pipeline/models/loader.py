@@ -55,6 +55,7 @@ from pipeline.settings.retrieval import CatalogueSource
 
 if TYPE_CHECKING:
     from model.features.spec import FeatureSpec
+    from model.module.store import CheckedVersion
     from model.module.types import ModuleConfig
     from model.retrieval.index import VectorIndex
     from model.serving import Scorer, ServingOptions
@@ -100,12 +101,15 @@ class PendingModel:
         index: its retrieval index (or ``None``).
         scorer: the scorer when it could be built off the loop (one process); ``None``: the
             ranks build it together (:meth:`ModelLoader.complete`).
+        checked: a configured module's version, its architecture checked (its scorer does
+            not check it again); ``None`` for the built-in model.
     """
 
     path: Path
     version: str
     index: VectorIndex | None
     scorer: Scorer | None
+    checked: CheckedVersion | None = None
 
 
 class ModelLoader:
@@ -136,9 +140,10 @@ class ModelLoader:
         self._module = configured
         """``[model.module]`` resolved: its config, feature map and retrieval plan."""
 
-    def options(self, checkpoint: Path) -> ServingOptions:
+    def options(self, checkpoint: Path, checked: CheckedVersion | None = None) -> ServingOptions:
         """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
-        ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``)."""
+        ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``), with
+        its version as :meth:`load_local` ``checked`` it (``None``: the scorer checks it)."""
         settings = self.settings
         options = settings.model.serving_options(
             settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
@@ -146,7 +151,9 @@ class ModelLoader:
         configured = self.configured()
         if configured is None:
             return options
-        return dataclasses.replace(options, module=configured.module, layout=configured.fmap.layout)
+        return dataclasses.replace(
+            options, module=configured.module, layout=configured.fmap.layout, checked=checked
+        )
 
     def configured(self) -> ConfiguredModel | None:
         """The configured model (its config, feature map and retrieval plan), resolved once
@@ -186,14 +193,18 @@ class ModelLoader:
                 raised.
         """
         configured = self.configured()
+        checked = None
         if configured is None:
             from model.store.checkpoint import load_meta
 
             meta = load_meta(checkpoint)
             self._check_compatible(meta.spec)
             version = meta.model_version
-        else:
-            version = _check_module_version(configured.module, checkpoint)
+        else:  # checked once: by the start-up checks (that version), else here (a swap too)
+            checked = configured.checked
+            if checked is None or checked.path != checkpoint:
+                checked = _check_module_version(configured.module, checkpoint)
+            version = checked.meta.model_version
         scorer = None
         if self.rank.distributed:
             if check_weights:
@@ -201,9 +212,9 @@ class ModelLoader:
         else:
             from model.serving import ScorerFactory
 
-            scorer = ScorerFactory(self.options(checkpoint), self.rank).create_scorer()
+            scorer = ScorerFactory(self.options(checkpoint, checked), self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, version, index, scorer)
+        return PendingModel(checkpoint, version, index, scorer, checked)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -216,7 +227,8 @@ class ModelLoader:
         if scorer is None:
             from model.serving import ScorerFactory
 
-            scorer = ScorerFactory(self.options(pending.path), self.rank).create_scorer()
+            options = self.options(pending.path, pending.checked)
+            scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
         return ServedModel(scorer, pending.index)
@@ -335,13 +347,13 @@ def _verify_weights(checkpoint: Path, module_version: bool = False) -> None:
     load_state_dict(checkpoint, verify=True, mmap=True)
 
 
-def _check_module_version(config: ModuleConfig, checkpoint: Path) -> str:
-    """The version's name, once its metadata says it was imported for ``config``'s module.
+def _check_module_version(config: ModuleConfig, checkpoint: Path) -> CheckedVersion:
+    """The version, once its metadata says it was imported for ``config``'s module.
 
     Raises:
         IncompatibleModel: another architecture (the running pipeline needs a restart).
     """
-    from model.module.store import check_architecture, load_module_meta
+    from model.module.store import CheckedVersion, check_architecture, load_module_meta
     from model.module.types import ModelConfigError
 
     meta = load_module_meta(checkpoint)
@@ -349,4 +361,4 @@ def _check_module_version(config: ModuleConfig, checkpoint: Path) -> str:
         check_architecture(config, meta, checkpoint)
     except ModelConfigError as exc:
         raise IncompatibleModel(f"{exc} (a new architecture needs a restart)") from exc
-    return meta.model_version
+    return CheckedVersion(checkpoint, meta)

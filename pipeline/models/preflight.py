@@ -18,9 +18,10 @@ traceback from the first batch. In order:
 6. the output contract resolves (``[output]``: :func:`pipeline.models.output.resolve_output`),
    its task scores naming columns of ``model.module.output_names``.
 
-The checks' result, a :class:`ConfiguredModel` (the module config, the feature map and the
-retrieval plan), is handed on to the serving path (:class:`pipeline.models.loader.ModelLoader`),
-which resolves it itself only where no check ran in its process (the ranks of ``--nproc N``).
+The checks' result, a :class:`ConfiguredModel` (the module config, the feature map, the
+retrieval plan and the output contract), is handed on to the serving path
+(:class:`pipeline.models.loader.ModelLoader`), which resolves it itself only where no check ran
+in its process (the ranks of ``--nproc N``, ingest workers).
 
 Example::
 
@@ -36,11 +37,11 @@ from pathlib import Path
 from model.features.mapping import FeatureMap
 from model.module.checks import collections, managed_collisions, module_tables, trial_forward
 from model.module.factory import build_module
-from model.module.store import check_architecture, is_module_version, load_module_meta
+from model.module.store import CheckedVersion, check_version, is_module_version
 from model.module.types import ModelConfigError, ModuleConfig
 from model.retrieval.sources import RetrievalPlan
 from pipeline.models.mapping import resolve_feature_map
-from pipeline.models.output import published_columns, resolve_output
+from pipeline.models.output import OutputContract, published_columns, resolve_output
 from pipeline.models.retrieval import resolve_retrieval
 from pipeline.settings.loading import Settings
 
@@ -61,11 +62,17 @@ class ConfiguredModel:
         fmap: its feature map.
         retrieval: its retrieval plan (:func:`pipeline.models.retrieval.resolve_retrieval`);
             ``None`` with ``retrieval.enabled = false``.
+        output: its output contract (:func:`pipeline.models.output.resolve_output`).
+        checked: the version to serve, its architecture checked by the start-up checks
+            (:func:`model.module.store.check_version`); ``None``: not checked in this process
+            (the loader checks each version it loads).
     """
 
     module: ModuleConfig
     fmap: FeatureMap
     retrieval: RetrievalPlan | None
+    output: OutputContract
+    checked: CheckedVersion | None = None
 
 
 def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
@@ -87,8 +94,8 @@ def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
 
 
 def resolve_configured_model(settings: Settings) -> ConfiguredModel:
-    """The module config, feature map and retrieval plan of ``settings``, without the other
-    checks of :func:`check_configured_model` (where they ran in another process).
+    """The module config, feature map, retrieval plan and output contract of ``settings``,
+    without the other checks of :func:`check_configured_model` (where they ran in another process).
 
     Raises:
         ModelConfigError / FeatureMapError / OutputContractError / RetrievalConfigError: one
@@ -104,7 +111,7 @@ def resolve_configured_model(settings: Settings) -> ConfiguredModel:
         probe = build_module(config, "meta", embedding_device="meta")
         tables, managed = module_tables(probe), managed_collisions(probe)
         plan = resolve_retrieval(settings, fmap, tables, managed)
-    return ConfiguredModel(config, fmap, plan)
+    return ConfiguredModel(config, fmap, plan, resolve_output(settings, fmap))
 
 
 def check_configured_model(settings: Settings, checkpoint: Path | None = None) -> ConfiguredModel:
@@ -115,7 +122,8 @@ def check_configured_model(settings: Settings, checkpoint: Path | None = None) -
         checkpoint: the version to serve (``None``: no version yet, e.g. before an import).
 
     Returns:
-        The module config, the feature map and the retrieval plan, for the serving path.
+        The module config, the feature map, the retrieval plan and the output contract, for
+        the serving path.
 
     Raises:
         ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
@@ -143,12 +151,12 @@ def check_configured_model(settings: Settings, checkpoint: Path | None = None) -
             )
     trial_forward(config, fmap.layout)
     plan = resolve_retrieval(settings, fmap, tables, managed)
+    checked = None
     if checkpoint is not None:
         if not is_module_version(checkpoint):
             raise ModelConfigError(
                 f"{checkpoint} is not a version of a configured module: import the weights "
                 "with `streamrank model import STATE_DICT_FILE`"
             )
-        check_architecture(config, load_module_meta(checkpoint), checkpoint)
-    resolve_output(settings, fmap)
-    return ConfiguredModel(config, fmap, plan)
+        checked = check_version(config, checkpoint)
+    return ConfiguredModel(config, fmap, plan, resolve_output(settings, fmap), checked)

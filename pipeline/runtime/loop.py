@@ -45,7 +45,7 @@ from model.serving import Scorer
 from pipeline.connectors.avro.reference import RecordCodec
 from pipeline.connectors.kafka.clients import ClientFactory, connect
 from pipeline.models.inputs import serving_inputs
-from pipeline.models.output import resolve_output
+from pipeline.models.output import OutputContract, resolve_output
 from pipeline.observability.metrics import Metrics
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
@@ -111,6 +111,8 @@ class ScoringPipeline:
             (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
         feature_map: a configured model's feature map, resolved by the model loader
             (default: resolved here from ``settings``).
+        output: the output contract, resolved by the model loader with the configured model
+            (default: resolved here from ``settings``).
 
     Example::
 
@@ -130,6 +132,7 @@ class ScoringPipeline:
         index: VectorIndex | None = None,
         models: ModelSwap | None = None,
         feature_map: FeatureMap | None = None,
+        output: OutputContract | None = None,
     ) -> None:
         self.settings = settings
         self.scorer = scorer
@@ -141,7 +144,8 @@ class ScoringPipeline:
             settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
         self.decoder = inputs.decoder
-        self.output = resolve_output(settings, inputs.feature_map)  # [output], or the built-in
+        # [output], or the built-in: as the loader resolved it, else resolved here
+        self.output = output or resolve_output(settings, inputs.feature_map)
         self.retriever = CandidateRetriever(
             index, retrieval.config.num_candidates, self.metrics, inputs.enricher
         )

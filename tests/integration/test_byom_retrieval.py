@@ -1,9 +1,10 @@
 """Retrieval with a configured model: the worked examples, configured for retrieval, served by
-``streamrank run`` on the real broker and Redis, one and two ranks, with events that bring no
-candidates. The test computes each such event's best items itself, from the raw vectors (the
-module's weights, or the vectors it seeded in Redis), and checks that every published item is
-one of them, that the ranking is right, and every score within 1e-5 of the module's own forward
-on the test's own KJT (tests/integration/byom.py: no streamrank feature code)."""
+``streamrank run`` on the real broker and Redis, one and two ranks (and one rank with an ingest
+worker), with events that bring no candidates. The test computes each such event's best items
+itself, from the raw vectors (the module's weights, or the vectors it seeded in Redis), and
+checks that every published item is one of them, that the ranking is right, and every score
+within 1e-5 of the module's own forward on the test's own KJT (tests/integration/byom.py: no
+streamrank feature code)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ EVENTS = 120
 CANDIDATES = 8  # retrieval.num_candidates
 _DEEPFM_OFF = "enabled = false                               # every page view brings its offers"
 _DCN_OFF = "[retrieval]\nenabled = false\n"
+#: ingest workers retrieve from the version they start with: no live swap (check_ingest_workers)
+_NO_SWAP = ("[topics]\n", "[model_swap]\nenabled = false\n\n[topics]\n")
 
 #: variant -> (example, edits of its streamrank.toml)
 VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
@@ -146,11 +149,20 @@ def _candidates(record: dict[str, Any]) -> str:
     return "offer_ids" if "offer_ids" in record else "listing_ids"
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+#: (variant, ranks, ingest workers per rank): every variant on one and two ranks, and one
+#: behind an ingest worker (its retrieval index, feature map and output contract in the worker)
+CASES = [(v, n, 0) for n in (1, 2) for v in VARIANTS] + [("tables", 1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("variant", "nproc", "workers"),
+    CASES,
+    ids=[f"{v}-{n}" + (f"-w{w}" if w else "") for v, n, w in CASES],
+)
 def test_events_without_candidates_are_ranked_from_the_configured_index(
     variant: str,
     nproc: int,
+    workers: int,
     tmp_path: Path,
     settings_factory: Callable[..., Settings],
     redis_client: redis.Redis,
@@ -159,6 +171,8 @@ def test_events_without_candidates_are_ranked_from_the_configured_index(
     consumer_factory: Callable[..., Consumer],
 ) -> None:
     name, edits = VARIANTS[variant]
+    if workers:
+        edits = (*edits, _NO_SWAP)
     ex, settings = prepare_example(
         name, tmp_path, settings_factory(), redis_client, unique_name("byomr"), edits
     )
@@ -172,7 +186,7 @@ def test_events_without_candidates_are_ranked_from_the_configured_index(
     served = [r for r in records if not any(r is u for u in unqueried)]
     assert variant != "redis-vectors" or unqueried  # viewers without a record: no taste
     send(settings, ex, records)
-    recs = run_example(cli, settings, ex, served, nproc, tmp_path / "run.log")
+    recs = run_example(cli, settings, ex, served, nproc, tmp_path / "run.log", workers)
 
     asked = {event_id(r) for r in asking}
     assert {r["event_id"] for r in recs if r["retrieved"]} == asked - {

@@ -19,12 +19,14 @@ from model.features.layout import InputLayout
 from model.features.model_input import ModelInput, sparse_features
 from model.module.factory import build_module
 from model.module.output import output_scores
-from model.module.store import import_state_dict
+from model.module.store import check_version, import_state_dict
 from model.module.types import ModelConfigError, ModuleConfig
 from model.options import QuantDtype
 from model.rank import RankContext
 from model.serving import Scorer, ScorerFactory, ServingOptions, UnsupportedOption
 from model.serving.graph_shapes import graph_shapes, shape_for
+from model.serving.served import describe_served
+from model.store.checkpoint import META_FILE
 from model.store.versions import ModelVersions
 from tests.model.distributed.ranks import spawn_ranks
 from tests.model.module.configs import (
@@ -130,6 +132,18 @@ def test_a_version_of_another_module_is_refused_by_the_factory(tmp_path: Path) -
     other = dataclasses.replace(DCN, kwargs={**DCN.kwargs, "dcn_num_layers": 3})
     with pytest.raises(ModelConfigError, match="imported for another module"):
         ScorerFactory(options(path, other, DCN_LAYOUT)).create_scorer()
+
+
+def test_the_factory_takes_the_loaders_check_of_that_version_only(tmp_path: Path) -> None:
+    path, _ = imported(tmp_path, DCN, seed=7)
+    checked = check_version(DCN, path)
+    (path / META_FILE).unlink()  # the check handed on is taken: meta.json is not read again
+    served = describe_served(options(path, DCN, DCN_LAYOUT, checked=checked))
+    assert served.model_version == checked.meta.model_version
+    other_path, _ = imported(tmp_path, DCN, seed=8)  # a swapped-in version: checked itself
+    other = dataclasses.replace(DCN, kwargs={**DCN.kwargs, "dcn_num_layers": 3})
+    with pytest.raises(ModelConfigError, match="imported for another module"):
+        describe_served(options(other_path, other, DCN_LAYOUT, checked=checked))
 
 
 def _rank(rank: int, world: int, port: int, path: str, out: str, name: str) -> None:
