@@ -290,7 +290,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     The files with the most ``slow`` tests come first (a stable sort: each file's tests stay
     together and in order, so module fixtures are made once). ``make test`` runs the files on
-    two pytest-xdist workers (``--dist loadfile``), each handed the next file when it is free:
+    three pytest-xdist workers (``--dist loadfile``), each handed the next file when it is free:
     the long files start early and the many short ones even out the end.
     """
     slow_in_file: dict[str, int] = {}

@@ -61,7 +61,9 @@ class KafkaSource:
         self.assignment: set[Partition] = set()
         """Partitions this member owns now."""
         self.last_activity: float | None = None
-        """Monotonic time of the last input or (re)assignment; ``None`` before the first."""
+        """Monotonic time of the last input or change of assignment (partitions assigned,
+        revoked or lost: the member is in a rebalance, or rejoining after a broker outage, not
+        idle); ``None`` before the first."""
         self.first_input_at: float | None = None
         """Monotonic time the first message arrived."""
         self.pauses = 0
@@ -180,6 +182,7 @@ class KafkaSource:
             How many messages were dropped.
         """
         self.assignment -= partitions
+        self.last_activity = time.monotonic()
         self._paused -= partitions
         self._unstarted -= partitions
         for key in partitions:

@@ -61,7 +61,11 @@ def test_revocation_drops_the_backlog_of_revoked_partitions_only() -> None:
     source, _ = _source(messages)
     source.assigned({(T, 0), (T, 1)})
     source.poll(0.0)
+    source.last_activity = before = time.monotonic() - 60  # the last input, a minute ago
     assert source.revoked({(T, 1)}) == 3
+    # A revoked or lost assignment restarts the idle clock: a member that lost its partitions
+    # in a broker outage rejoins, it is not idle (--exit-when-idle).
+    assert source.last_activity is not None and source.last_activity > before + 59
     assert source.assignment == {(T, 0)}
     kept = source.take(10)
     assert list(zip(kept.partitions.tolist(), kept.offsets.tolist(), strict=True)) == [
