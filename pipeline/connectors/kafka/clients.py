@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.connectors.kafka.admin import CLIENT_LOGGER, make_admin
 from pipeline.connectors.kafka.consumer import CommitResults, InputConsumer, RawConsumer
@@ -94,7 +94,10 @@ def produce(
 
 
 def ensure_topics(
-    settings: KafkaSettings, topics: TopicsSettings, names: Sequence[str] | None = None
+    settings: KafkaSettings,
+    topics: TopicsSettings,
+    names: Sequence[str] | None = None,
+    admin: AdminClient | None = None,
 ) -> None:
     """Create the pipeline's topics when missing (``topics.create_missing``).
 
@@ -102,11 +105,12 @@ def ensure_topics(
         settings: where the cluster is.
         topics: names, partition count and replication factor.
         names: a subset to create; defaults to input, output and DLQ.
+        admin: the admin client to ask (``None``: one of ``settings``).
     """
     if not topics.create_missing:
         return
     wanted = list(names or (topics.input, topics.output, topics.dlq))
-    admin = make_admin(settings)
+    admin = admin or make_admin(settings)
     existing = set(admin.list_topics(timeout=15).topics)
     input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [
@@ -190,8 +194,9 @@ def connect(
 
         clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
     """
-    ensure_topics(settings, topics)
-    record_limit = input_record_limit(settings, topics.input)
+    admin = make_admin(settings)  # one for both questions
+    ensure_topics(settings, topics, admin=admin)
+    record_limit = input_record_limit(settings, topics.input, admin=admin)
     if record_limit is not None and record_limit > topics.input_max_message_bytes:
         log.warning(
             "topic %s takes records up to %d bytes (its max.message.bytes), more than "

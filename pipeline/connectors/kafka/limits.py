@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from pipeline.connectors.kafka.admin import make_admin
 from pipeline.settings.kafka import KafkaSettings
@@ -72,13 +72,16 @@ def consumer_fetch_limits(record_limit: int) -> dict[str, int]:
     }
 
 
-def input_record_limit(kafka: KafkaSettings, topic: str, timeout_s: float = 15.0) -> int | None:
+def input_record_limit(
+    kafka: KafkaSettings, topic: str, timeout_s: float = 15.0, admin: AdminClient | None = None
+) -> int | None:
     """The topic's ``max.message.bytes`` as the broker applies it (its own, or the broker's).
 
     Args:
         kafka: where the cluster is.
         topic: the input topic.
         timeout_s: how long to wait for the broker.
+        admin: the admin client to ask (``None``: one of ``kafka``).
 
     Returns:
         The limit in bytes; ``None`` when it cannot be read (no such topic yet, or no
@@ -86,7 +89,7 @@ def input_record_limit(kafka: KafkaSettings, topic: str, timeout_s: float = 15.0
     """
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        admin = make_admin(kafka)  # kept alive until the answer comes
+        admin = admin or make_admin(kafka)  # kept alive until the answer comes
         future = admin.describe_configs([resource], request_timeout=timeout_s)[resource]
         entry = future.result(timeout=timeout_s).get("max.message.bytes")
         if entry is None or entry.value is None:
