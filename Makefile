@@ -35,10 +35,11 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 COMPAT_TESTS := tests/model tests/pipeline/stages/test_score.py tests/pipeline/runtime/test_loop.py \
 	tests/scripts/test_gpu_check.py \
 	tests/scripts/gpucheck
-# test: the two venvs and the Debian tools built side by side, then the suite, then test-compat's
-# tests (scripts/test.sh).
+# test: the two venvs and the Debian tools built side by side, then the suite, then test-compat
+# (scripts/test.sh).
 test:
-	@COMPAT_TESTS="$(COMPAT_TESTS)" scripts/test.sh $(XDIST)
+	@scripts/test.sh $(XDIST)
+
 test-compat:
 	@scripts/install_compat.sh
 	@.venv-compat/bin/python -m pytest -q $(XDIST) $(COMPAT_TESTS)

@@ -6,13 +6,12 @@
 # per core, instead of one after the other. The compat build's output is kept in a log and
 # printed once it is done (or failed), so the two do not interleave.
 #
-# Usage: scripts/test.sh PYTEST_ARGS...   (passed to both pytest runs, e.g. -n 3 --dist loadfile)
-#   COMPAT_TESTS   the paths the compat run takes (the Makefile sets them)
+# Usage: scripts/test.sh PYTEST_ARGS...   (the suite's, e.g. -n 3 --dist loadfile; the compat run
+#                                          is `make test-compat`, with the Makefile's)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
-: "${COMPAT_TESTS:?COMPAT_TESTS must name the test paths of the compat run}"
 
 compat_log="$(mktemp "${TMPDIR:-/tmp}/streamrank-install-compat.XXXXXX")"
 scripts/install_compat.sh >"$compat_log" 2>&1 &
@@ -28,5 +27,4 @@ cat "$compat_log"
 ((compat_rc == 0)) || { echo "test: building .venv-compat failed (exit $compat_rc)" >&2; exit 1; }
 
 .venv/bin/python -m pytest -q "$@" --durations=20 tests
-# shellcheck disable=SC2086  # one word per path
-.venv-compat/bin/python -m pytest -q "$@" $COMPAT_TESTS
+make --no-print-directory test-compat  # .venv-compat is up to date: its tests only

@@ -249,8 +249,8 @@ def test_smoke_run_on_the_stack_reports_every_load_and_deletes_its_topics(
         assert entry["batch_cost"]["batches"] == entry["batches"]
         assert {"loop", "broker", "redis", "producer", "busy-1"} <= set(entry["cpu"]["cores"])
         # It spun beside the load and its CPU is measured per load. How much of a core it gets
-        # is the host's to say (0.27 with three test workers on two cores, where this asked
-        # for > 0.3): that it spins a whole core when it can is test_busy_processes_spin_....
+        # is the host's to say (0.27 with three test workers on two cores); that it spins is
+        # test_busy_processes_spin_and_end_by_pid's.
         assert entry["cpu"]["cores"]["busy-1"] > 0
     assert len(lines) == 3  # capacity, then one line per load
     assert _new_topics(admin, topics_before) == set()
