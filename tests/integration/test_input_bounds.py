@@ -9,6 +9,7 @@ the client's read of it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -88,11 +89,11 @@ def test_oversized_records_go_to_the_dlq_and_a_huge_redis_value_to_the_defaults(
     log = tmp_path / "run.log"
     # The 96 MiB read must finish, even on a slow machine: this test is about the size bound,
     # not the read timeout (a timed-out read serves defaults too, but says so differently).
+    # Stopped by SIGTERM once every output is there, not by an idle timer: the test's own
+    # steps (a 96 MiB SET, encoding, producing) may outlast any idle time on a loaded host.
     proc = cli(
         settings,
         "run",
-        "--exit-when-idle",
-        "8",
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         extra_env={"STREAMRANK_REDIS__SOCKET_TIMEOUT_MS": "20000"},
@@ -118,6 +119,7 @@ def test_oversized_records_go_to_the_dlq_and_a_huge_redis_value_to_the_defaults(
     wait_for_outputs(settings, expected, proc=proc, log=log)
     dead = dead_letters(consumer_factory(settings.topics.dlq), expected=len(over))
     memory = _memory_kib(proc.pid)
+    proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0, log.read_text()[-3000:]
 
     recs = collect(settings, expected=expected)
