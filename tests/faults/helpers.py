@@ -6,16 +6,27 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from model.synthetic import SyntheticWorld
+from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCodec
+from pipeline.connectors.kafka.clients import make_consumer
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
 from tests.conftest import REPO_ROOT, LocalStack
@@ -50,7 +61,9 @@ def repeat_bound(env: dict[str, str], processes: int) -> int:
       before the kill (at most the ``max_in_flight + 1`` acknowledged since the commit before);
 
     and a batch holds at most ``max_batch_rows // min_candidates`` events (every test event has
-    at least ``min_candidates`` rows, :data:`~tests.integration.conftest.WORLD`).
+    at least ``min_candidates`` rows, :data:`~tests.integration.conftest.WORLD`). The commits
+    are asynchronous: the bound assumes each request is answered before the next is due, which
+    a starved host can break (several unsent requests, all lost at the kill; RELIABILITY.md).
 
     Args:
         env: the run's settings overrides (``STREAMRANK_BATCHING__*``, ``STREAMRANK_DELIVERY__*``).
@@ -67,6 +80,67 @@ def repeat_bound(env: dict[str, str], processes: int) -> int:
     )
     batches = 1 + 2 * (in_flight + 1)
     return processes * batches * (rows // WORLD.min_candidates)
+
+
+def committed_positions(settings: Settings) -> dict[int, int]:
+    """The input partitions' offsets committed by ``settings``' consumer group, as the broker
+    has them now (a partition with no commit is absent). Read without joining the group."""
+    topic = settings.topics.input
+    consumer = make_consumer(settings.kafka, group_id=settings.kafka.group_id)
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
+        committed = consumer.committed(partitions, timeout=30)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+
+
+def input_positions(settings: Settings) -> dict[str, tuple[int, int]]:
+    """Each valid event on the input topic: its ``event_id`` -> ``(partition, offset)``."""
+    codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
+    consumer = make_consumer(
+        settings.kafka,
+        group_id=f"positions-{uuid.uuid4().hex[:8]}",  # never joined: offsets are assigned
+        extra={"enable.partition.eof": True},
+    )
+    partitions = range(settings.topics.partitions)
+    positions: dict[str, tuple[int, int]] = {}
+    at_end: set[int] = set()
+    deadline = time.monotonic() + 60
+    try:
+        consumer.assign(
+            [TopicPartition(settings.topics.input, p, OFFSET_BEGINNING) for p in partitions]
+        )
+        while at_end < set(partitions):
+            assert time.monotonic() < deadline, "the input topic was not read to its end in 60 s"
+            for msg in consumer.consume(500, 0.2):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                    continue
+                assert err is None, err
+                try:
+                    event_id = codec.decode(msg.value())["event_id"]
+                except Exception:  # an invalid event (a dead letter): no id
+                    continue
+                positions[event_id] = (msg.partition(), msg.offset())
+    finally:
+        consumer.close()
+    return positions
+
+
+def uncommitted_outputs(
+    settings: Settings, outputs: list[dict[str, Any]], committed: dict[int, int]
+) -> set[str]:
+    """The events of ``outputs`` (a stopped run's recommendations) at or past their partition's
+    ``committed`` offset: what at-least-once makes the next run score again, exactly."""
+    positions = input_positions(settings)
+    past: set[str] = set()
+    for record in outputs:
+        partition, offset = positions[record["event_id"]]
+        if offset >= committed.get(partition, 0):
+            past.add(record["event_id"])
+    return past
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
