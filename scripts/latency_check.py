@@ -1,0 +1,219 @@
+"""An independent latency check: the pipeline timed from outside, by the records on its topics.
+
+Unlike ``streamrank bench latency`` (which offers load from inside and reads the pipeline's own
+measurements), this drives only the CLI and reads the topics (issue 30's independent check):
+
+1. capacity: ``streamrank produce`` puts a backlog of ``--capacity-events`` events on fresh
+   topics, then ``streamrank run --exit-when-idle`` drains it; the capacity is the events over
+   the span of their output records' timestamps;
+2. load: on fresh topics and a fresh group, ``streamrank run`` is started, and
+   ``streamrank produce --wait-for-group --rate`` offers ``--load`` of that capacity for
+   ``--seconds``, optionally beside ``--busy-cores`` processes spinning a core each;
+3. each event's latency is its output record's timestamp (set when the pipeline produced it)
+   minus its input record's timestamp (set when ``produce`` sent it), matched by ``event_id``.
+
+Every process started here is ended by its pid; the topics are deleted at the end.
+
+Usage (the stack running, ``source .stack/env``; the model as ``streamrank run`` finds it)::
+
+    .venv/bin/python scripts/latency_check.py --load 0.5 --seconds 60
+    .venv/bin/python scripts/latency_check.py --load 0.25 --busy-cores 1 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from pipeline.connectors.avro.reference import (  # noqa: E402 - after the path
+    RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+)
+from pipeline.settings.loading import load_settings  # noqa: E402
+
+STREAMRANK = [sys.executable, "-m", "pipeline.cli"]
+
+
+def topic_env(tag: str) -> dict[str, str]:
+    """Fresh input, output and dead-letter topics and a fresh consumer group for one step."""
+    run = f"check-{tag}-{uuid.uuid4().hex[:8]}"
+    return {
+        "STREAMRANK_TOPICS__INPUT": f"{run}-in",
+        "STREAMRANK_TOPICS__OUTPUT": f"{run}-out",
+        "STREAMRANK_TOPICS__DLQ": f"{run}-dlq",
+        "STREAMRANK_KAFKA__GROUP_ID": run,
+        "STREAMRANK_METRICS__ENABLED": "false",
+    }
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*STREAMRANK, *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
+    """Wait for ``proc``; fail with the tail of its stderr if it does not exit 0."""
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise SystemExit(f"latency_check: {what} did not end within {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        raise SystemExit(f"latency_check: {what} exited {proc.returncode}: " + " | ".join(tail))
+
+
+def read_topic(topic: str, schema: Path) -> dict[str, int]:
+    """``event_id`` -> the record's timestamp (ms) for every record of ``topic``; an id seen
+    twice counts in :data:`DUPLICATES`."""
+    settings = load_settings()  # the connection and the codec; the topics come from env
+    codec = RecordCodec(settings.codec, schema, topic)
+    consumer = Consumer(
+        {
+            **settings.kafka.consumer_config(f"reader-{uuid.uuid4().hex[:8]}"),
+            "enable.partition.eof": True,
+        }
+    )
+    stamps: dict[str, int] = {}
+    try:
+        partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 120
+        while at_end < set(partitions) and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(int(msg.partition() or 0))
+                    continue
+                if err is not None:
+                    raise SystemExit(f"latency_check: reading {topic}: {err}")
+                event_id = codec.decode(msg.value() or b"")["event_id"]
+                if event_id in stamps:
+                    DUPLICATES[topic] = DUPLICATES.get(topic, 0) + 1
+                stamps[event_id] = msg.timestamp()[1]
+    finally:
+        consumer.close()
+    return stamps
+
+
+DUPLICATES: dict[str, int] = {}
+
+
+def delete_topics(env: dict[str, str]) -> None:
+    admin = AdminClient(load_settings().kafka.admin_config())
+    names = [env["STREAMRANK_TOPICS__INPUT"], env["STREAMRANK_TOPICS__OUTPUT"]]
+    names.append(env["STREAMRANK_TOPICS__DLQ"])
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        with contextlib.suppress(Exception):  # a topic never created (no dead letter)
+            future.result()
+
+
+def measure_capacity(events: int) -> float:
+    """Events per second over the span of the output timestamps of a drained backlog."""
+    env = topic_env("capacity")
+    try:
+        finish(cli(env, "produce", "--events", str(events)), "produce (backlog)", 300)
+        finish(cli(env, "run", "--exit-when-idle", "3"), "run (drain)", 600)
+        stamps = np.array(
+            list(read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE).values())
+        )
+    finally:
+        delete_topics(env)
+    if len(stamps) < events:
+        raise SystemExit(f"latency_check: the drain produced {len(stamps)} of {events} outputs")
+    span_s = (stamps.max() - stamps.min()) / 1000
+    return float(len(stamps) / max(span_s, 1e-3))
+
+
+def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]:
+    """Offer ``rate`` events/s for ``seconds`` and time every event from its two records."""
+    env = topic_env("load")
+    events = max(1, int(rate * seconds))
+    busy: list[subprocess.Popen[bytes]] = []
+    run = cli(env, "run", "--exit-when-idle", "5")
+    try:
+        busy = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy_cores)
+        ]
+        args = ["produce", "--wait-for-group", "--events", str(events), "--rate", f"{rate:.1f}"]
+        finish(cli(env, *args), "produce (load)", seconds * 3 + 300)
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+        busy = []
+        finish(run, "run (load)", 300)
+        sent = read_topic(env["STREAMRANK_TOPICS__INPUT"], USER_EVENT_SCHEMA_FILE)
+        out = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
+    finally:
+        for proc in [*busy, run]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        delete_topics(env)
+    matched = [out[i] - sent[i] for i in sent if i in out]
+    latency = np.array(matched, dtype=np.float64)
+    return {
+        "offered_per_s": round(rate, 1),
+        "seconds": seconds,
+        "busy_cores": busy_cores,
+        "events": len(sent),
+        "outputs": len(out),
+        "missing": len(set(sent) - set(out)),
+        "duplicates": DUPLICATES.get(env["STREAMRANK_TOPICS__OUTPUT"], 0),
+        "p50_ms": float(np.percentile(latency, 50)) if len(latency) else None,
+        "p99_ms": float(np.percentile(latency, 99)) if len(latency) else None,
+        "max_ms": float(latency.max()) if len(latency) else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--capacity-events", type=int, default=6000)
+    parser.add_argument("--capacity", type=float, help="events/s (skip measuring it)")
+    parser.add_argument("--load", type=float, default=0.5, help="share of capacity offered")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--busy-cores", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not 0 < args.load <= 1:
+        raise SystemExit("latency_check: --load must be in (0, 1]")
+    capacity = args.capacity or measure_capacity(args.capacity_events)
+    result = {"capacity_per_s": round(capacity, 1), "load": args.load}
+    result.update(measure_load(capacity * args.load, args.seconds, args.busy_cores))
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(
+        f"capacity {result['capacity_per_s']} events/s; offered {result['offered_per_s']}/s "
+        f"for {args.seconds:g} s beside {args.busy_cores} busy core(s): {result['events']} "
+        f"events, {result['missing']} missing, {result['duplicates']} repeated; "
+        f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, "
+        f"max {result['max_ms']:.0f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
