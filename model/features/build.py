@@ -11,7 +11,6 @@ event-major, i.e. the candidates of event 0, then those of event 1, and so on.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -19,6 +18,7 @@ import torch
 from model.features.columns import FeatureColumns, Float32Array, Int64Array
 from model.features.model_input import ModelInput, sparse_features
 from model.features.spec import _GOLDEN, _MIX1, _MIX2, SPARSE_FEATURE_ORDER, FeatureSpec
+from model.kernels import kernel
 
 __all__ = ["FeatureColumns", "build_model_input"]
 
@@ -71,7 +71,7 @@ def build_model_input(cols: FeatureColumns, spec: FeatureSpec) -> ModelInput:
     return ModelInput(dense=torch.from_numpy(dense), sparse=sparse)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _hash(raw: int, salt: np.uint64, num_rows: np.uint64) -> int:
     """:func:`model.features.spec.hash_to_rows` of one id (its splitmix64 finaliser and constants,
     in
@@ -83,7 +83,7 @@ def _hash(raw: int, salt: np.uint64, num_rows: np.uint64) -> int:
     return int(np.int64(z % num_rows))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _layout(
     user_ids: Int64Array,
     device_ids: Int64Array,

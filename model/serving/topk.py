@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from model.features.segments import offsets, positions, segment_ids, starts
+from model.kernels import kernel
 
 __all__ = ["TopK", "top_k_per_event"]
 
@@ -172,7 +172,7 @@ def _device_top_k(
     )
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _before(a: float, b: float) -> bool:
     """Whether score ``a`` ranks before ``b``: higher first, NaN before everything (torch's
     descending order); equal scores do not (they keep batch order)."""
@@ -184,7 +184,7 @@ _INSERTION_MAX_K = 32
 row); beyond it the event's rows are merge sorted (no quadratic worst case)."""
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _sorted_heads(
     scores: npt.NDArray[np.floating], counts: npt.NDArray[np.int64], take: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.floating]]:
@@ -207,7 +207,7 @@ def _sorted_heads(
     return row_index, kept
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _insert_best(
     scores: npt.NDArray[np.floating],
     start: int,
@@ -231,7 +231,7 @@ def _insert_best(
         size = min(size + 1, k)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _merge_sort(
     scores: npt.NDArray[np.floating],
     start: int,

@@ -13,10 +13,10 @@ size; a zero count ends); a union is a long branch index then the branch.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from model.kernels import kernel
 from pipeline.connectors.avro.rules import (
     STATUS_ID_OUT_OF_RANGE,
     STATUS_INVALID_EVENT_TIME,
@@ -36,7 +36,7 @@ _INT_MIN = -(2**31)
 _INT_MAX = 2**31 - 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _varint(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int]:
     """Zigzag varint at ``pos``; returns (value, next pos), next pos -1 past ``end``."""
     result = np.uint64(0)
@@ -55,7 +55,7 @@ def _varint(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int]:
     return int(value), pos
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _utf8_ok(buf: npt.NDArray[np.uint8], start: int, end: int) -> bool:
     """Whether ``buf[start:end]`` is valid UTF-8 (what Python's strict decoder accepts)."""
     i = start
@@ -91,7 +91,7 @@ def _utf8_ok(buf: npt.NDArray[np.uint8], start: int, end: int) -> bool:
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _string(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int, int]:
     """A string at ``pos``: (start, length, next pos); next pos -1 when malformed."""
     length, pos = _varint(buf, pos, end)
@@ -100,7 +100,7 @@ def _string(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int, i
     return pos, length, pos + length
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _long_array(
     buf: npt.NDArray[np.uint8], pos: int, end: int, out: npt.NDArray[np.int64], n_out: int
 ) -> tuple[int, int]:
@@ -127,7 +127,7 @@ def _long_array(
             count += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _fnv1a(buf: npt.NDArray[np.uint8], start: int, length: int) -> int:
     """64-bit FNV-1a of a byte range (a key for caching the categorical hash)."""
     h = np.uint64(0xCBF29CE484222325)
@@ -136,7 +136,7 @@ def _fnv1a(buf: npt.NDArray[np.uint8], start: int, length: int) -> int:
     return int(np.int64(h ^ np.uint64(length)))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _event_header(
     buf: npt.NDArray[np.uint8],
     pos: int,
@@ -161,7 +161,7 @@ def _event_header(
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _strings_ok(buf: npt.NDArray[np.uint8], strings: npt.NDArray[np.int64], limit: int) -> bool:
     """event_id, device and country each hold 1 to ``limit`` characters (UTF-8 code points:
     the bytes that are not continuation bytes)."""
@@ -176,7 +176,7 @@ def _strings_ok(buf: npt.NDArray[np.uint8], strings: npt.NDArray[np.int64], limi
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def decode_user_events(
     buf: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
@@ -283,7 +283,7 @@ def decode_user_events(
     return n_cand, n_recent
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def string_keys(
     buf: npt.NDArray[np.uint8], strings: npt.NDArray[np.int64], column: int
 ) -> npt.NDArray[np.int64]:
@@ -294,7 +294,7 @@ def string_keys(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _put_long(out: npt.NDArray[np.uint8], pos: int, value: int) -> int:
     """Zigzag varint of ``value`` at ``out[pos:]``; returns the next position."""
     n = (np.uint64(value) << np.uint64(1)) ^ np.uint64(value >> 63)
@@ -306,7 +306,7 @@ def _put_long(out: npt.NDArray[np.uint8], pos: int, value: int) -> int:
     return pos + 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _put_bytes(
     out: npt.NDArray[np.uint8], pos: int, data: npt.NDArray[np.uint8], start: int, end: int
 ) -> int:
@@ -316,7 +316,7 @@ def _put_bytes(
     return pos + end - start
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_fallbacks(
     out: npt.NDArray[np.uint8],
     pos: int,
@@ -337,7 +337,7 @@ def put_fallbacks(
     return pos + 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def encode_recommendations(
     header: npt.NDArray[np.uint8],
     event_ids: npt.NDArray[np.uint8],

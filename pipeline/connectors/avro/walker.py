@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from model.kernels import kernel
 from pipeline.connectors.avro.kernels import _string, _varint
 from pipeline.connectors.avro.program import Program
 from pipeline.connectors.avro.rules import STATUS_OK, STATUS_UNDECODABLE
@@ -115,7 +115,7 @@ def walk(
     )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _chars(buf: npt.NDArray[np.uint8], start: int, length: int) -> int:
     """Characters of valid UTF-8: the bytes that are not continuation bytes."""
     n = 0
@@ -124,7 +124,7 @@ def _chars(buf: npt.NDArray[np.uint8], start: int, length: int) -> int:
     return n
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _walk(
     buf: npt.NDArray[np.uint8],
     starts: I64,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from model.kernels import kernel
 from pipeline.connectors.avro.kernels import _put_bytes, _put_long, put_fallbacks
 from pipeline.connectors.avro.write_program import (
     CONST,
@@ -128,7 +128,7 @@ def write_records(program: WriteProgram, columns: OutputColumns) -> tuple[U8, I6
     return out, out_offsets
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _decimal(data: U8, start: int, end: int) -> int:
     """The long written as decimal text in ``data[start:end]`` (an event id that was a long)."""
     value = 0
@@ -141,7 +141,7 @@ def _decimal(data: U8, start: int, end: int) -> int:
     return -value if negative else value
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _copy(out: U8, pos: int, data: U8, start: int, length: int) -> int:
     """``data[start:start + length]`` to ``out[pos:]`` (a few bytes: no slices made)."""
     for k in range(length):
@@ -149,7 +149,7 @@ def _copy(out: U8, pos: int, data: U8, start: int, length: int) -> int:
     return pos + length
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _write(
     ops: I64,
     pool: U8,

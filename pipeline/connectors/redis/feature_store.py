@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numba
 import numpy as np
 import numpy.typing as npt
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from model.kernels import kernel
 from pipeline.settings.redis import RedisSettings
 
 INT64 = np.dtype("<i8")
@@ -81,7 +81,7 @@ def mget_request(
     return out[:end].tobytes()
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _put_keys(
     prefix: npt.NDArray[np.uint8], ids: npt.NDArray[np.int64], out: npt.NDArray[np.uint8], at: int
 ) -> int:
@@ -93,7 +93,7 @@ def _put_keys(
     return at
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def put_bulk_key(
     prefix: npt.NDArray[np.uint8],
     v: np.int64,
@@ -124,7 +124,7 @@ def put_bulk_key(
     return at + 2
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _decimal_digits(value: np.uint64) -> int:
     digits = 1
     rest = value // np.uint64(10)
@@ -134,7 +134,7 @@ def _decimal_digits(value: np.uint64) -> int:
     return digits
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _put_decimal(value: np.uint64, digits: int, out: npt.NDArray[np.uint8], at: int) -> int:
     """Write ``value`` (``digits`` decimal digits) in decimal from ``out[at]``; returns the end."""
     for j in range(digits):

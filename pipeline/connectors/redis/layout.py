@@ -35,12 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 import redis
 
 from model.features.mapping import RecordKind, RecordLayout
+from model.kernels import kernel
 from pipeline.connectors.redis.feature_store import put_bulk_key
 from pipeline.settings.features import RecordFormat
 
@@ -106,7 +106,7 @@ def hmget_commands(layout: RecordLayout, ids: npt.NDArray[np.int64]) -> bytes:
     return keyed_commands(layout.key, ids, head, hmget_tail(layout))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _put_keyed(
     prefix: npt.NDArray[np.uint8],
     suffix: npt.NDArray[np.uint8],
@@ -274,7 +274,7 @@ def parse_packed(
     return rows
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _parse_packed(
     data: npt.NDArray[np.uint8],
     lengths: npt.NDArray[np.int64],

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from model.features.mapping import EventField, FeatureMap, Store
 from model.features.segments import offsets, positions
 from model.features.spec import string_to_id
+from model.kernels import kernel
 from pipeline.connectors.avro.kernels import _fnv1a
 from pipeline.connectors.avro.program import Program
 from pipeline.connectors.avro.rules import EARLIEST_EVENT_MS, Limits
@@ -43,7 +43,7 @@ _CACHE = 100_000
 """Distinct strings whose 64-bit id is remembered (cleared when full)."""
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _keys(buf: npt.NDArray[np.uint8], starts: I64, lengths: I64) -> I64:
     out = np.empty(len(starts), dtype=np.int64)
     for i in range(len(starts)):

@@ -36,12 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numba
 import numpy as np
 import numpy.typing as npt
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+
+from model.kernels import kernel
 
 __all__ = ["CacheLookup", "FeatureCache"]
 
@@ -78,13 +79,13 @@ def _prefetch_intrinsic(typingctx: object, array: types.Array, index: types.Inte
 _prefetch = cast(Callable[[npt.NDArray[np.int64], int], None], _prefetch_intrinsic)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _home(key: int, mask: int) -> int:
     h = np.uint64(key) * _MIX
     return int(np.int64((h ^ (h >> np.uint64(29))) & np.uint64(mask)))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _row_of(table: npt.NDArray[np.int64], key: int, mask: int) -> int:
     """The row holding ``key``, or the empty row where it would go."""
     pos = _home(key, mask)
@@ -93,7 +94,7 @@ def _row_of(table: npt.NDArray[np.int64], key: int, mask: int) -> int:
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _lookup(
     table: npt.NDArray[np.int64],
     words: npt.NDArray[np.int64],
@@ -153,7 +154,7 @@ def _lookup(
     return out_ints, out_floats, out_side, missing, missing_rows[:misses], served
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _fill(
     ints: npt.NDArray[np.int64],
     floats: npt.NDArray[np.float32],
@@ -177,7 +178,7 @@ def _fill(
         side[r, :] = new_side[s, :]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _delete(table: npt.NDArray[np.int64], pos: int, mask: int) -> None:
     """Empty row ``pos`` and shift back the rows of its probe run (no tombstones)."""
     words = table.shape[1]
@@ -194,7 +195,7 @@ def _delete(table: npt.NDArray[np.int64], pos: int, mask: int) -> None:
         nxt = (nxt + 1) & mask
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _store(
     table: npt.NDArray[np.int64],
     floats: npt.NDArray[np.float32],
@@ -237,7 +238,7 @@ def _store(
     return next_slot
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _clear_stamps(table: npt.NDArray[np.int64]) -> None:
     for pos in range(table.shape[0]):
         table[pos, 1] &= _LOW
