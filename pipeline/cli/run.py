@@ -30,6 +30,7 @@ from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
 from pipeline.jobs.launch import Launch
 from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, write_rank_summary
+from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary, json_line
 from pipeline.settings.loading import Settings, check_ingest_workers
 
@@ -176,7 +177,7 @@ def _launch(
             rdzv_endpoint,
             stop_timeout_s=settings.shutdown.timeout_s + STOP_MARGIN_S,
         )
-        options = settings.model.serving_options(settings.batching.max_batch_rows)
+        options = serving_options(settings)
         options.check(launch.nproc * launch.nnodes)
         if settings.model.module is not None and launch.nproc * launch.nnodes > 1:
             check_module_sharding(settings.model.module.to_config(), options.sharding)

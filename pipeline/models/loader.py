@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from model.rank import RankContext
+from model.serving.options import ServingOptions
 from pipeline.models.catalogue import (
     configured_catalogue,
     load_catalogue,
@@ -58,10 +58,17 @@ if TYPE_CHECKING:
     from model.module.store import CheckedVersion
     from model.module.types import ModuleConfig
     from model.retrieval.index import VectorIndex
-    from model.serving import Scorer, ServingOptions
+    from model.serving import Scorer
     from pipeline.models.preflight import ConfiguredModel
 
-__all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel", "max_event_rows"]
+__all__ = [
+    "IncompatibleModel",
+    "ModelLoader",
+    "PendingModel",
+    "ServedModel",
+    "max_event_rows",
+    "serving_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -140,21 +147,6 @@ class ModelLoader:
         self._module = configured
         """``[model.module]`` resolved: its config, feature map and retrieval plan."""
 
-    def options(self, checkpoint: Path, checked: CheckedVersion | None = None) -> ServingOptions:
-        """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
-        ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``), with
-        its version as :meth:`load_local` ``checked`` it (``None``: the scorer checks it)."""
-        settings = self.settings
-        options = settings.model.serving_options(
-            settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
-        )
-        configured = self.configured()
-        if configured is None:
-            return options
-        return dataclasses.replace(
-            options, module=configured.module, layout=configured.fmap.layout, checked=checked
-        )
-
     def configured(self) -> ConfiguredModel | None:
         """The configured model (its config, feature map and retrieval plan), resolved once
         per process; ``None`` for the built-in model."""
@@ -212,7 +204,8 @@ class ModelLoader:
         else:
             from model.serving import ScorerFactory
 
-            scorer = ScorerFactory(self.options(checkpoint, checked), self.rank).create_scorer()
+            options = serving_options(self.settings, configured, checkpoint, checked)
+            scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
         return PendingModel(checkpoint, version, index, scorer, checked)
 
@@ -227,7 +220,9 @@ class ModelLoader:
         if scorer is None:
             from model.serving import ScorerFactory
 
-            options = self.options(pending.path, pending.checked)
+            options = serving_options(
+                self.settings, self.configured(), pending.path, pending.checked
+            )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
@@ -308,6 +303,48 @@ def _empty_catalogue(source: CatalogueSource) -> None:
         "retrieval: the item catalogue (%s) is empty: events without candidates go to "
         "the dead-letter topic (no_candidates) until a model version loads with items",
         source.value,
+    )
+
+
+def serving_options(
+    settings: Settings,
+    configured: ConfiguredModel | None = None,
+    checkpoint: Path | None = None,
+    checked: CheckedVersion | None = None,
+) -> ServingOptions:
+    """The complete serving options of ``settings``: what the one
+    :class:`~model.serving.ScorerFactory` builds, for the loader, ``run``'s launch check and
+    the benchmarks alike (the same batch and graph shapes everywhere).
+
+    Args:
+        settings: ``[model]`` (device, precision, quantize, compile, sharding),
+            ``batching.max_batch_rows`` and the largest one-event batch
+            (:func:`max_event_rows`).
+        configured: the configured model (``[model.module]`` resolved: its module config and
+            feature map's layout); ``None``: the built-in model.
+        checkpoint: the version to serve (a versions directory's current version); default
+            ``model.checkpoint``.
+        checked: ``checkpoint``'s version, its architecture checked against ``configured``
+            (``None``: the scorer checks it); ignored for the built-in model.
+
+    Example::
+
+        ScorerFactory(serving_options(settings)).create_scorer()
+    """
+    model = settings.model
+    return ServingOptions(
+        checkpoint=checkpoint or model.checkpoint,
+        device=model.device,
+        quantize=model.quantize,
+        compile=model.compile,
+        compile_mode=model.compile_mode,
+        precision=model.precision,
+        sharding=model.sharding.config,
+        max_batch_rows=settings.batching.max_batch_rows,
+        max_event_rows=max_event_rows(settings),
+        module=configured.module if configured is not None else None,
+        layout=configured.fmap.layout if configured is not None else None,
+        checked=checked if configured is not None else None,
     )
 
 

@@ -116,7 +116,7 @@ class ScoringPipeline:
 
     Example::
 
-        scorer = ScorerFactory(settings.model.serving_options(4096)).create_scorer()
+        scorer = ScorerFactory(serving_options(settings)).create_scorer()
         summary = ScoringPipeline(load_settings(), scorer).run(exit_when_idle_s=5)
     """
 
