@@ -32,7 +32,7 @@ from pipeline.jobs.launch import Launch
 from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, write_rank_summary
 from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary, json_line
-from pipeline.settings.loading import Settings, check_ingest_workers
+from pipeline.settings.loading import Settings
 
 log = logging.getLogger("streamrank")
 
@@ -95,10 +95,6 @@ def run(
     events; each rank's own figures under "ranks"), and --summary-json writes that one file.
     """
     settings = command_settings(ctx, config)
-    try:
-        check_ingest_workers(settings)
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
     rank = RankContext.from_env()
     # The launcher (not a rank torchrun started) checks the launch options first, and the
     # model options against the job's size; the ranks run without --nproc.
