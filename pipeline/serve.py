@@ -178,7 +178,7 @@ def build_pipeline(
     loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
-    resolved = loader.configured()
+    resolved = served.configured
     return ScoringPipeline(
         settings,
         served.scorer,

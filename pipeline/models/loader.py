@@ -87,10 +87,13 @@ class ServedModel:
     Attributes:
         scorer: the model (not warmed up on the scoring thread yet).
         index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+        configured: the configured model it serves (its feature map and output contract, for
+            the loop), as the loader resolved it once; ``None`` for the built-in model.
     """
 
     scorer: Scorer
     index: VectorIndex | None
+    configured: ConfiguredModel | None = None
 
     @property
     def version(self) -> str:
@@ -110,6 +113,8 @@ class PendingModel:
             ranks build it together (:meth:`ModelLoader.complete`).
         checked: a configured module's version, its architecture checked (its scorer does
             not check it again); ``None`` for the built-in model.
+        configured: the configured model (:meth:`ModelLoader.configured`); ``None`` for the
+            built-in model.
     """
 
     path: Path
@@ -117,6 +122,7 @@ class PendingModel:
     index: VectorIndex | None
     scorer: Scorer | None
     checked: CheckedVersion | None = None
+    configured: ConfiguredModel | None = None
 
 
 class ModelLoader:
@@ -207,7 +213,7 @@ class ModelLoader:
             options = serving_options(self.settings, configured, checkpoint, checked)
             scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, version, index, scorer, checked)
+        return PendingModel(checkpoint, version, index, scorer, checked, configured)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -221,12 +227,12 @@ class ModelLoader:
             from model.serving import ScorerFactory
 
             options = serving_options(
-                self.settings, self.configured(), pending.path, pending.checked
+                self.settings, pending.configured, pending.path, pending.checked
             )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
-        return ServedModel(scorer, pending.index)
+        return ServedModel(scorer, pending.index, pending.configured)
 
     def _check_compatible(self, spec: FeatureSpec) -> None:
         served = self._spec
