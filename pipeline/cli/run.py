@@ -176,7 +176,7 @@ def _launch(
         options = serving_options(settings)
         options.check(launch.nproc * launch.nnodes)
         if settings.model.module is not None and launch.nproc * launch.nnodes > 1:
-            check_module_sharding(settings.model.module.to_config(), options.sharding)
+            check_module_sharding(settings.model.module.config, options.sharding)
     except ValueError as exc:  # UnsupportedOption included
         raise UserError(str(exc)) from exc
     return launch
