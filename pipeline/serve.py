@@ -20,7 +20,8 @@ and consumer-group member whose forwards run here) and becomes their scoring ser
 (:mod:`pipeline.ingest`). With a configured model (``[model.module]``) the scoring server
 follows a versions directory as the loop does; the built-in model (whose versions may change
 the feature spec the workers lay their input out with) and retrieval (an index in every
-worker) serve one version (:func:`check_ingest_workers`).
+worker) serve one version (refused with a versions directory to follow when the
+:class:`~pipeline.settings.loading.Settings` are validated).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.runtime.model_swap import ModelSwap
 from pipeline.runtime.stepping import ProcessGroup, StepAgreement, Stepper
-from pipeline.settings.loading import Settings, check_ingest_workers
+from pipeline.settings.loading import Settings
 from pipeline.stages.enrich.enricher import BatchEnricher
 
 if TYPE_CHECKING:
@@ -87,8 +88,6 @@ def serve(
 
     Raises:
         UnsupportedOption: a ``[model]`` option this job cannot serve.
-        ValueError: ingest workers with a versions directory to follow, serving the built-in
-            model or retrieving (:func:`check_ingest_workers`).
 
     Example::
 
@@ -106,7 +105,6 @@ def serve(
         )
     try:
         if settings.batching.ingest_workers:
-            check_ingest_workers(settings)
             loader = ModelLoader(settings, rank, configured=configured)
             served = loader.load(checkpoint or settings.model.checkpoint)
             _model_metrics(metrics, served.scorer)
@@ -180,7 +178,7 @@ def build_pipeline(
     loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
-    resolved = loader.configured()
+    resolved = served.configured
     return ScoringPipeline(
         settings,
         served.scorer,

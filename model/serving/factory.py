@@ -70,9 +70,7 @@ class ScorerFactory:
             module = load_single(options, served, device)
         shapes: tuple[GraphShape, ...] = ()
         if records_cuda_graphs(options.compile, options.compile_mode, device):
-            shapes = graph_shapes(
-                served.layout, max(options.max_batch_rows, options.max_event_rows)
-            )
+            shapes = graph_shapes(served.layout, options.largest_batch_rows)
         return Scorer(
             module,
             served.spec or served.layout,

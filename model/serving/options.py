@@ -71,6 +71,13 @@ class ServingOptions:
         if self.module is not None and self.layout is None:
             raise ValueError("a configured module needs the input layout of its feature map")
 
+    @property
+    def largest_batch_rows(self) -> int:
+        """Rows of the largest batch served: ``max_batch_rows``, or one event alone when it
+        brings more (``max_event_rows``): the largest graph shape, and the ingest workers'
+        slots."""
+        return max(self.max_batch_rows, self.max_event_rows)
+
     def check(self, world_size: int) -> None:
         """Refuse what a job of ``world_size`` ranks cannot serve.
 

@@ -217,7 +217,7 @@ def plan(
 
     if settings.model.module is not None and nproc > 1:
         try:
-            check_module_sharding(settings.model.module.to_config(), settings.model.sharding.config)
+            check_module_sharding(settings.model.module.config, settings.model.sharding.config)
         except ValueError as error:
             raise UserError(str(error)) from error
     tables = _planned_tables(settings)

@@ -30,8 +30,9 @@ from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
 from pipeline.jobs.launch import Launch
 from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, write_rank_summary
+from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary, json_line
-from pipeline.settings.loading import Settings, check_ingest_workers
+from pipeline.settings.loading import Settings
 
 log = logging.getLogger("streamrank")
 
@@ -94,10 +95,6 @@ def run(
     events; each rank's own figures under "ranks"), and --summary-json writes that one file.
     """
     settings = command_settings(ctx, config)
-    try:
-        check_ingest_workers(settings)
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
     rank = RankContext.from_env()
     # The launcher (not a rank torchrun started) checks the launch options first, and the
     # model options against the job's size; the ranks run without --nproc.
@@ -176,10 +173,10 @@ def _launch(
             rdzv_endpoint,
             stop_timeout_s=settings.shutdown.timeout_s + STOP_MARGIN_S,
         )
-        options = settings.model.serving_options(settings.batching.max_batch_rows)
+        options = serving_options(settings)
         options.check(launch.nproc * launch.nnodes)
         if settings.model.module is not None and launch.nproc * launch.nnodes > 1:
-            check_module_sharding(settings.model.module.to_config(), options.sharding)
+            check_module_sharding(settings.model.module.config, options.sharding)
     except ValueError as exc:  # UnsupportedOption included
         raise UserError(str(exc)) from exc
     return launch

@@ -60,8 +60,8 @@ class SlotShape:
     """Capacity of one slot.
 
     Attributes:
-        rows: rows of the largest batch (``max(max_batch_rows, codec.max_candidates)``: one
-            event larger than a batch is a batch alone).
+        rows: rows of the largest batch (``ServingOptions.largest_batch_rows``: one event
+            larger than a batch is a batch alone).
         values: KJT values of the largest batch (every key one value per row, plus the recent
             items, at most ``recent_items_cap`` per row).
         num_keys: sparse features.

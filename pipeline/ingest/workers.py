@@ -52,7 +52,7 @@ from pipeline.ingest.transport import (
     StartConsuming,
     WorkerDone,
 )
-from pipeline.models.loader import max_event_rows
+from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings, picklable
 
@@ -239,7 +239,7 @@ class IngestWorkers:
 
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
-        max_rows = max(self.settings.batching.max_batch_rows, max_event_rows(self.settings))
+        max_rows = serving_options(self.settings).largest_batch_rows  # the scorer's largest
         shape = SlotShape.for_model(self.inputs, self.output, max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):

@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from model.rank import RankContext
+from model.serving.options import ServingOptions
 from pipeline.models.catalogue import (
     configured_catalogue,
     load_catalogue,
@@ -58,10 +58,17 @@ if TYPE_CHECKING:
     from model.module.store import CheckedVersion
     from model.module.types import ModuleConfig
     from model.retrieval.index import VectorIndex
-    from model.serving import Scorer, ServingOptions
+    from model.serving import Scorer
     from pipeline.models.preflight import ConfiguredModel
 
-__all__ = ["IncompatibleModel", "ModelLoader", "PendingModel", "ServedModel", "max_event_rows"]
+__all__ = [
+    "IncompatibleModel",
+    "ModelLoader",
+    "PendingModel",
+    "ServedModel",
+    "max_event_rows",
+    "serving_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +87,13 @@ class ServedModel:
     Attributes:
         scorer: the model (not warmed up on the scoring thread yet).
         index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+        configured: the configured model it serves (its feature map and output contract, for
+            the loop), as the loader resolved it once; ``None`` for the built-in model.
     """
 
     scorer: Scorer
     index: VectorIndex | None
+    configured: ConfiguredModel | None = None
 
     @property
     def version(self) -> str:
@@ -103,6 +113,8 @@ class PendingModel:
             ranks build it together (:meth:`ModelLoader.complete`).
         checked: a configured module's version, its architecture checked (its scorer does
             not check it again); ``None`` for the built-in model.
+        configured: the configured model (:meth:`ModelLoader.configured`); ``None`` for the
+            built-in model.
     """
 
     path: Path
@@ -110,6 +122,7 @@ class PendingModel:
     index: VectorIndex | None
     scorer: Scorer | None
     checked: CheckedVersion | None = None
+    configured: ConfiguredModel | None = None
 
 
 class ModelLoader:
@@ -139,21 +152,6 @@ class ModelLoader:
         self._spec: FeatureSpec | None = None
         self._module = configured
         """``[model.module]`` resolved: its config, feature map and retrieval plan."""
-
-    def options(self, checkpoint: Path, checked: CheckedVersion | None = None) -> ServingOptions:
-        """The serving options of ``checkpoint`` (the largest one-event batch is the larger of
-        ``codec.max_candidates`` and, with retrieval on, ``retrieval.num_candidates``), with
-        its version as :meth:`load_local` ``checked`` it (``None``: the scorer checks it)."""
-        settings = self.settings
-        options = settings.model.serving_options(
-            settings.batching.max_batch_rows, max_event_rows(settings), checkpoint
-        )
-        configured = self.configured()
-        if configured is None:
-            return options
-        return dataclasses.replace(
-            options, module=configured.module, layout=configured.fmap.layout, checked=checked
-        )
 
     def configured(self) -> ConfiguredModel | None:
         """The configured model (its config, feature map and retrieval plan), resolved once
@@ -212,9 +210,10 @@ class ModelLoader:
         else:
             from model.serving import ScorerFactory
 
-            scorer = ScorerFactory(self.options(checkpoint, checked), self.rank).create_scorer()
+            options = serving_options(self.settings, configured, checkpoint, checked)
+            scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, version, index, scorer, checked)
+        return PendingModel(checkpoint, version, index, scorer, checked, configured)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -227,11 +226,13 @@ class ModelLoader:
         if scorer is None:
             from model.serving import ScorerFactory
 
-            options = self.options(pending.path, pending.checked)
+            options = serving_options(
+                self.settings, pending.configured, pending.path, pending.checked
+            )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
-        return ServedModel(scorer, pending.index)
+        return ServedModel(scorer, pending.index, pending.configured)
 
     def _check_compatible(self, spec: FeatureSpec) -> None:
         served = self._spec
@@ -308,6 +309,48 @@ def _empty_catalogue(source: CatalogueSource) -> None:
         "retrieval: the item catalogue (%s) is empty: events without candidates go to "
         "the dead-letter topic (no_candidates) until a model version loads with items",
         source.value,
+    )
+
+
+def serving_options(
+    settings: Settings,
+    configured: ConfiguredModel | None = None,
+    checkpoint: Path | None = None,
+    checked: CheckedVersion | None = None,
+) -> ServingOptions:
+    """The complete serving options of ``settings``: what the one
+    :class:`~model.serving.ScorerFactory` builds, for the loader, ``run``'s launch check and
+    the benchmarks alike (the same batch and graph shapes everywhere).
+
+    Args:
+        settings: ``[model]`` (device, precision, quantize, compile, sharding),
+            ``batching.max_batch_rows`` and the largest one-event batch
+            (:func:`max_event_rows`).
+        configured: the configured model (``[model.module]`` resolved: its module config and
+            feature map's layout); ``None``: the built-in model.
+        checkpoint: the version to serve (a versions directory's current version); default
+            ``model.checkpoint``.
+        checked: ``checkpoint``'s version, its architecture checked against ``configured``
+            (``None``: the scorer checks it); ignored for the built-in model.
+
+    Example::
+
+        ScorerFactory(serving_options(settings)).create_scorer()
+    """
+    model = settings.model
+    return ServingOptions(
+        checkpoint=checkpoint or model.checkpoint,
+        device=model.device,
+        quantize=model.quantize,
+        compile=model.compile,
+        compile_mode=model.compile_mode,
+        precision=model.precision,
+        sharding=model.sharding.config,
+        max_batch_rows=settings.batching.max_batch_rows,
+        max_event_rows=max_event_rows(settings),
+        module=configured.module if configured is not None else None,
+        layout=configured.fmap.layout if configured is not None else None,
+        checked=checked if configured is not None else None,
     )
 
 

@@ -224,7 +224,7 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
 
     Args:
         settings: ``[events]``, ``[features]`` and ``[model.module]``.
-        module: the module config (default ``settings.model.module.to_config()``).
+        module: the module config (default ``settings.model.module.config``).
 
     Returns:
         The resolved map (KJT keys in the order of the module's tables' features).
@@ -235,7 +235,7 @@ def resolve_feature_map(settings: Settings, module: ModuleConfig | None = None) 
     if module is None:
         if settings.model.module is None:
             raise FeatureMapError("[features] maps a configured model: set [model.module]")
-        module = settings.model.module.to_config()
+        module = settings.model.module.config
     features = settings.features
     schema, schema_name = load_event_schema(settings.events.schema_file)
     roles = event_roles(settings, schema)

@@ -86,11 +86,16 @@ def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
         raise ModelConfigError("no [model.module]: the built-in model is served")
     fmap = resolve_feature_map(settings)
     layout = fmap.layout
-    config = settings.model.module.to_config(
-        dict(zip(layout.keys, layout.ids_per_key, strict=True))
+    per_key = dict(zip(layout.keys, layout.ids_per_key, strict=True))
+    config = settings.model.module.config
+    tables = tuple(
+        dataclasses.replace(
+            t, ids_per_row=max((per_key.get(f, 1) for f in t.feature_names), default=1)
+        )
+        for t in config.tables
     )
     output = dataclasses.replace(config.output, task_columns=published_columns(settings))
-    return dataclasses.replace(config, output=output), fmap
+    return dataclasses.replace(config, tables=tables, output=output), fmap
 
 
 def resolve_configured_model(settings: Settings) -> ConfiguredModel:
@@ -129,9 +134,9 @@ def check_configured_model(settings: Settings, checkpoint: Path | None = None) -
         ModelConfigError / FeatureMapError / OutputContractError: the first mistake, one line
             naming the key.
     """
-    fmap_config = settings.model.module
-    assert fmap_config is not None
-    probe = build_module(fmap_config.to_config(), "meta", embedding_device="meta")
+    module = settings.model.module
+    assert module is not None
+    probe = build_module(module.config, "meta", embedding_device="meta")
     tables = module_tables(probe)
     served = {f for t in tables for f in t.feature_names}
     collections(probe)  # refuses the embedding modules the contract does not serve

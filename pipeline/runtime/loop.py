@@ -116,7 +116,7 @@ class ScoringPipeline:
 
     Example::
 
-        scorer = ScorerFactory(settings.model.serving_options(4096)).create_scorer()
+        scorer = ScorerFactory(serving_options(settings)).create_scorer()
         summary = ScoringPipeline(load_settings(), scorer).run(exit_when_idle_s=5)
     """
 
@@ -138,27 +138,28 @@ class ScoringPipeline:
         self.scorer = scorer
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
-        batching, retrieval = settings.batching, settings.retrieval
-        # decode, enrich, features: the built-in model's, or those of [model.module]'s map
+        self.models = models
+        # the settings first: batching, the stop's deadline, the retrieved candidates
+        batching = settings.batching
+        self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
+        self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
+        overlap = batching.overlap_forward
+        self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
+        self.shutdown = Shutdown(settings.shutdown.timeout_s)
+        num_candidates = settings.retrieval.config.num_candidates
+        self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
+        self.collective = self.stepper.collective
+        # then the model's input and output: decode, enrich, features (the built-in model's,
+        # or those of [model.module]'s map) and [output], as the loader resolved them, else
+        # resolved here
         inputs = serving_inputs(
             settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
         self.decoder = inputs.decoder
-        # [output], or the built-in: as the loader resolved it, else resolved here
-        self.output = output or resolve_output(settings, inputs.feature_map)
-        self.retriever = CandidateRetriever(
-            index, retrieval.config.num_candidates, self.metrics, inputs.enricher
-        )
-        self.models = models
         self.enricher: BatchEnricher = inputs.enricher
         self.features = inputs.features
-        self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
-        self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
-        self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
-        self.collective = self.stepper.collective
-        overlap = batching.overlap_forward
-        self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
-        self.shutdown = Shutdown(settings.shutdown.timeout_s)
+        self.output = output or resolve_output(settings, inputs.feature_map)
+        self.retriever = CandidateRetriever(index, num_candidates, self.metrics, inputs.enricher)
         self.summary = RunSummary()
         self._clients = clients
         self._run: _Run | None = None

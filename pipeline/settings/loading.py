@@ -116,6 +116,33 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _ingest_workers_serve_one_version(self) -> Settings:
+        """Refuse ingest workers where the job would follow a versions directory it cannot swap
+        with workers (one line, for the CLI).
+
+        With ingest workers the scorer lives in the scoring process and the model input is built
+        in K other processes. The scoring process swaps a configured model's versions between
+        two forwards (its input is laid out by the configuration, the same for every version of
+        the architecture). The built-in model's versions carry the feature spec the workers lay
+        their input out with (table sizes), and a retrieval index lives in every worker: no swap
+        step spans them. So ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
+        ``model.checkpoint`` a versions directory is refused serving the built-in model or with
+        ``[retrieval]`` on.
+        """
+        root = self.model.checkpoint
+        workers = self.batching.ingest_workers
+        if not (workers and self.model_swap.enabled and is_versions_dir(root)):
+            return self
+        if self.model.module is None or self.retrieval.enabled:
+            what = "the built-in model" if self.model.module is None else "retrieval"
+            raise ValueError(
+                f"batching.ingest_workers = {workers} cannot follow the model versions of {root} "
+                f"with {what} (a live model swap needs ingest_workers = 0): set "
+                "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -144,39 +171,6 @@ def picklable(settings: Settings, **replaced: Any) -> Settings:
     """
     sections = {name: getattr(settings, name) for name in Settings.model_fields}
     return Settings.model_construct(**{**sections, **replaced})
-
-
-def check_ingest_workers(settings: Settings) -> None:
-    """Refuse ingest workers where the job would follow a versions directory it cannot swap
-    with workers.
-
-    With ingest workers the scorer lives in the scoring process and the model input is built in
-    K other processes. The scoring process swaps a configured model's versions between two
-    forwards (its input is laid out by the configuration, the same for every version of the
-    architecture). The built-in model's versions carry the feature spec the workers lay their
-    input out with (table sizes), and a retrieval index lives in every worker: no swap step spans
-    them.
-
-    Raises:
-        ValueError: ``batching.ingest_workers > 0`` with ``model_swap.enabled`` and
-            ``model.checkpoint`` a versions directory, serving the built-in model or with
-            ``[retrieval]`` on (one line, for the CLI).
-
-    Example::
-
-        check_ingest_workers(load_settings())
-    """
-    root = settings.model.checkpoint
-    workers = settings.batching.ingest_workers
-    if not (workers and settings.model_swap.enabled and is_versions_dir(root)):
-        return
-    if settings.model.module is None or settings.retrieval.enabled:
-        what = "the built-in model" if settings.model.module is None else "retrieval"
-        raise ValueError(
-            f"batching.ingest_workers = {workers} cannot follow the model versions of {root} "
-            f"with {what} (a live model swap needs ingest_workers = 0): set "
-            "model_swap.enabled = false to serve its current version, or ingest_workers = 0"
-        )
 
 
 def unknown_env_settings(environ: Mapping[str, str]) -> list[str]:

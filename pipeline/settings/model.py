@@ -21,7 +21,6 @@ from model.distributed.config import (
 )
 from model.features.spec import SPEC_SETTING_KEYS, FeatureSpec
 from model.options import CompileMode, Precision, QuantDtype
-from model.serving.options import ServingOptions
 from pipeline.settings.module import ModuleSettings
 from pipeline.settings.section import ConfigSection, Section, keys_of
 
@@ -126,26 +125,3 @@ class ModelSettings(Section):
     def feature_spec(self) -> FeatureSpec:
         """The :class:`model.features.spec.FeatureSpec` these settings describe."""
         return FeatureSpec.from_settings(self.model_dump(include=set(SPEC_SETTING_KEYS)))
-
-    def serving_options(
-        self, max_batch_rows: int, max_event_rows: int = 1000, checkpoint: Path | None = None
-    ) -> ServingOptions:
-        """What :class:`~model.serving.ScorerFactory` builds from these settings.
-
-        Args:
-            max_batch_rows: ``batching.max_batch_rows`` (planner input, largest graph shape).
-            max_event_rows: ``codec.max_candidates`` (the largest one-event batch).
-            checkpoint: the checkpoint to serve (a versions directory's current version);
-                default ``checkpoint``.
-        """
-        return ServingOptions(
-            checkpoint=checkpoint or self.checkpoint,
-            device=self.device,
-            quantize=self.quantize,
-            compile=self.compile,
-            compile_mode=self.compile_mode,
-            precision=self.precision,
-            sharding=self.sharding.config,
-            max_batch_rows=max_batch_rows,
-            max_event_rows=max_event_rows,
-        )

@@ -25,11 +25,10 @@ in front of each pooled table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from model.module.types import (
     Activation,
@@ -110,19 +109,23 @@ class ModuleSettings(Section):
     """A directory put first on the import path for the factory (your own code); unset:
     installed packages only. Never a model version directory."""
 
+    _config: ModuleConfig = PrivateAttr()
+
     @model_validator(mode="after")
     def _valid(self) -> ModuleSettings:
-        self.to_config()  # ModelConfigError is a ValueError: one line naming the key
+        # ModelConfigError is a ValueError: one line naming the key
+        self._config = self._module_config()
         return self
 
-    def to_config(self, ids_per_key: Mapping[str, int] | None = None) -> ModuleConfig:
-        """The :class:`~model.module.types.ModuleConfig` these settings describe.
+    @property
+    def config(self) -> ModuleConfig:
+        """The :class:`~model.module.types.ModuleConfig` these settings describe (made once, when
+        the section was read): the start-up checks, the feature map and the sharding checks
+        read it; the served config adds the feature map's ids per key
+        (:func:`pipeline.models.preflight.configured_module`)."""
+        return self._config
 
-        Args:
-            ids_per_key: the most ids a row carries per KJT key (the planner's pooling
-                factors, from the feature map); keys left out count 1.
-        """
-        per_key = dict(ids_per_key or {})
+    def _module_config(self) -> ModuleConfig:
         tables = tuple(
             TableConfig(
                 t.name,
@@ -130,7 +133,6 @@ class ModuleSettings(Section):
                 t.embedding_dim,
                 tuple(t.features),
                 t.pooling,
-                ids_per_row=max((per_key.get(f, 1) for f in t.features), default=1),
                 kind=t.kind,
             )
             for t in self.tables

@@ -32,6 +32,7 @@ from pipeline.connectors.avro.reference import (
 )
 from pipeline.connectors.kafka.clients import make_consumer, make_producer, produce
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary
 from pipeline.runtime.loop import ScoringPipeline
 from pipeline.settings.loading import Settings
@@ -160,8 +161,7 @@ def spec_of(settings: Settings) -> FeatureSpec:
 
 def checkpoint_scorer(settings: Settings) -> Scorer:
     """The served model of ``settings`` (the checkpoint on the CPU), as ``run`` builds it."""
-    options = settings.model.serving_options(settings.batching.max_batch_rows)
-    return ScorerFactory(options).create_scorer()
+    return ScorerFactory(serving_options(settings)).create_scorer()
 
 
 class BackgroundPipeline:

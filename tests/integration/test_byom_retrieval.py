@@ -39,7 +39,7 @@ EVENTS = 120
 CANDIDATES = 8  # retrieval.num_candidates
 _DEEPFM_OFF = "enabled = false                               # every page view brings its offers"
 _DCN_OFF = "[retrieval]\nenabled = false\n"
-#: ingest workers retrieve from the version they start with: no live swap (check_ingest_workers)
+#: ingest workers retrieve from the version they start with: no live swap (Settings refuses it)
 _NO_SWAP = ("[topics]\n", "[model_swap]\nenabled = false\n\n[topics]\n")
 
 #: variant -> (example, edits of its streamrank.toml)

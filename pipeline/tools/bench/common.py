@@ -32,6 +32,7 @@ from model.synthetic import SyntheticWorld, feature_columns
 from pipeline.connectors.kafka.admin import make_admin
 from pipeline.connectors.kafka.clients import make_consumer
 from pipeline.connectors.redis.feature_store import FeatureStoreWriter
+from pipeline.models.loader import serving_options
 from pipeline.settings.loading import Settings
 from pipeline.settings.topics import TopicsSettings
 from pipeline.tools.synthetic_io import build_world, redis_client, seed_world_features
@@ -80,10 +81,7 @@ def load_or_build_scorer(settings: Settings) -> Scorer:
     except (FileNotFoundError, NoCurrentVersionError):
         checkpoint = None
     if checkpoint is not None:
-        options = settings.model.serving_options(
-            settings.batching.max_batch_rows, checkpoint=checkpoint
-        )
-        return ScorerFactory(options).create_scorer()
+        return ScorerFactory(serving_options(settings, checkpoint=checkpoint)).create_scorer()
     spec = settings.model.feature_spec()
     log.warning("no checkpoint at %s: benchmarking an untrained model", settings.model.checkpoint)
     return Scorer(

@@ -13,7 +13,7 @@ import pytest
 from model.rank import RankContext
 from model.ranker import build_ranker
 from model.store.checkpoint import save_checkpoint
-from pipeline.models.loader import IncompatibleModel, ModelLoader
+from pipeline.models.loader import IncompatibleModel, ModelLoader, serving_options
 from pipeline.settings.codec import CodecSettings
 from pipeline.settings.loading import Settings
 from pipeline.settings.model import ModelSettings
@@ -51,7 +51,8 @@ def test_a_version_loads_with_the_index_of_its_own_item_vectors(tmp_path: Path) 
         assert served.index.num_items == 40
     vectors = [s.index.tables.tables for s in (first, second) if s.index is not None]
     assert not np.array_equal(*(v[next(iter(v))] for v in vectors))  # each its own weights
-    assert loader.options(tmp_path / "m-1").max_event_rows == 80  # a retrieved event fits
+    options = serving_options(loader.settings, checkpoint=tmp_path / "m-1")
+    assert options.max_event_rows == 80  # a retrieved event fits
 
 
 def test_no_index_without_retrieval_or_items(

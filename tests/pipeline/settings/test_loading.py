@@ -11,6 +11,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
+from model.store.versions import POINTER_FILE
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.codec import Framing
 from pipeline.settings.kafka import KafkaSettings
@@ -22,7 +23,9 @@ from pipeline.settings.loading import (
     load_settings,
     unknown_env_settings,
 )
+from pipeline.settings.model import ModelSettings
 from pipeline.settings.redis import RedisSettings
+from pipeline.settings.retrieval import ModelSwapSettings
 from pipeline.settings.topics import TopicsSettings
 
 SECRET = "hunter2-very-secret"
@@ -469,3 +472,18 @@ def test_confluent_framing_needs_a_registry_url(tmp_path: Path) -> None:
         tmp_path, '[codec]\nframing = "confluent"\nschema_registry_url = "http://r:8081"\n'
     )
     assert load_settings(with_url).codec.framing is Framing.CONFLUENT
+
+
+def test_ingest_workers_following_versions_are_refused_when_the_settings_load(
+    tmp_path: Path,
+) -> None:
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    (versions / POINTER_FILE).write_text('{"version": "v1", "generation": 1}')
+    toml = tmp_path / "conf.toml"
+    toml.write_text(f'[batching]\ningest_workers = 2\n[model]\ncheckpoint = "{versions}"\n')
+    with pytest.raises(pydantic.ValidationError, match="ingest_workers = 2 cannot follow"):
+        load_settings(toml)
+    # its current version served alone, or a plain checkpoint directory: fine
+    load_settings(toml, model_swap=ModelSwapSettings(enabled=False))
+    load_settings(toml, model=ModelSettings(checkpoint=tmp_path / "model"))
