@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,8 +104,11 @@ def serve(
             rank.world_size,
             degradations,
         )
+    metrics_port = settings.metrics.port_for(rank.rank) if settings.metrics.enabled else None
+    topics = settings.topics
     try:
         if settings.batching.ingest_workers:
+            followed = _versions_followed(settings, checkpoint)
             loader = ModelLoader(settings, rank, configured=configured)
             served = loader.load(checkpoint or settings.model.checkpoint)
             _model_metrics(metrics, served.scorer)
@@ -119,18 +123,18 @@ def serve(
                 max_events,
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
-                models=_follow_versions(settings, loader, checkpoint, metrics),
+                models=_model_swap(followed, loader, metrics),
             )
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(settings, rank, metrics, checkpoint, configured=configured)
-        if settings.metrics.enabled:
-            metrics.serve(settings.metrics.host, settings.metrics.port_for(rank.rank))
+        if metrics_port is not None:
+            metrics.serve(settings.metrics.host, metrics_port)
         pipeline.stop_on_signals()
         log.info(
             "scoring %s -> %s (dlq %s) with model %s",
-            settings.topics.input,
-            settings.topics.output,
-            settings.topics.dlq,
+            topics.input,
+            topics.output,
+            topics.dlq,
             pipeline.scorer.model_version,
         )
         summary = pipeline.run(exit_when_idle_s=exit_when_idle_s, max_events=max_events)
@@ -175,6 +179,7 @@ def build_pipeline(
 
         pipeline = build_pipeline(settings, RankContext(), Metrics())
     """
+    followed = _versions_followed(settings, checkpoint)
     loader = ModelLoader(settings, rank, configured=configured)
     served = loader.load(checkpoint or settings.model.checkpoint)
     _model_metrics(metrics, served.scorer)
@@ -188,28 +193,45 @@ def build_pipeline(
         rank=rank,
         clients=clients,
         index=served.index,
-        models=_follow_versions(settings, loader, checkpoint, metrics),
+        models=_model_swap(followed, loader, metrics),
         feature_map=resolved.fmap if resolved is not None else None,
         output=resolved.output if resolved is not None else None,
     )
 
 
-def _follow_versions(
-    settings: Settings, loader: ModelLoader, checkpoint: Path | None, metrics: Metrics
-) -> ModelSwap | None:
-    """A :class:`ModelSwap` watching ``model.checkpoint`` when it is a versions directory."""
+@dataclass(frozen=True)
+class VersionsFollowed:
+    """The versions directory a process follows while serving (read from the settings before
+    the model loads; :func:`_model_swap` acts on it once the loader is ready)."""
+
+    root: Path
+    served: Path
+    poll_interval_s: float
+
+
+def _versions_followed(settings: Settings, checkpoint: Path | None) -> VersionsFollowed | None:
+    """``model.checkpoint`` when it is a versions directory to follow (``model_swap``)."""
     root = settings.model.checkpoint
     if not settings.model_swap.enabled or not is_versions_dir(root):
         return None
     served = checkpoint or resolve_checkpoint(root)
+    return VersionsFollowed(root, served, settings.model_swap.poll_interval_s)
+
+
+def _model_swap(
+    followed: VersionsFollowed | None, loader: ModelLoader, metrics: Metrics
+) -> ModelSwap | None:
+    """A :class:`ModelSwap` watching ``followed`` (none without it)."""
+    if followed is None:
+        return None
     watcher = ModelWatcher(
-        root,
+        followed.root,
         loader.load_local,
-        served.name,
-        poll_interval_s=settings.model_swap.poll_interval_s,
+        followed.served.name,
+        poll_interval_s=followed.poll_interval_s,
         observer=MetricsSwapObserver(metrics),
     )
-    log.info("following the model versions of %s (serving %s)", root, served.name)
+    log.info("following the model versions of %s (serving %s)", followed.root, followed.served.name)
     return ModelSwap(watcher, loader, metrics)
 
 

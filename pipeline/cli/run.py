@@ -173,10 +173,12 @@ def _launch(
             rdzv_endpoint,
             stop_timeout_s=settings.shutdown.timeout_s + STOP_MARGIN_S,
         )
-        options = serving_options(settings)
-        options.check(launch.nproc * launch.nnodes)
-        if settings.model.module is not None and launch.nproc * launch.nnodes > 1:
-            check_module_sharding(settings.model.module.config, options.sharding)
+        world = launch.nproc * launch.nnodes
+        if world > 1:  # one process serves any options; several ranks refuse some
+            options = serving_options(settings)
+            options.check(world)
+            if settings.model.module is not None:
+                check_module_sharding(settings.model.module.config, options.sharding)
     except ValueError as exc:  # UnsupportedOption included
         raise UserError(str(exc)) from exc
     return launch

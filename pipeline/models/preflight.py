@@ -84,10 +84,10 @@ def configured_module(settings: Settings) -> tuple[ModuleConfig, FeatureMap]:
     """
     if settings.model.module is None:
         raise ModelConfigError("no [model.module]: the built-in model is served")
-    fmap = resolve_feature_map(settings)
+    config = settings.model.module.config
+    fmap = resolve_feature_map(settings, config)
     layout = fmap.layout
     per_key = dict(zip(layout.keys, layout.ids_per_key, strict=True))
-    config = settings.model.module.config
     tables = tuple(
         dataclasses.replace(
             t, ids_per_row=max((per_key.get(f, 1) for f in t.feature_names), default=1)
