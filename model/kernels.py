@@ -65,8 +65,8 @@ def _lock_the_cache() -> None:
     """Make numba's cache files take their lock (once per process)."""
     if getattr(_CACHE_FILE, _LOCKED, False):
         return
-    for name in ("save", "load", "flush", "_index_path"):
-        if name != "_index_path" and not callable(getattr(_CACHE_FILE, name, None)):
+    for name in ("save", "load", "flush"):
+        if not callable(getattr(_CACHE_FILE, name, None)):
             raise RuntimeError(
                 f"numba {numba.__version__}: IndexDataCacheFile.{name} is gone; "
                 "model/kernels.py locks numba's cache through it"

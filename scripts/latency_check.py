@@ -23,19 +23,13 @@ Usage (the stack running, ``source .stack/env``; the model as ``streamrank run``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -45,31 +39,30 @@ from pipeline.connectors.avro.reference import (  # noqa: E402 - after the path
     USER_EVENT_SCHEMA_FILE,
     RecordCodec,
 )
-from pipeline.settings.loading import load_settings  # noqa: E402
+from pipeline.settings.loading import Settings, load_settings  # noqa: E402
+from pipeline.tools.bench.common import (  # noqa: E402
+    child_env,
+    delete_topics,
+    fresh_topics,
+    streamrank_command,
+)
+from pipeline.tools.recommendation_reader import read_messages  # noqa: E402
 
-STREAMRANK = [sys.executable, "-m", "pipeline.cli"]
+SETTINGS: Settings = load_settings()  # the stack's connection and codec; each step's topics
+"""are fresh (:func:`step_env`)."""
 
 
-def topic_env(tag: str) -> dict[str, str]:
+def step_env() -> dict[str, str]:
     """Fresh input, output and dead-letter topics and a fresh consumer group for one step."""
-    run = f"check-{tag}-{uuid.uuid4().hex[:8]}"
-    return {
-        "STREAMRANK_TOPICS__INPUT": f"{run}-in",
-        "STREAMRANK_TOPICS__OUTPUT": f"{run}-out",
-        "STREAMRANK_TOPICS__DLQ": f"{run}-dlq",
-        "STREAMRANK_KAFKA__GROUP_ID": run,
-        "STREAMRANK_METRICS__ENABLED": "false",
-    }
+    topics, tag = fresh_topics(SETTINGS)
+    return child_env(topics, f"check-{tag}")
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*STREAMRANK, *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
+        streamrank_command(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-    )
+    )  # fmt: skip
 
 
 def finish(proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
@@ -85,63 +78,34 @@ def finish(proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
         raise SystemExit(f"latency_check: {what} exited {proc.returncode}: " + " | ".join(tail))
 
 
-def read_topic(topic: str, schema: Path) -> dict[str, int]:
-    """``event_id`` -> the record's timestamp (ms) for every record of ``topic``; an id seen
-    twice counts in :data:`DUPLICATES`."""
-    settings = load_settings()  # the connection and the codec; the topics come from env
-    codec = RecordCodec(settings.codec, schema, topic)
-    consumer = Consumer(
-        {
-            **settings.kafka.consumer_config(f"reader-{uuid.uuid4().hex[:8]}"),
-            "enable.partition.eof": True,
-        }
-    )
+def read_topic(topic: str, schema: Path) -> tuple[dict[str, int], int]:
+    """``event_id`` -> the record's timestamp (ms) for every record of ``topic``, and how many
+    records repeated an ``event_id`` already seen."""
+    codec = RecordCodec(SETTINGS.codec, schema, topic)
     stamps: dict[str, int] = {}
-    try:
-        partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        at_end: set[int] = set()
-        deadline = time.monotonic() + 120
-        while at_end < set(partitions) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                err = msg.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(int(msg.partition() or 0))
-                    continue
-                if err is not None:
-                    raise SystemExit(f"latency_check: reading {topic}: {err}")
-                event_id = codec.decode(msg.value() or b"")["event_id"]
-                if event_id in stamps:
-                    DUPLICATES[topic] = DUPLICATES.get(topic, 0) + 1
-                stamps[event_id] = msg.timestamp()[1]
-    finally:
-        consumer.close()
-    return stamps
+    repeated = 0
+    for msg in read_messages(SETTINGS, topic, timeout_s=15):
+        event_id = codec.decode(msg.value() or b"")["event_id"]
+        repeated += event_id in stamps
+        stamps[event_id] = msg.timestamp()[1]
+    return stamps, repeated
 
 
-DUPLICATES: dict[str, int] = {}
-
-
-def delete_topics(env: dict[str, str]) -> None:
-    admin = AdminClient(load_settings().kafka.admin_config())
-    names = [env["STREAMRANK_TOPICS__INPUT"], env["STREAMRANK_TOPICS__OUTPUT"]]
-    names.append(env["STREAMRANK_TOPICS__DLQ"])
-    for future in admin.delete_topics(names, operation_timeout=30).values():
-        with contextlib.suppress(Exception):  # a topic never created (no dead letter)
-            future.result()
+def drop_topics(env: dict[str, str]) -> None:
+    names = ("INPUT", "OUTPUT", "DLQ")
+    delete_topics(SETTINGS, [env[f"STREAMRANK_TOPICS__{name}"] for name in names])
 
 
 def measure_capacity(events: int) -> float:
     """Events per second over the span of the output timestamps of a drained backlog."""
-    env = topic_env("capacity")
+    env = step_env()
     try:
         finish(cli(env, "produce", "--events", str(events)), "produce (backlog)", 300)
         finish(cli(env, "run", "--exit-when-idle", "3"), "run (drain)", 600)
-        stamps = np.array(
-            list(read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE).values())
-        )
+        out, _ = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
+        stamps = np.array(list(out.values()))
     finally:
-        delete_topics(env)
+        drop_topics(env)
     if len(stamps) < events:
         raise SystemExit(f"latency_check: the drain produced {len(stamps)} of {events} outputs")
     span_s = (stamps.max() - stamps.min()) / 1000
@@ -150,7 +114,7 @@ def measure_capacity(events: int) -> float:
 
 def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]:
     """Offer ``rate`` events/s for ``seconds`` and time every event from its two records."""
-    env = topic_env("load")
+    env = step_env()
     events = max(1, int(rate * seconds))
     busy: list[subprocess.Popen[bytes]] = []
     run = cli(env, "run", "--exit-when-idle", "5")
@@ -165,14 +129,14 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
             proc.wait()
         busy = []
         finish(run, "run (load)", 300)
-        sent = read_topic(env["STREAMRANK_TOPICS__INPUT"], USER_EVENT_SCHEMA_FILE)
-        out = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
+        sent, _ = read_topic(env["STREAMRANK_TOPICS__INPUT"], USER_EVENT_SCHEMA_FILE)
+        out, repeated = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
     finally:
         for proc in [*busy, run]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        delete_topics(env)
+        drop_topics(env)
     matched = [out[i] - sent[i] for i in sent if i in out]
     latency = np.array(matched, dtype=np.float64)
     return {
@@ -182,7 +146,7 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
         "events": len(sent),
         "outputs": len(out),
         "missing": len(set(sent) - set(out)),
-        "duplicates": DUPLICATES.get(env["STREAMRANK_TOPICS__OUTPUT"], 0),
+        "duplicates": repeated,
         "p50_ms": float(np.percentile(latency, 50)) if len(latency) else None,
         "p99_ms": float(np.percentile(latency, 99)) if len(latency) else None,
         "max_ms": float(latency.max()) if len(latency) else None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -29,6 +26,7 @@ from pipeline.connectors.avro.reference import USER_EVENT_SCHEMA_FILE, RecordCod
 from pipeline.connectors.kafka.clients import make_consumer
 from pipeline.settings.batching import BatchingSettings
 from pipeline.settings.loading import Settings
+from pipeline.tools.recommendation_reader import read_messages
 from tests.conftest import REPO_ROOT, LocalStack
 from tests.integration.conftest import (
     WORLD,
@@ -98,34 +96,13 @@ def committed_positions(settings: Settings) -> dict[int, int]:
 def input_positions(settings: Settings) -> dict[str, tuple[int, int]]:
     """Each valid event on the input topic: its ``event_id`` -> ``(partition, offset)``."""
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-    consumer = make_consumer(
-        settings.kafka,
-        group_id=f"positions-{uuid.uuid4().hex[:8]}",  # never joined: offsets are assigned
-        extra={"enable.partition.eof": True},
-    )
-    partitions = range(settings.topics.partitions)
     positions: dict[str, tuple[int, int]] = {}
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 60
-    try:
-        consumer.assign(
-            [TopicPartition(settings.topics.input, p, OFFSET_BEGINNING) for p in partitions]
-        )
-        while at_end < set(partitions):
-            assert time.monotonic() < deadline, "the input topic was not read to its end in 60 s"
-            for msg in consumer.consume(500, 0.2):
-                err = msg.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
-                    continue
-                assert err is None, err
-                try:
-                    event_id = codec.decode(msg.value())["event_id"]
-                except Exception:  # an invalid event (a dead letter): no id
-                    continue
-                positions[event_id] = (msg.partition(), msg.offset())
-    finally:
-        consumer.close()
+    for msg in read_messages(settings, settings.topics.input, timeout_s=10):
+        try:
+            event_id = codec.decode(msg.value())["event_id"]
+        except Exception:  # an invalid event (a dead letter): no id
+            continue
+        positions[event_id] = (msg.partition(), msg.offset())
     return positions
 
 
