@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     seed_features,
     wait_for_outputs,
 )
+from tests.support.logs import failure_excerpt
 
 Cli = Callable[..., subprocess.Popen]
 
@@ -319,7 +320,7 @@ def broker_down(stack: LocalStack, action: str) -> Iterator[None]:
 
 
 def _tail(log: Path) -> str:
-    return log.read_text()[-3000:] if log.exists() else ""
+    return failure_excerpt(log) if log.exists() else ""
 
 
 def run_until_idle(

@@ -48,6 +48,7 @@ from tests.faults.helpers import (
 )
 from tests.integration.conftest import SentEvents, produced_count, wait_for_outputs
 from tests.processes import descendants, environ, gone
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -98,17 +99,17 @@ def test_kill_9_then_sigterm_while_the_broker_is_down_each_event_once(
     wait_for_outputs(pipeline_settings, produced_count(pipeline_settings) + 200, proc=proc, log=log)
     with broker_down(local_stack, "kill"):
         time.sleep(3)  # the run is now waiting on the broker (a commit, a full queue)
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert proc.poll() is None, failure_excerpt(log)
         sent_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:
             # shutdown.timeout_s (8 s) bounds every wait, then the process exits.
             code = proc.wait(10)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"still running 10 s after SIGTERM\n{log.read_text()[-3000:]}")
+            pytest.fail(f"still running 10 s after SIGTERM\n{failure_excerpt(log)}")
         exit_s = time.monotonic() - sent_at
     # What it had not committed could not be: it stops non-zero (a supervisor restarts it).
-    assert code == 1, log.read_text()[-3000:]
+    assert code == 1, failure_excerpt(log)
     print(f"\nRELIABILITY sigterm-broker-down exit_status={code} exit_s={exit_s:.1f}")
 
     # 3. A last run scores the rest.
@@ -139,7 +140,7 @@ def _across_a_broker_outage(
     with broker_down(stack, "kill"):  # a crashed broker, mid-transaction
         time.sleep(10)  # the outage
     back = time.monotonic()
-    assert run.wait(480) == 0, log.read_text()[-4000:]
+    assert run.wait(480) == 0, failure_excerpt(log, 4000)
     recover_s = time.monotonic() - back
     return (*audit_exactly_once(log.stem, settings, sent.ids, recover_s), recover_s)
 
@@ -159,7 +160,7 @@ def test_one_process_rides_out_a_broker_kill_9_and_restart_each_event_once(
     missing, duplicates, aborted, _ = _across_a_broker_outage(
         local_stack, pipeline_settings, sent, proc, log
     )
-    assert missing == 0, log.read_text()[-4000:]
+    assert missing == 0, failure_excerpt(log, 4000)
     assert duplicates == 0
     assert aborted > 0  # the transaction open at the kill was aborted after it
     assert "transaction aborted" in log.read_text()  # by this run, which went on

@@ -40,6 +40,7 @@ from tests.faults.helpers import (
 )
 from tests.integration.conftest import SentEvents, collect, produced_count
 from tests.processes import descendants, gone
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -120,7 +121,7 @@ def test_a_killed_worker_fails_the_run_leaves_no_process_and_a_restart_loses_not
     assert produced_count(pipeline_settings) < 4000, "the kill came too late"
     os.kill(workers[0], signal.SIGKILL)
     code = proc.wait(60)
-    assert code == 1, log.read_text()[-3000:]
+    assert code == 1, failure_excerpt(log)
     assert all(gone(pid, timeout_s=10) for pid in tree), "a process of the run outlived it"
     text = log.read_text()
     assert "ingest worker 0 exited with code -9: stopping the other workers" in text
@@ -156,10 +157,10 @@ def test_exactly_once_with_two_workers_across_a_killed_worker_each_event_once(
     deadline = time.monotonic() + 300.0
     while open_transaction_records(pipeline_settings) == 0:
         assert time.monotonic() < deadline, "never happened: an open transaction"
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert proc.poll() is None, failure_excerpt(log)
         ids |= send_events(pipeline_settings, 100).ids
     os.kill(workers[1], signal.SIGKILL)  # its open transaction stays open
-    assert proc.wait(60) == 1, log.read_text()[-3000:]
+    assert proc.wait(60) == 1, failure_excerpt(log)
 
     run_s = run_until_idle(cli, pipeline_settings, tmp_path / "second.log", EXACTLY_ONCE)
     missing, duplicates, aborted = audit_exactly_once(

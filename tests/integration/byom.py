@@ -32,6 +32,7 @@ from pipeline.models.preflight import configured_module
 from pipeline.settings.loading import Settings, load_settings
 from tests.conftest import REPO_ROOT
 from tests.integration.conftest import collect
+from tests.support.logs import failure_excerpt
 
 EXAMPLES = REPO_ROOT / "examples"
 _MASK = (1 << 64) - 1
@@ -462,9 +463,9 @@ def run_pipeline(
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )  # fmt: skip
-    assert proc.wait(400) == 0, log.read_text()[-4000:]
+    assert proc.wait(400) == 0, failure_excerpt(log, 4000)
     if workers:  # the workers did the consuming
-        assert "[w0]" in log.read_text(), log.read_text()[-4000:]
+        assert "[w0]" in log.read_text(), failure_excerpt(log, 4000)
 
 
 def run_example(

@@ -41,6 +41,7 @@ from pipeline.stages.enrich.enricher import BatchEnricher
 from pipeline.tools.synthetic_io import build_world, seed_world_features
 from pipeline.tools.synthetic_settings import SyntheticSettings
 from tests.processes import TREE_ENV, kill_marked, new_marker
+from tests.support.logs import failure_excerpt
 
 WORLD = SyntheticSettings(
     num_users=400, num_items=3000, num_categories=40, seed=11, min_candidates=5, max_candidates=40
@@ -415,7 +416,7 @@ def wait_for_outputs(
     deadline = time.monotonic() + timeout_s
     count = -1
     while count < at_least:
-        tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+        tail = failure_excerpt(log) if log is not None and log.exists() else ""
         if proc is not None:
             assert proc.poll() is None, f"exited ({proc.returncode}) after {count} outputs\n{tail}"
         assert time.monotonic() < deadline, f"{count}/{at_least} outputs in {timeout_s}s\n{tail}"

@@ -52,6 +52,7 @@ from tests.integration.conftest import (
     scrape,
     wait_for_outputs,
 )
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -145,14 +146,14 @@ class Served:
         members = nproc * workers  # every worker consumes before the events flow
         deadline = time.monotonic() + 300
         while members_with_partitions(settings) != members:
-            assert self.proc.poll() is None, log.read_text()[-4000:]
+            assert self.proc.poll() is None, failure_excerpt(log, 4000)
             assert time.monotonic() < deadline, "the workers never consumed"
             time.sleep(0.2)
 
     def sample(self, name: str) -> float | None:
         if self.proc is None:
             return self.registry.get_sample_value(name)
-        assert self.proc.poll() is None, self.log.read_text()[-4000:]
+        assert self.proc.poll() is None, failure_excerpt(self.log, 4000)
         return sample_value(scrape(self.port), name)
 
     def stop(self) -> None:
@@ -160,7 +161,7 @@ class Served:
             self.background.stop()
             return
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(120) == 0, self.log.read_text()[-4000:]
+        assert self.proc.wait(120) == 0, failure_excerpt(self.log, 4000)
 
 
 @pytest.mark.parametrize(

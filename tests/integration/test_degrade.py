@@ -13,6 +13,7 @@ import pytest
 from pipeline.settings.loading import Settings
 from tests.integration.conftest import SentEvents, collect
 from tests.support.crash_rank import CRASH_ENV
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -20,8 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def _wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while text not in path.read_text():
-        assert proc.poll() is None, path.read_text()[-4000:]
-        assert time.monotonic() < deadline, f"no {text!r} in:\n{path.read_text()[-4000:]}"
+        assert proc.poll() is None, failure_excerpt(path, 4000)
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{failure_excerpt(path, 4000)}"
         time.sleep(0.5)
 
 
@@ -54,7 +55,7 @@ def test_rank_that_keeps_dying_degrades_3_ranks_to_2_without_losing_events(
     )
     _wait_for_text(log_file, "degrading to 2 ranks", proc, 500)
     after = send_events(pipeline_settings, 300)  # scored by the 2-rank job only
-    assert proc.wait(400) == 0, log_file.read_text()[-4000:]
+    assert proc.wait(400) == 0, failure_excerpt(log_file, 4000)
 
     sent = before.ids | after.ids
     recs = collect(pipeline_settings, expected=len(sent))

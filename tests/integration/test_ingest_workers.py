@@ -43,6 +43,7 @@ from tests.integration.conftest import (
     sample_value,
     scrape,
 )
+from tests.support.logs import failure_excerpt
 from tests.support.malformed import malformed_values
 
 pytestmark = pytest.mark.timeout(600)
@@ -144,10 +145,10 @@ def test_every_event_once_every_malformed_message_with_its_reason_offsets_commit
         body = scrape(port)
         consumed = sample_value(body, "streamrank_consumed_messages_total")
         time.sleep(0.2)
-    assert consumed == total, log.read_text()[-3000:]
+    assert consumed == total, failure_excerpt(log)
     assert body.count("# TYPE streamrank_world_size gauge") == 1
     assert sample_value(body, "streamrank_world_size") == 1.0
-    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    assert proc.wait(300) == 0, failure_excerpt(log)
 
     recs = collect(settings, expected=300)
     counts = Counter(r["event_id"] for r in recs)
@@ -185,7 +186,7 @@ def test_two_ranks_with_a_worker_each_score_every_event_once(
     args = ("--nproc", "2", "--exit-when-idle", "4", "--summary-json", str(summary_file))
     out = log.open("w")
     proc = cli(settings, "run", *args, extra_env=env, stdout=out, stderr=subprocess.STDOUT)
-    assert proc.wait(480) == 0, log.read_text()[-4000:]
+    assert proc.wait(480) == 0, failure_excerpt(log, 4000)
 
     recs = collect(settings, expected=300)
     counts = Counter(r["event_id"] for r in recs)
@@ -231,7 +232,7 @@ def test_a_worker_answers_events_without_candidates_with_retrieved_items(
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
-    assert proc.wait(300) == 0, log.read_text()[-3000:]
+    assert proc.wait(300) == 0, failure_excerpt(log)
 
     recs = collect(settings, expected=len(sent))
     assert sorted(r["event_id"] for r in recs) == sorted(r["event_id"] for r in sent)

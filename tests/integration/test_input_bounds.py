@@ -28,6 +28,7 @@ from pipeline.stages.dead_letter import REASON_HEADER
 from pipeline.types import RejectReason
 from tests.faults.helpers import dead_letters
 from tests.integration.conftest import SentEvents, collect, wait_for_outputs
+from tests.support.logs import failure_excerpt
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +121,7 @@ def test_oversized_records_go_to_the_dlq_and_a_huge_redis_value_to_the_defaults(
     dead = dead_letters(consumer_factory(settings.topics.dlq), expected=len(over))
     memory = _memory_kib(proc.pid)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(120) == 0, log.read_text()[-3000:]
+    assert proc.wait(120) == 0, failure_excerpt(log)
 
     recs = collect(settings, expected=expected)
     counts = Counter(r["event_id"] for r in recs)

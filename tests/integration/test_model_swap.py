@@ -40,6 +40,7 @@ from tests.integration.conftest import (
     wait_for_outputs,
 )
 from tests.support.foreign_checkpoint import foreign_copy, payload_runs
+from tests.support.logs import failure_excerpt
 
 pytestmark = pytest.mark.slow
 
@@ -294,18 +295,18 @@ def test_two_ranks_swap_at_the_same_step_and_keep_a_corrupt_version_out(
     def wait_for_lines(text: str, count: int, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while " ".join(log_file.read_text().split()).count(text) < count:
-            assert proc.poll() is None, log_file.read_text()[-4000:]
-            assert time.monotonic() < deadline, f"no {text!r}: {log_file.read_text()[-4000:]}"
+            assert proc.poll() is None, failure_excerpt(log_file, 4000)
+            assert time.monotonic() < deadline, f"no {text!r}: {failure_excerpt(log_file, 4000)}"
             time.sleep(0.2)
 
     seen = wait_for_outputs(swap_settings, len(warm.ids) + 200)
-    assert seen >= len(warm.ids) + 200, log_file.read_text()[-4000:]
+    assert seen >= len(warm.ids) + 200, failure_excerpt(log_file, 4000)
     versions.promote(CORRUPT)
     wait_for_lines(f"model version {CORRUPT} failed to load, still serving {OLD}", 2)
     versions.promote(NEW)
     wait_for_lines(f"model swapped: {OLD} -> {NEW}", 2)
     ids = warm.ids + stream.join()
-    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+    assert proc.wait(300) == 0, failure_excerpt(log_file, 4000)
     recs = collect(swap_settings, expected=len(ids))
 
     asks = warm.asks | stream.asks

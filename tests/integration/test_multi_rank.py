@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     produced_count,
 )
 from tests.processes import descendants, describe, environ, gone
+from tests.support.logs import failure_excerpt
 from tests.support.poison_rank import POISON_RESULTS
 
 # torchrun starts, kills and restarts ranks: the slowest tests of the suite.
@@ -84,7 +85,7 @@ def test_ranks_score_every_event_once_with_the_offline_scores(
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
     )
-    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+    assert proc.wait(300) == 0, failure_excerpt(log_file, 4000)
 
     recs = collect(pipeline_settings, expected=400)
     counts = Counter(r["event_id"] for r in recs)
@@ -135,10 +136,10 @@ def test_killing_a_rank_restarts_the_ranks_without_losing_events(
     os.kill(max(ranks), signal.SIGKILL)
     assert gone(max(ranks))
 
-    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+    assert proc.wait(300) == 0, failure_excerpt(log_file, 4000)
     recs = collect(pipeline_settings, expected=3000)
     missing, duplicates = report("kill-9-one-of-2-ranks", sent.ids, recs, 0.0, "at_least_once")
-    assert missing == 0, log_file.read_text()[-4000:]
+    assert missing == 0, failure_excerpt(log_file, 4000)
     # torchrun stops the other rank too: both ranks' produced but uncommitted batches can
     # repeat, nothing else (264 events here).
     assert duplicates <= repeat_bound(KILLED, processes=2)
@@ -169,7 +170,7 @@ def test_sigterm_to_the_launcher_alone_drains_every_rank_and_a_restart_loses_not
         cli, pipeline_settings, second_log, {}, sent.ids, "sigterm-launcher-2-ranks",
         "--nproc", "2", recover_s=exit_s, idle_s=5,
     )  # fmt: skip
-    assert missing == 0, second_log.read_text()[-4000:]
+    assert missing == 0, failure_excerpt(second_log, 4000)
     assert duplicates == 0  # every rank committed everything it produced
 
 
@@ -200,7 +201,7 @@ def test_sigkill_to_the_launcher_takes_every_rank_with_it_and_a_restart_loses_no
         cli, pipeline_settings, second_log, {}, sent.ids, "kill-9-launcher-2-ranks",
         "--nproc", "2", recover_s=0.0, idle_s=5,
     )  # fmt: skip
-    assert missing == 0, second_log.read_text()[-4000:]
+    assert missing == 0, failure_excerpt(second_log, 4000)
     # Both killed ranks' produced but uncommitted batches repeat, nothing else (264 here).
     assert duplicates <= repeat_bound(KILLED, processes=2)
 
@@ -233,7 +234,7 @@ def test_a_poison_event_after_the_collective_forward_is_bisected_by_both_ranks(
         stdout=log_file.open("w"),
         stderr=subprocess.STDOUT,
     )
-    assert proc.wait(300) == 0, log_file.read_text()[-4000:]
+    assert proc.wait(300) == 0, failure_excerpt(log_file, 4000)
 
     recs = collect(settings, expected=len(valid))
     counts = Counter(r["event_id"] for r in recs)

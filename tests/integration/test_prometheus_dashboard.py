@@ -42,6 +42,7 @@ from tests.docker.promql import (
     dashboard_queries,
 )
 from tests.integration.conftest import SentEvents, free_port, wait_for_outputs
+from tests.support.logs import failure_excerpt
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +100,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+            assert proc.poll() is None, failure_excerpt(tmp_path / "prometheus.log")
             try:
                 urllib.request.urlopen(f"{url}/-/ready", timeout=2)
                 return url
@@ -157,11 +158,11 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_live_pipeline(
     # Two waves of traffic with malformed messages (DLQ), a few seconds apart.
     garbage = [b"\x00\x01garbage\xff", b""]
     send_events(settings, 300, extra_values=list(garbage))
-    assert wait_for_outputs(settings, 300) >= 300, (tmp_path / "ranks.log").read_text()[-3000:]
+    assert wait_for_outputs(settings, 300) >= 300, failure_excerpt(tmp_path / "ranks.log")
     time.sleep(3)
     send_events(settings, 300, extra_values=list(garbage))
-    assert wait_for_outputs(settings, 600) >= 600, (tmp_path / "ranks.log").read_text()[-3000:]
-    assert ranks.poll() is None, (tmp_path / "ranks.log").read_text()[-3000:]
+    assert wait_for_outputs(settings, 600) >= 600, failure_excerpt(tmp_path / "ranks.log")
+    assert ranks.poll() is None, failure_excerpt(tmp_path / "ranks.log")
 
     panels = [q for q in dashboard_queries() if not q.gpu_only]
     gpu_panels = [q for q in dashboard_queries() if q.gpu_only]
@@ -229,7 +230,7 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_live_pipeline(
     # The run has no --exit-when-idle: stop it as an orchestrator would (SIGTERM to the
     # launcher); every rank drains and the job exits 0.
     ranks.send_signal(signal.SIGTERM)
-    assert ranks.wait(60) == 0, (tmp_path / "ranks.log").read_text()[-3000:]
+    assert ranks.wait(60) == 0, failure_excerpt(tmp_path / "ranks.log")
 
 
 def _alert(name: str) -> Query:
@@ -245,7 +246,7 @@ def _wait_for_assignment(
     group = settings.kafka.group_id
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        assert ranks.poll() is None, log.read_text()[-3000:]
+        assert ranks.poll() is None, failure_excerpt(log)
         try:
             description = admin.describe_consumer_groups([group])[group].result(timeout=5)
         except (KafkaException, concurrent.futures.TimeoutError):  # no group/coordinator yet
@@ -260,7 +261,7 @@ def _wait_for_assignment(
         if len(description.members) == members and len(owned) == settings.topics.partitions:
             return
         time.sleep(0.5)
-    raise AssertionError("the ranks never got the input partitions: " + log.read_text()[-3000:])
+    raise AssertionError("the ranks never got the input partitions: " + failure_excerpt(log))
 
 
 def _colored_pixels(path: Path) -> int:

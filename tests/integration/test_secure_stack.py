@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.conftest import REPO_ROOT, _read_env, stack_down
 from tests.integration.conftest import WORLD
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -97,7 +98,7 @@ def _finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 300) ->
         os.killpg(proc.pid, 9)
         proc.wait(30)
         raise
-    assert code == 0, log.with_suffix(".err").read_text()[-3000:]
+    assert code == 0, failure_excerpt(log.with_suffix(".err"))
 
 
 def _scrape(port: int) -> str | None:
@@ -176,7 +177,7 @@ def test_pipeline_end_to_end_on_the_secure_stack_without_leaking_a_secret(
     scrapes: list[str] = []
     deadline = time.monotonic() + 180
     while not scrapes:  # the endpoint is up once the run has connected to both servers
-        assert run.poll() is None, (logs / "run.err").read_text()[-3000:]
+        assert run.poll() is None, failure_excerpt(logs / "run.err")
         assert time.monotonic() < deadline, "no metrics endpoint"
         body = _scrape(metrics_port)
         if body is None:
@@ -187,7 +188,7 @@ def test_pipeline_end_to_end_on_the_secure_stack_without_leaking_a_secret(
     _finish(_cli(env, *produce, log=logs / "produce.out"), logs / "produce.out")
     produced = "streamrank_produced_recommendations_total"
     while _sample(scrapes[-1], produced) < EVENTS:
-        assert run.poll() is None, (logs / "run.err").read_text()[-3000:]
+        assert run.poll() is None, failure_excerpt(logs / "run.err")
         assert time.monotonic() < deadline, f"{_sample(scrapes[-1], produced)} scored"
         time.sleep(0.5)
         scrapes.append(_scrape(metrics_port) or scrapes[-1])

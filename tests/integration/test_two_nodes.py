@@ -14,6 +14,7 @@ import pytest
 from pipeline.settings.loading import Settings
 from tests.integration.conftest import SentEvents, collect
 from tests.model.distributed.ranks import free_port
+from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -51,7 +52,7 @@ def test_two_nodes_of_two_ranks_score_every_event_exactly_once(
         for node in range(2)
     ]
     for node, proc in enumerate(nodes):
-        assert proc.wait(480) == 0, logs[node].read_text()[-4000:]
+        assert proc.wait(480) == 0, failure_excerpt(logs[node], 4000)
 
     recs = collect(pipeline_settings, expected=400)
     counts = Counter(r["event_id"] for r in recs)
