@@ -11,6 +11,7 @@ command and its option names only.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -115,10 +116,19 @@ def documented_commands() -> list[DocumentedCommand]:
     return found
 
 
-def cli_commands() -> dict[str, typer.core.TyperCommand]:
-    """Every command of the ``streamrank`` app, by its name (``"bench model"``)."""
+@functools.cache
+def _root() -> typer.core.TyperGroup:
+    """The app's click group, built once (typer builds it anew at each call: 0.1-0.5 s, which
+    the 240 documented-command checks paid several times each)."""
     root = typer.main.get_command(app)
     assert isinstance(root, typer.core.TyperGroup)
+    return root
+
+
+@functools.cache
+def cli_commands() -> dict[str, typer.core.TyperCommand]:
+    """Every command of the ``streamrank`` app, by its name (``"bench model"``); read only."""
+    root = _root()
     found: dict[str, typer.core.TyperCommand] = {}
     for name, command in root.commands.items():
         if isinstance(command, typer.core.TyperGroup):
@@ -130,7 +140,7 @@ def cli_commands() -> dict[str, typer.core.TyperCommand]:
 
 def _global_options() -> dict[str, bool]:
     """The app's own options (before the command): ``{"--config": takes a value, ...}``."""
-    root = typer.main.get_command(app)
+    root = _root()
     return {
         opt: not getattr(param, "is_flag", False) for param in root.params for opt in param.opts
     }
@@ -146,8 +156,7 @@ def _split(words: tuple[str, ...]) -> tuple[list[str], list[str]]:
 
 
 def _groups() -> set[str]:
-    root = typer.main.get_command(app)
-    assert isinstance(root, typer.core.TyperGroup)
+    root = _root()
     return {n for n, c in root.commands.items() if isinstance(c, typer.core.TyperGroup)}
 
 

@@ -117,12 +117,21 @@ def test_bench_topics_are_deleted_unless_kept(local_stack: LocalStack, keep: boo
         never_created, _ = topics.fresh()  # a run that failed before creating its topics
         ensure_topics(settings.kafka, made)
         names = {made.input, made.output, made.dlq}
-        assert names <= set(admin.list_topics(timeout=10).topics)
+        wait_until_listed(admin, names)
     left = set(admin.list_topics(timeout=10).topics)
     if keep:
         assert names <= left
         assert set(delete_topics(settings, sorted(names))) == names
     wait_until_gone(admin, names | {never_created.input})
+
+
+def wait_until_listed(admin: AdminClient, names: set[str], timeout_s: float = 60.0) -> None:
+    """Until the broker's metadata lists ``names`` (a created topic reaches it a little after
+    the controller answered the creation: a loaded host saw it missing)."""
+    deadline = time.monotonic() + timeout_s
+    while not names <= set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, f"never listed: {names}"
+        time.sleep(0.2)
 
 
 def wait_until_gone(admin: AdminClient, names: set[str], timeout_s: float = 60.0) -> None:
