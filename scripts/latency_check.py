@@ -137,8 +137,9 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
                 proc.kill()
                 proc.wait()
         drop_topics(env)
-    matched = [out[i] - sent[i] for i in sent if i in out]
-    latency = np.array(matched, dtype=np.float64)
+    matched = [(sent[i], out[i] - sent[i]) for i in sent if i in out]
+    pairs = np.array(matched, dtype=np.float64).reshape(-1, 2)
+    latency = pairs[:, 1]
     return {
         "offered_per_s": round(rate, 1),
         "seconds": seconds,
@@ -150,7 +151,25 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
         "p50_ms": float(np.percentile(latency, 50)) if len(latency) else None,
         "p99_ms": float(np.percentile(latency, 99)) if len(latency) else None,
         "max_ms": float(latency.max()) if len(latency) else None,
+        "p99_ms_by_window": windows(pairs[:, 0], latency, WINDOW_S),
     }
+
+
+WINDOW_S = 10.0
+"""The span of each window of ``p99_ms_by_window`` (events by their input timestamp)."""
+
+
+def windows(sent_ms: np.ndarray, latency: np.ndarray, span_s: float) -> list[float]:
+    """The p99 latency of the events sent in each ``span_s`` window, in order from the first
+    event sent (where in the run the slow events are: its start, or throughout)."""
+    if not len(latency):
+        return []
+    index = ((sent_ms - sent_ms.min()) // (span_s * 1000)).astype(np.int64)
+    return [
+        round(float(np.percentile(latency[index == i], 99)), 1)
+        for i in range(int(index.max()) + 1)
+        if (index == i).any()
+    ]
 
 
 def main() -> None:
@@ -175,7 +194,8 @@ def main() -> None:
         f"for {args.seconds:g} s beside {args.busy_cores} busy core(s): {result['events']} "
         f"events, {result['missing']} missing, {result['duplicates']} repeated; "
         f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, "
-        f"max {result['max_ms']:.0f} ms"
+        f"max {result['max_ms']:.0f} ms; p99 per {WINDOW_S:g} s: "
+        + ", ".join(f"{p:.0f}" for p in result["p99_ms_by_window"])
     )
 
 
