@@ -249,7 +249,7 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
-            kafka,
+            kafka.config,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         drain = Drain(

@@ -173,7 +173,7 @@ def open_transaction_records(settings: Settings) -> int:
     """Records on the output topic inside transactions not yet committed or aborted: the high
     watermark minus the last stable offset, summed over partitions."""
     topic = settings.topics.output
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {}
     for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
@@ -185,7 +185,7 @@ def open_transaction_records(settings: Settings) -> int:
 
 def _group_members(settings: Settings) -> list[Any]:
     """The members of the pipeline's consumer group now (none while it has no coordinator)."""
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     group = settings.kafka.group_id
     try:
         description = admin.describe_consumer_groups([group])[group].result(timeout=10)

@@ -262,7 +262,7 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
         """The output topic's values: waits for ``expected``, then 2 s for extras."""
         reader = Consumer(
             {
-                **settings.kafka.consumer_config(f"fence-reader-{isolation_level}"),
+                **settings.kafka.config.consumer_in_group(f"fence-reader-{isolation_level}"),
                 "auto.offset.reset": "earliest",
                 "isolation.level": isolation_level,
             }

@@ -23,8 +23,8 @@ the run's log format, not raw ``%5|...`` lines on stderr."""
 
 
 def make_admin(settings: KafkaSettings, **extra: Any) -> AdminClient:
-    """An admin client of ``settings`` whose librdkafka lines (e.g. ``BGQUEUE`` when it is
-    destroyed) go to :data:`CLIENT_LOGGER`; ``extra`` properties override (``log_level``,
-    ``logger``)."""
-    conf: dict[str, Any] = {**settings.admin_config(), "logger": CLIENT_LOGGER, **extra}
+    """An admin client of ``settings.config.admin`` whose librdkafka lines (e.g. ``BGQUEUE``
+    when it is destroyed) go to :data:`CLIENT_LOGGER`; ``extra`` properties override
+    (``log_level``, ``logger``)."""
+    conf: dict[str, Any] = {**settings.config.admin, "logger": CLIENT_LOGGER, **extra}
     return AdminClient(conf)

@@ -48,10 +48,11 @@ def make_consumer(
     extra: dict[str, Any] | None = None,
     defaults: dict[str, Any] | None = None,
 ) -> Consumer:
-    """A consumer with manual commits (see :mod:`pipeline.stages.commit`); ``defaults`` are
-    properties the settings (``consumer_extra`` included) may override, ``extra`` override
-    them."""
-    conf = {**(defaults or {}), **settings.consumer_config(group_id)}
+    """A consumer with manual commits (see :mod:`pipeline.stages.commit`), of
+    ``settings.config.consumer`` (in ``group_id``'s group when given: a tool's own);
+    ``defaults`` are properties the settings (``consumer_extra`` included) may override,
+    ``extra`` override them."""
+    conf = {**(defaults or {}), **settings.config.consumer_in_group(group_id)}
     conf["error_cb"] = error_cb
     conf["logger"] = CLIENT_LOGGER
     if stats_cb is not None:
@@ -67,8 +68,8 @@ def make_producer(
     error_cb: ErrorCallback = log_client_error,
     extra: dict[str, Any] | None = None,
 ) -> Producer:
-    """An idempotent ``acks=all`` producer."""
-    conf = settings.producer_config()
+    """An idempotent ``acks=all`` producer, of ``settings.config.producer``."""
+    conf = dict(settings.config.producer)
     conf["error_cb"] = error_cb
     conf["logger"] = CLIENT_LOGGER
     conf.update(extra or {})
