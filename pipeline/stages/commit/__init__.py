@@ -25,6 +25,7 @@ from pipeline.stages.commit.transactions import (
     TransactionalCheckpointer,
     TransactionFailed,
     transaction_budget_s,
+    transactional_id,
     transactional_kafka,
 )
 from pipeline.types import Shutdown
@@ -34,6 +35,7 @@ __all__ = [
     "TransactionFailed",
     "TransactionalCheckpointer",
     "make_checkpointer",
+    "transactional_id",
     "transactional_kafka",
 ]
 

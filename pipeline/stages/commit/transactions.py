@@ -322,6 +322,19 @@ class TransactionalCheckpointer(Checkpointer):
             raise self._fail(f"partitions {sorted(partitions)} lost mid-transaction")
 
 
+def transactional_id(settings: Settings, rank: RankContext) -> str:
+    """This member's ``transactional.id`` (exactly-once): ``delivery.transactional_id``, else
+    ``<kafka.group_id>-<kafka.client_id>-<RANK>``; stable across restarts, so a restarted
+    member fences its predecessor's open transaction.
+
+    Example::
+
+        transactional_id(settings, RankContext(rank=1))  # "streamrank-streamrank-1"
+    """
+    kafka = settings.kafka
+    return settings.delivery.transactional_id or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
+
+
 def transactional_kafka(settings: Settings, rank: RankContext) -> KafkaSettings:
     """``settings.kafka`` with a ``transactional.id`` on the producer and a ``read_committed``
     consumer with an eager partition assignment (exactly-once); its ``config`` is built once
@@ -340,7 +353,7 @@ def transactional_kafka(settings: Settings, rank: RankContext) -> KafkaSettings:
         kafka.config.producer["transactional.id"]  # "streamrank-streamrank-0"
     """
     kafka = settings.kafka
-    tid = settings.delivery.transactional_id or (f"{kafka.group_id}-{kafka.client_id}-{rank.rank}")
+    tid = transactional_id(settings, rank)
     consumer_extra = {
         "partition.assignment.strategy": "roundrobin",
         **kafka.consumer_extra,
