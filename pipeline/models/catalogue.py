@@ -32,6 +32,7 @@ import redis
 from pipeline.settings.retrieval import CatalogueSource, RetrievalSettings
 
 if TYPE_CHECKING:
+    from model.retrieval.config import RetrievalConfig
     from model.retrieval.index import RetrievalIndex
     from model.retrieval.sources import RetrievalPlan
 
@@ -201,7 +202,7 @@ def configured_catalogue(
 
 
 def load_retrieval_index(
-    checkpoint: Path, settings: RetrievalSettings, catalogue: Int64Array
+    checkpoint: Path, config: RetrievalConfig, catalogue: Int64Array
 ) -> RetrievalIndex:
     """The retrieval index of the model version at ``checkpoint``.
 
@@ -211,7 +212,8 @@ def load_retrieval_index(
 
     Args:
         checkpoint: the version's checkpoint directory (plain or DCP).
-        settings: ``[retrieval]``.
+        config: ``[retrieval]``'s index config (``settings.retrieval.config``, as the model
+            loader read it).
         catalogue: raw item ids (:func:`load_catalogue`).
 
     Returns:
@@ -220,12 +222,11 @@ def load_retrieval_index(
     Example::
 
         catalogue = load_catalogue(settings.retrieval, client, settings.redis.key_prefix)
-        index = load_retrieval_index(version_dir, settings.retrieval, catalogue)
+        index = load_retrieval_index(version_dir, settings.retrieval.config, catalogue)
     """
     from model.retrieval.index import build_index, needed_tables
     from model.store.tables import EmbeddingTables
 
-    config = settings.config
     tables = EmbeddingTables.from_checkpoint(checkpoint, needed_tables(config))
     index = build_index(tables, catalogue, config)
     log.info(

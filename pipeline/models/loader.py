@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from model.features.spec import FeatureSpec
     from model.module.store import CheckedVersion
     from model.module.types import ModuleConfig
+    from model.retrieval.config import RetrievalConfig
     from model.retrieval.index import VectorIndex
     from model.serving import Scorer
     from pipeline.models.preflight import ConfiguredModel
@@ -129,8 +130,9 @@ class ModelLoader:
     """Builds :class:`ServedModel` s of checkpoint directories for this process.
 
     Args:
-        settings: ``[model]`` (how to serve), ``[retrieval]`` (the index), ``[redis]`` (the
-            catalogue), ``batching.max_batch_rows`` and ``codec.max_candidates``.
+        settings: ``[model]`` (how to serve), ``[retrieval]`` (the index: its config read
+            once, here), ``[redis]`` (the catalogue), ``batching.max_batch_rows`` and
+            ``codec.max_candidates``.
         rank: this process's place in the job (several ranks: sharded, collective).
         redis_client: for ``retrieval.catalogue = "redis"`` (default: one from
             ``[redis]``, made when first needed).
@@ -149,6 +151,9 @@ class ModelLoader:
         self.settings = settings
         self.rank = rank or RankContext()
         self._redis = redis_client
+        self._retrieval: RetrievalConfig = settings.retrieval.config
+        """``[retrieval]``'s config: every index is built with it (and carries it to the loop's
+        retriever), the serving options count its candidates."""
         self._spec: FeatureSpec | None = None
         self._module = configured
         """``[model.module]`` resolved: its config, feature map and retrieval plan."""
@@ -210,7 +215,9 @@ class ModelLoader:
         else:
             from model.serving import ScorerFactory
 
-            options = serving_options(self.settings, configured, checkpoint, checked)
+            options = serving_options(
+                self.settings, configured, checkpoint, checked, self._retrieval
+            )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
         return PendingModel(checkpoint, version, index, scorer, checked, configured)
@@ -227,7 +234,7 @@ class ModelLoader:
             from model.serving import ScorerFactory
 
             options = serving_options(
-                self.settings, pending.configured, pending.path, pending.checked
+                self.settings, pending.configured, pending.path, pending.checked, self._retrieval
             )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
@@ -274,7 +281,7 @@ class ModelLoader:
         if catalogue.size == 0:
             _empty_catalogue(settings.retrieval.catalogue)
             return None
-        return load_retrieval_index(checkpoint, settings.retrieval, catalogue)
+        return load_retrieval_index(checkpoint, self._retrieval, catalogue)
 
     def _configured_index(self, checkpoint: Path) -> VectorIndex | None:
         """A configured model version's index (:mod:`pipeline.models.configured_index`)."""
@@ -295,7 +302,10 @@ class ModelLoader:
             _empty_catalogue(retrieval.catalogue)
             return None
         version = load_module_meta(checkpoint).model_version
-        return load_configured_index(checkpoint, self.settings, plan, catalogue, client, version)
+        max_bytes = self.settings.redis.max_value_bytes
+        return load_configured_index(
+            checkpoint, self._retrieval, plan, catalogue, client, version, max_bytes
+        )
 
     def _redis_client(self) -> redis.Redis:
         if self._redis is None:
@@ -317,6 +327,7 @@ def serving_options(
     configured: ConfiguredModel | None = None,
     checkpoint: Path | None = None,
     checked: CheckedVersion | None = None,
+    retrieval: RetrievalConfig | None = None,
 ) -> ServingOptions:
     """The complete serving options of ``settings``: what the one
     :class:`~model.serving.ScorerFactory` builds, for the loader, ``run``'s launch check and
@@ -332,6 +343,8 @@ def serving_options(
             ``model.checkpoint``.
         checked: ``checkpoint``'s version, its architecture checked against ``configured``
             (``None``: the scorer checks it); ignored for the built-in model.
+        retrieval: ``settings.retrieval.config`` as the caller read it (the model loader);
+            default: read here.
 
     Example::
 
@@ -347,16 +360,20 @@ def serving_options(
         precision=model.precision,
         sharding=model.sharding.config,
         max_batch_rows=settings.batching.max_batch_rows,
-        max_event_rows=max_event_rows(settings),
+        max_event_rows=max_event_rows(settings, retrieval),
         module=configured.module if configured is not None else None,
         layout=configured.fmap.layout if configured is not None else None,
         checked=checked if configured is not None else None,
     )
 
 
-def max_event_rows(settings: Settings) -> int:
+def max_event_rows(settings: Settings, retrieval: RetrievalConfig | None = None) -> int:
     """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
     ``retrieval.num_candidates`` if larger (the scorer's options, the ingest workers' slots).
+
+    Args:
+        settings: ``codec.max_candidates``, ``retrieval.enabled``.
+        retrieval: ``settings.retrieval.config`` as the caller read it; default: read here.
 
     Example::
 
@@ -364,7 +381,8 @@ def max_event_rows(settings: Settings) -> int:
     """
     rows = settings.codec.max_candidates
     if settings.retrieval.enabled:
-        rows = max(rows, settings.retrieval.config.num_candidates)
+        config = retrieval or settings.retrieval.config
+        rows = max(rows, config.num_candidates)
     return rows
 
 

@@ -139,14 +139,13 @@ class ScoringPipeline:
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
         self.models = models
-        # the settings first: batching, the stop's deadline, the retrieved candidates
+        # the settings first: batching, the stop's deadline
         batching = settings.batching
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
         self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
         overlap = batching.overlap_forward
         self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
-        num_candidates = settings.retrieval.config.num_candidates
         self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
         self.collective = self.stepper.collective
         # then the model's input and output: decode, enrich, features (the built-in model's,
@@ -159,7 +158,8 @@ class ScoringPipeline:
         self.enricher: BatchEnricher = inputs.enricher
         self.features = inputs.features
         self.output = output or resolve_output(settings, inputs.feature_map)
-        self.retriever = CandidateRetriever(index, num_candidates, self.metrics, inputs.enricher)
+        # each index retrieves the num_candidates of the config it was built with
+        self.retriever = CandidateRetriever(index, metrics=self.metrics, enricher=inputs.enricher)
         self.summary = RunSummary()
         self._clients = clients
         self._run: _Run | None = None
