@@ -111,8 +111,9 @@ class ScoringPipeline:
             (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
         feature_map: a configured model's feature map, resolved by the model loader
             (default: resolved here from ``settings``).
-        output: the output contract, resolved by the model loader with the configured model
-            (default: resolved here from ``settings``).
+        output: the output contract, resolved once for this process: a configured model's by
+            the model loader, the built-in model's by ``run``'s start-up checks (default:
+            resolved here from ``settings``).
 
     Example::
 
@@ -149,8 +150,8 @@ class ScoringPipeline:
         self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
         self.collective = self.stepper.collective
         # then the model's input and output: decode, enrich, features (the built-in model's,
-        # or those of [model.module]'s map) and [output], as the loader resolved them, else
-        # resolved here
+        # or those of [model.module]'s map) and [output], as the loader (or run's checks)
+        # resolved them, else resolved here
         inputs = serving_inputs(
             settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
