@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IncompatibleModel",
+    "IndexedModel",
     "ModelLoader",
     "PendingModel",
     "ServedModel",
@@ -123,6 +124,21 @@ class PendingModel:
     index: VectorIndex | None
     scorer: Scorer | None
     checked: CheckedVersion | None = None
+    configured: ConfiguredModel | None = None
+
+
+@dataclass(frozen=True)
+class IndexedModel:
+    """A version's retrieval index alone (:meth:`ModelLoader.load_index`: an ingest worker's,
+    whose scorer is its rank's).
+
+    Attributes:
+        index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+        configured: the configured model it was built for (its feature map and output
+            contract, for the worker's loop); ``None`` for the built-in model.
+    """
+
+    index: VectorIndex | None
     configured: ConfiguredModel | None = None
 
 
@@ -256,8 +272,24 @@ class ModelLoader:
                 "restart the pipeline to serve it"
             )
 
+    def load_index(self, checkpoint: Path) -> IndexedModel:
+        """The retrieval index of ``checkpoint`` alone, with the configured model it serves
+        (an ingest worker builds its own; its scorer is its rank's).
+
+        Args:
+            checkpoint: the version's checkpoint directory.
+
+        Returns:
+            The index and the configured model.
+
+        Example::
+
+            indexed = ModelLoader(settings).load_index(checkpoint)
+        """
+        return IndexedModel(self.retrieval_index(checkpoint), self.configured())
+
     def retrieval_index(self, checkpoint: Path) -> VectorIndex | None:
-        """The retrieval index of ``checkpoint`` (also built alone by each ingest worker).
+        """The retrieval index of ``checkpoint`` (:meth:`load_local`, :meth:`load_index`).
 
         Args:
             checkpoint: the version's checkpoint directory.

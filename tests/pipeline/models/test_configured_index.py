@@ -89,6 +89,10 @@ def test_each_version_indexes_its_own_rows_and_queries_with_them(tmp_path: Path)
         _assert_top(index, query, offer[ids % 2000], 10)  # offer: modulo 2000
         queries.append(query)
     assert not np.array_equal(*queries)  # each version its own weights
+    indexed = ModelLoader(settings).load_index(second)  # an ingest worker's: no scorer
+    assert isinstance(indexed.index, ConfiguredIndex)
+    assert indexed.index.model_version == second.name
+    assert indexed.configured is not None and indexed.index.plan is indexed.configured.retrieval
 
 
 def test_an_identity_table_lists_its_rows_and_ids_an_event_could_not_bring_stay_out(
