@@ -45,6 +45,7 @@ import redis
 
 from model.rank import RankContext
 from model.serving.options import ServingOptions
+from pipeline.connectors.redis.connection import bulk_client
 from pipeline.models.catalogue import (
     configured_catalogue,
     load_catalogue,
@@ -151,7 +152,8 @@ class ModelLoader:
             ``codec.max_candidates``.
         rank: this process's place in the job (several ranks: sharded, collective).
         redis_client: for ``retrieval.catalogue = "redis"`` (default: one from
-            ``[redis]``, made when first needed).
+            ``[redis]``, made when first needed:
+            :func:`pipeline.connectors.redis.connection.bulk_client`).
         configured: ``[model.module]`` resolved by the start-up checks of this process
             (:func:`pipeline.models.preflight.check_configured_model`); default: resolved here
             when first needed (:func:`pipeline.models.preflight.resolve_configured_model`).
@@ -341,8 +343,7 @@ class ModelLoader:
 
     def _redis_client(self) -> redis.Redis:
         if self._redis is None:
-            redis_settings = self.settings.redis
-            self._redis = redis.Redis.from_url(redis_settings.url, **redis_settings.client_kwargs())
+            self._redis = bulk_client(self.settings.redis)
         return self._redis
 
 
