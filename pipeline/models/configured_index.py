@@ -37,12 +37,11 @@ import numpy.typing as npt
 
 from model.retrieval.index import VectorIndex, index_vectors
 from model.retrieval.sources import RecordVectors, RetrievalPlan, TableVectors
+from pipeline.connectors.redis.connection import FeatureClient
 from pipeline.connectors.redis.vectors import read_vectors
 from pipeline.stages.features.mapped import table_rows
 
 if TYPE_CHECKING:
-    import redis
-
     from model.retrieval.config import RetrievalConfig
     from pipeline.types import FieldColumns
 
@@ -142,7 +141,7 @@ def load_configured_index(
     config: RetrievalConfig,
     plan: RetrievalPlan,
     catalogue: Int64Array,
-    client: redis.Redis | None,
+    client: FeatureClient | None,
     version: str,
     max_value_bytes: int,
 ) -> ConfiguredIndex | None:

@@ -41,11 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-
 from model.rank import RankContext
 from model.serving.options import ServingOptions
-from pipeline.connectors.redis.connection import bulk_client
+from pipeline.connectors.redis.connection import FeatureClient, bulk_client
 from pipeline.models.catalogue import (
     configured_catalogue,
     load_catalogue,
@@ -163,7 +161,7 @@ class ModelLoader:
         self,
         settings: Settings,
         rank: RankContext | None = None,
-        redis_client: redis.Redis | None = None,
+        redis_client: FeatureClient | None = None,
         configured: ConfiguredModel | None = None,
     ) -> None:
         self.settings = settings
@@ -341,7 +339,7 @@ class ModelLoader:
             checkpoint, self._retrieval, plan, catalogue, client, version, max_bytes
         )
 
-    def _redis_client(self) -> redis.Redis:
+    def _redis_client(self) -> FeatureClient:
         if self._redis is None:
             self._redis = bulk_client(self.settings.redis)
         return self._redis

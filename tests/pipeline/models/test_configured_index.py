@@ -14,8 +14,8 @@ import torch
 
 from model.module.store import import_state_dict
 from model.store.versions import ModelVersions
+from pipeline.connectors.redis.keys import key_ids
 from pipeline.connectors.redis.vectors import read_vectors
-from pipeline.models.catalogue import catalogue_from_keys
 from pipeline.models.configured_index import ConfiguredIndex
 from pipeline.models.loader import ModelLoader
 from pipeline.models.preflight import configured_module
@@ -152,7 +152,7 @@ def test_item_vectors_of_redis_records_are_indexed_where_they_are_valid(
     pipe.set(ex.item_key.replace("{id}", "61"), b"a string, not a hash")
     pipe.hset(ex.item_key.replace("{id}", "x"), mapping={"emb": vectors[0].tobytes()})
     pipe.execute()
-    assert catalogue_from_keys(redis_client, ex.item_key).tolist() == list(range(62))
+    assert key_ids(redis_client, ex.item_key).tolist() == list(range(62))
 
     index = ModelLoader(settings).retrieval_index(path)
     assert isinstance(index, ConfiguredIndex) and index.reads_users
