@@ -58,7 +58,7 @@ def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S
         require_kafka(settings.kafka)
     """
     check_kafka_client_settings(kafka, _silent_logger())
-    admin = make_admin(kafka, logger=_silent_logger())
+    admin = make_admin(kafka.config, logger=_silent_logger())
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as error:

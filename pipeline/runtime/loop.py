@@ -225,7 +225,8 @@ class ScoringPipeline:
         settings, metrics = self.settings, self.metrics
         exactly_once = settings.delivery.guarantee is Guarantee.EXACTLY_ONCE
         kafka = transactional_kafka(settings, self.rank) if exactly_once else settings.kafka
-        clients = self._clients(kafka, settings.topics, metrics.record_librdkafka_stats)
+        config = kafka.config  # the clients and the commit protocol's budget are made of it
+        clients = self._clients(config, settings.topics, metrics.record_librdkafka_stats)
         source = KafkaSource(
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
@@ -250,7 +251,7 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
-            kafka.config,
+            config,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         drain = Drain(

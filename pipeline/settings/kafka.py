@@ -19,8 +19,8 @@ __all__ = ["KafkaClientConfig", "KafkaSettings"]
 class KafkaClientConfig:
     """librdkafka's configuration of each client the pipeline makes of ``[kafka]``
     (:attr:`KafkaSettings.config`, built once when the section is read): the clients of
-    :mod:`pipeline.connectors.kafka` are made from it and the commit protocol reads its
-    transaction's budget there.
+    :mod:`pipeline.connectors.kafka` are made of it (``make_consumer``, ``make_producer``,
+    ``make_admin``) and the commit protocol reads its transaction's budget there.
 
     Values are as librdkafka needs them (secrets in clear); the repr masks every value whose
     name looks secret (:func:`pipeline.settings.secrets.is_secret_name`). Never changed: a
@@ -32,36 +32,18 @@ class KafkaClientConfig:
         producer: the producer's: idempotent, ``acks=all``, batched with linger;
             ``producer_extra`` wins over the named keys.
         admin: the admin client's: the connection only.
-        fixed_group: ``consumer_extra`` names ``group.id`` (it wins over a group asked for,
-            :meth:`consumer_in_group`, as over ``kafka.group_id``).
+        fixed_group: ``consumer_extra`` names ``group.id`` (it wins over a tool's own group,
+            ``make_consumer(group_id=...)``, as over ``kafka.group_id``).
 
     Example::
 
-        Consumer({**settings.kafka.config.consumer, "logger": logger})
+        consumer = make_consumer(settings.kafka.config)
     """
 
     consumer: Mapping[str, Any]
     producer: Mapping[str, Any]
     admin: Mapping[str, Any]
     fixed_group: bool = False
-
-    def consumer_in_group(self, group_id: str | None) -> dict[str, Any]:
-        """The consumer's configuration in another consumer group (a tool's own).
-
-        Args:
-            group_id: the group (``None`` or empty: ``kafka.group_id``'s).
-
-        Returns:
-            A copy of :attr:`consumer` with ``group.id`` set (unless ``consumer_extra`` sets it).
-
-        Example::
-
-            config.consumer_in_group("bench-count-1")["group.id"]  # "bench-count-1"
-        """
-        conf = dict(self.consumer)
-        if group_id and not self.fixed_group:
-            conf["group.id"] = group_id
-        return conf
 
     def __repr__(self) -> str:
         shown = ", ".join(

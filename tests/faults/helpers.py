@@ -84,7 +84,7 @@ def committed_positions(settings: Settings) -> dict[int, int]:
     """The input partitions' offsets committed by ``settings``' consumer group, as the broker
     has them now (a partition with no commit is absent). Read without joining the group."""
     topic = settings.topics.input
-    consumer = make_consumer(settings.kafka, group_id=settings.kafka.group_id)
+    consumer = make_consumer(settings.kafka.config, group_id=settings.kafka.group_id)
     try:
         partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
         committed = consumer.committed(partitions, timeout=30)

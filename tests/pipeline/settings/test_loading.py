@@ -237,8 +237,7 @@ def test_consumer_config_maps_snake_case_to_dotted_keys() -> None:
         "max.poll.interval.ms": 120_000,
         "partition.assignment.strategy": "cooperative-sticky",
     }
-    assert kafka.config.consumer_in_group("other")["group.id"] == "other"
-    assert kafka.config.consumer["group.id"] == "g"  # the shared configuration is unchanged
+    # a tool's own group: tests/pipeline/connectors/kafka/test_clients.py
 
 
 def test_client_configs_are_built_once_and_a_copy_with_changes_builds_its_own() -> None:
@@ -249,13 +248,6 @@ def test_client_configs_are_built_once_and_a_copy_with_changes_builds_its_own() 
     assert copied.config.consumer["group.id"] == "bench"
     assert "batch.size" not in copied.config.producer
     assert kafka.config.consumer["group.id"] == "g" and kafka.config.producer["batch.size"] == 1
-
-
-def test_a_group_id_of_consumer_extra_wins_over_one_asked_for() -> None:
-    kafka = KafkaSettings(group_id="g", consumer_extra={"group.id": "extra"})
-    assert kafka.config.consumer["group.id"] == "extra"
-    assert kafka.config.consumer_in_group("other")["group.id"] == "extra"
-    assert KafkaSettings().config.consumer_in_group(None)["group.id"] == "streamrank"
 
 
 def test_client_configs_repr_masks_secret_values() -> None:

@@ -115,7 +115,7 @@ def test_bench_topics_are_deleted_unless_kept(local_stack: LocalStack, keep: boo
     with BenchTopics(settings, keep=keep) as topics:
         made, _ = topics.fresh(partitions=1)
         never_created, _ = topics.fresh()  # a run that failed before creating its topics
-        ensure_topics(settings.kafka, made)
+        ensure_topics(settings.kafka.config, made)
         names = {made.input, made.output, made.dlq}
         assert names <= set(admin.list_topics(timeout=10).topics)
     left = set(admin.list_topics(timeout=10).topics)
