@@ -130,6 +130,7 @@ def serve(
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
                 models=_model_swap(followed, loader, metrics),
+                max_rows=served.options.largest_batch_rows if served.options else None,
             )
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(

@@ -215,6 +215,8 @@ class IngestWorkers:
         max_events: ``--max-events``, shared out (:func:`share_of`).
         checkpoint: the served checkpoint directory (the workers' retrieval index).
         output: the served model's output config (task columns in the slots).
+        max_rows: the scorer's largest batch (its serving options' ``largest_batch_rows``),
+            the slots' rows; default: from the settings' serving options.
     """
 
     settings: Settings
@@ -227,6 +229,7 @@ class IngestWorkers:
     max_events: int | None = None
     checkpoint: Path | None = None
     output: OutputConfig = DEFAULT_OUTPUT
+    max_rows: int | None = None
     channels: list[Channel] = field(default_factory=list)
     failure: str | None = None
     _deadline: float | None = None
@@ -238,7 +241,7 @@ class IngestWorkers:
 
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
-        max_rows = serving_options(self.settings).largest_batch_rows  # the scorer's largest
+        max_rows = self.max_rows or serving_options(self.settings).largest_batch_rows
         shape = SlotShape.for_model(self.inputs, self.output, max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):

@@ -90,11 +90,14 @@ class ServedModel:
         index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
         configured: the configured model it serves (its feature map and output contract, for
             the loop), as the loader resolved it once; ``None`` for the built-in model.
+        options: the serving options its scorer was built with (the largest batch, for the
+            ingest workers' slots); ``None``: a scorer built elsewhere.
     """
 
     scorer: Scorer
     index: VectorIndex | None
     configured: ConfiguredModel | None = None
+    options: ServingOptions | None = None
 
     @property
     def version(self) -> str:
@@ -116,6 +119,7 @@ class PendingModel:
             not check it again); ``None`` for the built-in model.
         configured: the configured model (:meth:`ModelLoader.configured`); ``None`` for the
             built-in model.
+        options: the serving options :attr:`scorer` was built with; ``None`` with it.
     """
 
     path: Path
@@ -124,6 +128,7 @@ class PendingModel:
     scorer: Scorer | None
     checked: CheckedVersion | None = None
     configured: ConfiguredModel | None = None
+    options: ServingOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,7 @@ class ModelLoader:
             if checked is None or checked.path != checkpoint:
                 checked = _check_module_version(configured.module, checkpoint)
             version = checked.meta.model_version
-        scorer = None
+        scorer = options = None
         if self.rank.distributed:
             if check_weights:
                 _verify_weights(checkpoint, configured is not None)
@@ -236,7 +241,7 @@ class ModelLoader:
             )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, version, index, scorer, checked, configured)
+        return PendingModel(checkpoint, version, index, scorer, checked, configured, options)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -245,7 +250,7 @@ class ModelLoader:
         Raises:
             Exception: whatever building the scorer raised.
         """
-        scorer = pending.scorer
+        scorer, options = pending.scorer, pending.options
         if scorer is None:
             from model.serving import ScorerFactory
 
@@ -255,7 +260,7 @@ class ModelLoader:
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
-        return ServedModel(scorer, pending.index, pending.configured)
+        return ServedModel(scorer, pending.index, pending.configured, options)
 
     def _check_compatible(self, spec: FeatureSpec) -> None:
         served = self._spec
