@@ -50,6 +50,7 @@ from pipeline.settings.loading import Settings
 from pipeline.stages.enrich.enricher import BatchEnricher
 
 if TYPE_CHECKING:
+    from pipeline.models.output import OutputContract
     from pipeline.models.preflight import ConfiguredModel
 
 __all__ = ["build_pipeline", "serve", "serve_ingest_worker"]
@@ -66,6 +67,7 @@ def serve(
     checkpoint: Path | None = None,
     worker_setup: Callable[[], object] | None = None,
     configured: ConfiguredModel | None = None,
+    output: OutputContract | None = None,
 ) -> tuple[RunSummary, dict[str, float]]:
     """Score until stopped (SIGTERM/SIGINT), idle, or ``max_events`` consumed.
 
@@ -82,6 +84,10 @@ def serve(
         configured: ``[model.module]`` as the start-up checks of this process resolved it
             (:func:`pipeline.models.preflight.check_configured_model`); default: resolved by
             the loader.
+        output: the built-in model's output contract as the start-up checks of this process
+            resolved it (:func:`pipeline.cli.checks.require_builtin_model`; a configured
+            model's comes with ``configured``); default: resolved by the loop (by each ingest
+            worker's, in its own process).
 
     Returns:
         The run's summary and, with several ranks, this rank's step statistics
@@ -124,9 +130,12 @@ def serve(
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
                 models=_model_swap(followed, loader, metrics),
+                max_rows=served.options.largest_batch_rows if served.options else None,
             )
             return summary, step_stats(metrics) if rank.distributed else {}
-        pipeline = build_pipeline(settings, rank, metrics, checkpoint, configured=configured)
+        pipeline = build_pipeline(
+            settings, rank, metrics, checkpoint, configured=configured, output=output
+        )
         if metrics_port is not None:
             metrics.serve(settings.metrics.host, metrics_port)
         pipeline.stop_on_signals()
@@ -155,6 +164,7 @@ def build_pipeline(
     enricher: BatchEnricher | None = None,
     clients: ClientFactory = connect,
     configured: ConfiguredModel | None = None,
+    output: OutputContract | None = None,
 ) -> ScoringPipeline:
     """The scoring loop of this process, its model version loaded (collective with ranks).
 
@@ -171,6 +181,8 @@ def build_pipeline(
         enricher: the feature source (default: Redis as configured).
         clients: builds the Kafka clients (default: the configured broker).
         configured: ``[model.module]`` resolved (default: by the loader).
+        output: the built-in model's output contract, resolved (default: by the loop; a
+            configured model's comes with the loaded model).
 
     Returns:
         The pipeline, ready to :meth:`~pipeline.runtime.loop.ScoringPipeline.run`.
@@ -195,7 +207,7 @@ def build_pipeline(
         index=served.index,
         models=_model_swap(followed, loader, metrics),
         feature_map=resolved.fmap if resolved is not None else None,
-        output=resolved.output if resolved is not None else None,
+        output=resolved.output if resolved is not None else output,
     )
 
 

@@ -184,7 +184,7 @@ def read_topic(settings: Any, topic: str, isolation_level: str) -> list[Any]:
     from pipeline.connectors.kafka.clients import make_consumer
 
     consumer = make_consumer(
-        settings.kafka,
+        settings.kafka.config,
         group_id=f"compose-audit-{uuid.uuid4().hex[:8]}",  # never joined: offsets are assigned
         extra={"isolation.level": isolation_level, "enable.partition.eof": True},
     )
@@ -288,7 +288,7 @@ def group(members: int, timeout_s: float, since: float | None = None) -> bool:
     from pipeline.connectors.kafka.admin import make_admin
 
     settings = _settings()
-    admin = make_admin(settings.kafka)
+    admin = make_admin(settings.kafka.config)
     group_id, topic = settings.kafka.group_id, settings.topics.input
 
     def check() -> tuple[bool, str]:
@@ -423,7 +423,7 @@ def drained(timeout_s: float) -> bool:
     from pipeline.connectors.kafka.admin import make_admin
 
     settings = _settings()
-    admin = make_admin(settings.kafka)
+    admin = make_admin(settings.kafka.config)
     topic, group_id = settings.topics.input, settings.kafka.group_id
     partitions = sorted(admin.list_topics(topic, timeout=30).topics[topic].partitions)
 

@@ -127,7 +127,7 @@ def settings_factory(
         }
         base.update(sections)
         settings = Settings(**base)
-        ensure_topics(settings.kafka, settings.topics)
+        ensure_topics(settings.kafka.config, settings.topics)
         return settings
 
     return make

@@ -27,6 +27,7 @@ from pipeline.settings.secrets import mask_url
 
 if TYPE_CHECKING:
     from model.module.store import CheckedVersion
+    from pipeline.models.output import OutputContract
     from pipeline.models.preflight import ConfiguredModel
 
 KAFKA_PROBE_TIMEOUT_S = 5.0
@@ -57,7 +58,7 @@ def require_kafka(kafka: KafkaSettings, timeout_s: float = KAFKA_PROBE_TIMEOUT_S
         require_kafka(settings.kafka)
     """
     check_kafka_client_settings(kafka, _silent_logger())
-    admin = make_admin(kafka, logger=_silent_logger())
+    admin = make_admin(kafka.config, logger=_silent_logger())
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as error:
@@ -213,13 +214,53 @@ def require_schema_registry(
         ) from error
 
 
+def require_builtin_model(settings: Settings) -> OutputContract:
+    """Raise :class:`UserError` for what only a configured model reads (``[events]``,
+    ``[features]``, a configured model's retrieval keys) or any mistake in ``[output]``, when
+    the built-in model is served (no ``[model.module]``).
+
+    Args:
+        settings: the command's settings.
+
+    Returns:
+        The built-in model's output contract as the checks resolved it (for the serving path:
+        ``serve(output=...)``).
+
+    Example::
+
+        output = require_builtin_model(settings)
+    """
+    if settings.events.configured or settings.features.configured:
+        raise UserError(
+            "[events] and [features] map the input of a configured model: set "
+            "[model.module] (the built-in model reads UserEvent and its own features)"
+        )
+    retrieval = settings.retrieval
+    configured_only = [f"retrieval.{n}" for n in ("query", "items") if getattr(retrieval, n)]
+    if retrieval.catalogue is CatalogueSource.TABLE:
+        configured_only.append('retrieval.catalogue = "table"')
+    if configured_only:
+        raise UserError(
+            f"{', '.join(configured_only)}: a configured model's retrieval ([model.module]); "
+            "the built-in model queries with retrieval.query_features and lists its items "
+            'with catalogue = "redis" or "file"'
+        )
+    from pipeline.models.output import resolve_output
+
+    try:
+        return resolve_output(settings)
+    except ValueError as error:  # OutputContractError: one line naming the key
+        raise UserError(str(error)) from error
+
+
 def require_configured_model(
     settings: Settings, checkpoint: Path | None = None
 ) -> ConfiguredModel | None:
     """Raise :class:`UserError` for any mistake in ``[model.module]``, ``[events]``,
     ``[features]`` or ``[output]`` (:mod:`pipeline.models.preflight`,
     :mod:`pipeline.models.output`), and, given the ``checkpoint`` to serve, for a version
-    imported for another module; without ``[model.module]``, only ``[output]`` is checked.
+    imported for another module; without ``[model.module]``, the built-in model's checks
+    (:func:`require_builtin_model`).
 
     ``[events]`` or ``[features]`` without ``[model.module]`` is a mistake too: the built-in
     model reads the built-in schema and features.
@@ -237,27 +278,7 @@ def require_configured_model(
         configured = require_configured_model(settings)
     """
     if settings.model.module is None:
-        if settings.events.configured or settings.features.configured:
-            raise UserError(
-                "[events] and [features] map the input of a configured model: set "
-                "[model.module] (the built-in model reads UserEvent and its own features)"
-            )
-        retrieval = settings.retrieval
-        configured_only = [f"retrieval.{n}" for n in ("query", "items") if getattr(retrieval, n)]
-        if retrieval.catalogue is CatalogueSource.TABLE:
-            configured_only.append('retrieval.catalogue = "table"')
-        if configured_only:
-            raise UserError(
-                f"{', '.join(configured_only)}: a configured model's retrieval ([model.module]); "
-                "the built-in model queries with retrieval.query_features and lists its items "
-                'with catalogue = "redis" or "file"'
-            )
-        from pipeline.models.output import resolve_output
-
-        try:
-            resolve_output(settings)
-        except ValueError as error:  # OutputContractError: one line naming the key
-            raise UserError(str(error)) from error
+        require_builtin_model(settings)
         return None
     from pipeline.models.preflight import check_configured_model  # torch: only then
 

@@ -99,25 +99,26 @@ def check_kafka_client_settings(kafka: KafkaSettings, logger: logging.Logger) ->
     """Raise :class:`UserError` when librdkafka rejects the producer or consumer configuration.
 
     Args:
-        kafka: the ``[kafka]`` settings (``consumer_config()`` and ``producer_config()`` are
-            what the pipeline's clients are built from).
+        kafka: the ``[kafka]`` settings (``kafka.config``'s consumer and producer are what the
+            pipeline's clients are built from).
         logger: where the throw-away clients log (a silent one: no line reaches the user).
 
     Example::
 
         check_kafka_client_settings(settings.kafka, logging.getLogger("streamrank.probe"))
     """
+    # a validated copy: its config is built without the extras
     named = kafka.model_copy(update={"consumer_extra": {}, "producer_extra": {}})
     for conf, client_type in (
-        (named.producer_config(), Producer),
-        (named.consumer_config(), Consumer),
+        (named.config.producer, Producer),
+        (named.config.consumer, Consumer),
     ):
         message = _librdkafka_error(client_type, conf, logger)
         if message is not None:
             raise UserError(_named_key_message(kafka, message))
     for section, conf, client_type in (
-        ("producer_extra", kafka.producer_config(), Producer),
-        ("consumer_extra", kafka.consumer_config(), Consumer),
+        ("producer_extra", kafka.config.producer, Producer),
+        ("consumer_extra", kafka.config.consumer, Consumer),
     ):
         message = _librdkafka_error(client_type, conf, logger)
         if message is not None:

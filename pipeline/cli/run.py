@@ -10,13 +10,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from model.rank import RankContext
 from model.serving.options import check_module_sharding
 from pipeline.cli.checks import (
+    require_builtin_model,
     require_checkpoint,
     require_configured_model,
     require_device,
@@ -33,6 +34,10 @@ from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, wr
 from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary, json_line
 from pipeline.settings.loading import Settings
+
+if TYPE_CHECKING:
+    from pipeline.models.output import OutputContract
+    from pipeline.models.preflight import ConfiguredModel
 
 log = logging.getLogger("streamrank")
 
@@ -104,9 +109,13 @@ def run(
         else None
     )
     require_device(settings.model.device)
-    configured = None
+    configured: ConfiguredModel | None = None
+    output: OutputContract | None = None  # the built-in model's (a configured one carries its)
     if launch is not None:  # once, before any rank starts (the ranks run the checks' result)
-        configured = require_configured_model(settings)
+        if settings.model.module is None:
+            output = require_builtin_model(settings)
+        else:
+            configured = require_configured_model(settings)
     pinned = os.environ.get(SERVED_CHECKPOINT_ENV) if "LOCAL_RANK" in os.environ else None
     served = require_checkpoint(Path(pinned) if pinned else settings.model.checkpoint)
     if launch is not None and configured is not None:  # checked once: the loader takes it
@@ -141,6 +150,7 @@ def run(
             checkpoint=served,
             worker_setup=_worker_logging(ctx),
             configured=configured,
+            output=output,
         )
     except (UnsupportedOption, ModelConfigError, FeatureMapError, OutputContractError) as exc:
         raise UserError(str(exc)) from exc

@@ -44,6 +44,7 @@ def serve_with_workers(
     setup: Callable[[], object] | None = None,
     checkpoint: Path | None = None,
     models: ModelSwap | None = None,
+    max_rows: int | None = None,
 ) -> RunSummary:
     """Serve ``batching.ingest_workers`` workers until all of them are done.
 
@@ -66,6 +67,9 @@ def serve_with_workers(
         models: follows a versions directory: this process swaps promoted versions in
             between two forwards (a configured model: its workers' input does not depend on
             the version).
+        max_rows: the scorer's largest batch (``largest_batch_rows`` of the serving options it
+            was built with: :attr:`pipeline.models.loader.ServedModel.options`), the size of
+            the workers' slots; default: from the settings' serving options.
 
     Returns:
         The rank's summary: its workers' merged, each worker's under ``workers``.
@@ -96,6 +100,7 @@ def serve_with_workers(
         max_events=max_events,
         checkpoint=checkpoint,
         output=scorer.output,
+        max_rows=max_rows,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -160,9 +160,11 @@ def worker_process(assignment: WorkerAssignment) -> Iterator[WorkerRuntime]:
     relay.start()
     try:
         if assignment.checkpoint is not None:  # before it is ready: it retrieves from its start
-            loader = ModelLoader(assignment.settings, assignment.rank)
-            runtime.index = loader.retrieval_index(assignment.checkpoint)
-            configured = loader.configured()  # resolved once: the loop takes its map, contract
+            indexed = ModelLoader(assignment.settings, assignment.rank).load_index(
+                assignment.checkpoint
+            )
+            runtime.index = indexed.index
+            configured = indexed.configured  # resolved once: the loop takes its map, contract
             if configured is not None:
                 runtime.feature_map, runtime.output = configured.fmap, configured.output
         link.wait_for_start()

@@ -55,6 +55,7 @@ from pipeline.ingest.transport import (
 from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings, picklable
+from pipeline.stages.commit import transactional_id
 
 __all__ = [
     "KILL_MARGIN_S",
@@ -121,10 +122,10 @@ class WorkerAssignment:
 def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settings:
     """Worker ``index``'s settings: with exactly-once, a ``transactional.id`` of its own.
 
-    Worker 0 keeps the rank's id (``delivery.transactional_id``, else
-    ``<group_id>-<client_id>-<RANK>``), worker i > 0 gets ``<that>-w<i>``: distinct between the
-    members, stable across restarts (a restarted worker fences its predecessor's open
-    transaction), and the same for worker 0 as without workers.
+    Worker 0 keeps the rank's id (:func:`pipeline.stages.commit.transactional_id`), worker
+    i > 0 gets ``<that>-w<i>``: distinct between the members, stable across restarts (a
+    restarted worker fences its predecessor's open transaction), and the same for worker 0 as
+    without workers.
 
     Example::
 
@@ -133,10 +134,8 @@ def worker_settings(settings: Settings, rank: RankContext, index: int) -> Settin
     """
     if index == 0:  # a plain Settings: it is pickled into the spawned worker
         return picklable(settings)
-    kafka = settings.kafka
-    tid = settings.delivery.transactional_id
-    base = tid or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
-    delivery = settings.delivery.model_copy(update={"transactional_id": f"{base}-w{index}"})
+    tid = f"{transactional_id(settings, rank)}-w{index}"
+    delivery = settings.delivery.model_copy(update={"transactional_id": tid})
     return picklable(settings, delivery=delivery)
 
 
@@ -216,6 +215,8 @@ class IngestWorkers:
         max_events: ``--max-events``, shared out (:func:`share_of`).
         checkpoint: the served checkpoint directory (the workers' retrieval index).
         output: the served model's output config (task columns in the slots).
+        max_rows: the scorer's largest batch (its serving options' ``largest_batch_rows``),
+            the slots' rows; default: from the settings' serving options.
     """
 
     settings: Settings
@@ -228,6 +229,7 @@ class IngestWorkers:
     max_events: int | None = None
     checkpoint: Path | None = None
     output: OutputConfig = DEFAULT_OUTPUT
+    max_rows: int | None = None
     channels: list[Channel] = field(default_factory=list)
     failure: str | None = None
     _deadline: float | None = None
@@ -239,7 +241,7 @@ class IngestWorkers:
 
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
-        max_rows = serving_options(self.settings).largest_batch_rows  # the scorer's largest
+        max_rows = self.max_rows or serving_options(self.settings).largest_batch_rows
         shape = SlotShape.for_model(self.inputs, self.output, max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):

@@ -4,9 +4,10 @@ The model knows table rows, not items: raw ids are hashed into rows, so the rows
 say which items exist. The catalogue says it (``retrieval.catalogue``):
 
 - ``redis`` (default): every item key of the feature store, ``<prefix>:i:<item_id>``, read
-  with SCAN (no blocking KEYS). These are the items the ranker has features for; an item
-  without features would be scored with defaults anyway. It is read each time a model
-  version is loaded, so items added since the last load join with the next version.
+  with SCAN (no blocking KEYS: :func:`pipeline.connectors.redis.keys.key_ids`). These are the
+  items the ranker has features for; an item without features would be scored with defaults
+  anyway. It is read each time a model version is loaded, so items added since the last load
+  join with the next version.
 - ``file``: ``retrieval.catalogue_path``, a ``.npy`` int64 array or a text file with one
   decimal id per line (blank lines and ``#`` comments skipped).
 
@@ -27,17 +28,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import redis
 
+from pipeline.connectors.redis.connection import FeatureClient
+from pipeline.connectors.redis.keys import key_ids
 from pipeline.settings.retrieval import CatalogueSource, RetrievalSettings
 
 if TYPE_CHECKING:
+    from model.retrieval.config import RetrievalConfig
     from model.retrieval.index import RetrievalIndex
     from model.retrieval.sources import RetrievalPlan
 
 __all__ = [
     "catalogue_from_file",
-    "catalogue_from_keys",
     "catalogue_from_redis",
     "configured_catalogue",
     "load_catalogue",
@@ -47,11 +49,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Int64Array = npt.NDArray[np.int64]
-_SCAN_COUNT = 10_000
-_GLOB_SPECIAL = "*?[]\\"
 
 
-def catalogue_from_redis(client: redis.Redis, key_prefix: str) -> Int64Array:
+def catalogue_from_redis(client: FeatureClient, key_prefix: str) -> Int64Array:
     """Raw ids of every item key ``<key_prefix>:i:<id>`` in Redis (SCAN, in pages).
 
     Args:
@@ -63,41 +63,9 @@ def catalogue_from_redis(client: redis.Redis, key_prefix: str) -> Int64Array:
 
     Example::
 
-        ids = catalogue_from_redis(redis.Redis.from_url(url), "sr")
+        ids = catalogue_from_redis(bulk_client(settings.redis), "sr")
     """
-    return catalogue_from_keys(client, f"{key_prefix}:i:{{id}}")
-
-
-def catalogue_from_keys(client: redis.Redis, template: str) -> Int64Array:
-    """Raw ids of every key of ``template`` (``{id}``: the id in decimal) in Redis (SCAN).
-
-    Args:
-        client: the feature store.
-        template: a key template, e.g. ``[features.item].key`` (``shop:offer:{id}``).
-
-    Returns:
-        int64[N] sorted unique ids; keys whose ``{id}`` part is not an integer are skipped.
-
-    Example::
-
-        ids = catalogue_from_keys(client, "shop:offer:{id}")
-    """
-    prefix, _, suffix = template.partition("{id}")
-    match = _glob_escaped(prefix) + "*" + _glob_escaped(suffix)
-    head, tail = len(prefix), len(suffix)
-    ids: list[int] = []
-    for key in client.scan_iter(match=match, count=_SCAN_COUNT):
-        text = key.decode() if isinstance(key, bytes) else str(key)
-        try:
-            ids.append(int(text[head : len(text) - tail]))
-        except ValueError:
-            continue
-    return np.unique(np.asarray(ids, dtype=np.int64))
-
-
-def _glob_escaped(text: str) -> str:
-    """``text`` as a literal in a SCAN ``MATCH`` pattern."""
-    return "".join(f"\\{c}" if c in _GLOB_SPECIAL else c for c in text)
+    return key_ids(client, f"{key_prefix}:i:{{id}}")
 
 
 def catalogue_from_file(path: Path) -> Int64Array:
@@ -131,7 +99,7 @@ def catalogue_from_file(path: Path) -> Int64Array:
 
 
 def load_catalogue(
-    settings: RetrievalSettings, client: redis.Redis | None, key_prefix: str
+    settings: RetrievalSettings, client: FeatureClient | None, key_prefix: str
 ) -> Int64Array:
     """The catalogue ``retrieval.catalogue`` names.
 
@@ -160,7 +128,7 @@ def load_catalogue(
 
 
 def configured_catalogue(
-    settings: RetrievalSettings, plan: RetrievalPlan, client: redis.Redis | None
+    settings: RetrievalSettings, plan: RetrievalPlan, client: FeatureClient | None
 ) -> Int64Array:
     """The catalogue of a configured model: the ids ``retrieval.catalogue`` names, less those
     outside ``[0, plan.item_id_limit)`` (ids an event could not bring; a warning counts them).
@@ -188,7 +156,7 @@ def configured_catalogue(
     elif client is None:
         raise ValueError('retrieval.catalogue = "redis" needs a Redis client')
     else:
-        ids = catalogue_from_keys(client, plan.catalogue_key)
+        ids = key_ids(client, plan.catalogue_key)
     kept = (ids >= 0) & (ids < plan.item_id_limit)
     if not kept.all():
         log.warning(
@@ -201,7 +169,7 @@ def configured_catalogue(
 
 
 def load_retrieval_index(
-    checkpoint: Path, settings: RetrievalSettings, catalogue: Int64Array
+    checkpoint: Path, config: RetrievalConfig, catalogue: Int64Array
 ) -> RetrievalIndex:
     """The retrieval index of the model version at ``checkpoint``.
 
@@ -211,7 +179,8 @@ def load_retrieval_index(
 
     Args:
         checkpoint: the version's checkpoint directory (plain or DCP).
-        settings: ``[retrieval]``.
+        config: ``[retrieval]``'s index config (``settings.retrieval.config``, as the model
+            loader read it).
         catalogue: raw item ids (:func:`load_catalogue`).
 
     Returns:
@@ -220,12 +189,11 @@ def load_retrieval_index(
     Example::
 
         catalogue = load_catalogue(settings.retrieval, client, settings.redis.key_prefix)
-        index = load_retrieval_index(version_dir, settings.retrieval, catalogue)
+        index = load_retrieval_index(version_dir, settings.retrieval.config, catalogue)
     """
     from model.retrieval.index import build_index, needed_tables
     from model.store.tables import EmbeddingTables
 
-    config = settings.config
     tables = EmbeddingTables.from_checkpoint(checkpoint, needed_tables(config))
     index = build_index(tables, catalogue, config)
     log.info(

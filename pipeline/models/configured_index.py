@@ -19,7 +19,7 @@ reads the same full fp32 tables on its own, with no collective.
 
 Example::
 
-    index = load_configured_index(version_dir, settings, plan, catalogue, client)
+    index = load_configured_index(version_dir, config, plan, catalogue, client, version, max_bytes)
     queries = index.table_queries(events.user_ids)
 """
 
@@ -37,13 +37,12 @@ import numpy.typing as npt
 
 from model.retrieval.index import VectorIndex, index_vectors
 from model.retrieval.sources import RecordVectors, RetrievalPlan, TableVectors
+from pipeline.connectors.redis.connection import FeatureClient
 from pipeline.connectors.redis.vectors import read_vectors
-from pipeline.settings.loading import Settings
 from pipeline.stages.features.mapped import table_rows
 
 if TYPE_CHECKING:
-    import redis
-
+    from model.retrieval.config import RetrievalConfig
     from pipeline.types import FieldColumns
 
 __all__ = ["ConfiguredIndex", "load_configured_index"]
@@ -139,22 +138,25 @@ class ConfiguredIndex(VectorIndex):
 
 def load_configured_index(
     checkpoint: Path,
-    settings: Settings,
+    config: RetrievalConfig,
     plan: RetrievalPlan,
     catalogue: Int64Array,
-    client: redis.Redis | None,
+    client: FeatureClient | None,
     version: str,
+    max_value_bytes: int,
 ) -> ConfiguredIndex | None:
     """The index of the configured model version at ``checkpoint``.
 
     Args:
         checkpoint: the version's directory (its ``model.pt``).
-        settings: ``[retrieval]`` (the index kind) and ``redis.max_value_bytes``.
+        config: ``[retrieval]``'s index config (the index kind; ``settings.retrieval.config``,
+            as the model loader read it).
         plan: the resolved retrieval.
         catalogue: int64[N] the raw item ids
             (:func:`pipeline.models.catalogue.configured_catalogue`).
         client: the feature store (for item vectors of Redis records).
         version: the version's name.
+        max_value_bytes: ``redis.max_value_bytes`` (a longer item record has no vector).
 
     Returns:
         The index; ``None`` when no catalogue item has a vector (logged).
@@ -165,7 +167,7 @@ def load_configured_index(
 
     Example::
 
-        index = load_configured_index(path, settings, plan, ids, client, "deepfm-1")
+        index = load_configured_index(path, config, plan, ids, client, "deepfm-1", 1 << 16)
     """
     start = time.perf_counter()
     weights = _Weights(checkpoint)
@@ -175,9 +177,7 @@ def load_configured_index(
         vectors = weights.table(items)[table_rows(catalogue, items.key)]
     else:
         assert client is not None, "item vectors from Redis need a client"
-        got, present = read_vectors(
-            client, items.layout, items.field, catalogue, settings.redis.max_value_bytes
-        )
+        got, present = read_vectors(client, items.layout, items.field, catalogue, max_value_bytes)
         ids, vectors = catalogue[present], got[present]
         if not present.all():
             log.warning(
@@ -193,7 +193,6 @@ def load_configured_index(
             "dead-letter topic (no_candidates) until a model version loads with some"
         )
         return None
-    config = settings.retrieval.config
     built = index_vectors(np.ascontiguousarray(vectors, np.float32), ids, config, version)
     query = weights.table(plan.query) if isinstance(plan.query, TableVectors) else None
     index = dataclasses.replace(

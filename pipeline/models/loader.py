@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-
 from model.rank import RankContext
 from model.serving.options import ServingOptions
+from pipeline.connectors.redis.connection import FeatureClient, bulk_client
 from pipeline.models.catalogue import (
     configured_catalogue,
     load_catalogue,
@@ -57,12 +56,14 @@ if TYPE_CHECKING:
     from model.features.spec import FeatureSpec
     from model.module.store import CheckedVersion
     from model.module.types import ModuleConfig
+    from model.retrieval.config import RetrievalConfig
     from model.retrieval.index import VectorIndex
     from model.serving import Scorer
     from pipeline.models.preflight import ConfiguredModel
 
 __all__ = [
     "IncompatibleModel",
+    "IndexedModel",
     "ModelLoader",
     "PendingModel",
     "ServedModel",
@@ -89,11 +90,14 @@ class ServedModel:
         index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
         configured: the configured model it serves (its feature map and output contract, for
             the loop), as the loader resolved it once; ``None`` for the built-in model.
+        options: the serving options its scorer was built with (the largest batch, for the
+            ingest workers' slots); ``None``: a scorer built elsewhere.
     """
 
     scorer: Scorer
     index: VectorIndex | None
     configured: ConfiguredModel | None = None
+    options: ServingOptions | None = None
 
     @property
     def version(self) -> str:
@@ -115,6 +119,7 @@ class PendingModel:
             not check it again); ``None`` for the built-in model.
         configured: the configured model (:meth:`ModelLoader.configured`); ``None`` for the
             built-in model.
+        options: the serving options :attr:`scorer` was built with; ``None`` with it.
     """
 
     path: Path
@@ -123,17 +128,35 @@ class PendingModel:
     scorer: Scorer | None
     checked: CheckedVersion | None = None
     configured: ConfiguredModel | None = None
+    options: ServingOptions | None = None
+
+
+@dataclass(frozen=True)
+class IndexedModel:
+    """A version's retrieval index alone (:meth:`ModelLoader.load_index`: an ingest worker's,
+    whose scorer is its rank's).
+
+    Attributes:
+        index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+        configured: the configured model it was built for (its feature map and output
+            contract, for the worker's loop); ``None`` for the built-in model.
+    """
+
+    index: VectorIndex | None
+    configured: ConfiguredModel | None = None
 
 
 class ModelLoader:
     """Builds :class:`ServedModel` s of checkpoint directories for this process.
 
     Args:
-        settings: ``[model]`` (how to serve), ``[retrieval]`` (the index), ``[redis]`` (the
-            catalogue), ``batching.max_batch_rows`` and ``codec.max_candidates``.
+        settings: ``[model]`` (how to serve), ``[retrieval]`` (the index: its config read
+            once, here), ``[redis]`` (the catalogue), ``batching.max_batch_rows`` and
+            ``codec.max_candidates``.
         rank: this process's place in the job (several ranks: sharded, collective).
         redis_client: for ``retrieval.catalogue = "redis"`` (default: one from
-            ``[redis]``, made when first needed).
+            ``[redis]``, made when first needed:
+            :func:`pipeline.connectors.redis.connection.bulk_client`).
         configured: ``[model.module]`` resolved by the start-up checks of this process
             (:func:`pipeline.models.preflight.check_configured_model`); default: resolved here
             when first needed (:func:`pipeline.models.preflight.resolve_configured_model`).
@@ -143,12 +166,15 @@ class ModelLoader:
         self,
         settings: Settings,
         rank: RankContext | None = None,
-        redis_client: redis.Redis | None = None,
+        redis_client: FeatureClient | None = None,
         configured: ConfiguredModel | None = None,
     ) -> None:
         self.settings = settings
         self.rank = rank or RankContext()
         self._redis = redis_client
+        self._retrieval: RetrievalConfig = settings.retrieval.config
+        """``[retrieval]``'s config: every index is built with it (and carries it to the loop's
+        retriever), the serving options count its candidates."""
         self._spec: FeatureSpec | None = None
         self._module = configured
         """``[model.module]`` resolved: its config, feature map and retrieval plan."""
@@ -203,17 +229,19 @@ class ModelLoader:
             if checked is None or checked.path != checkpoint:
                 checked = _check_module_version(configured.module, checkpoint)
             version = checked.meta.model_version
-        scorer = None
+        scorer = options = None
         if self.rank.distributed:
             if check_weights:
                 _verify_weights(checkpoint, configured is not None)
         else:
             from model.serving import ScorerFactory
 
-            options = serving_options(self.settings, configured, checkpoint, checked)
+            options = serving_options(
+                self.settings, configured, checkpoint, checked, self._retrieval
+            )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         index = self.retrieval_index(checkpoint)  # after the weights: a corrupt one fails first
-        return PendingModel(checkpoint, version, index, scorer, checked, configured)
+        return PendingModel(checkpoint, version, index, scorer, checked, configured, options)
 
     def complete(self, pending: PendingModel) -> ServedModel:
         """The rest: with several ranks, build the sharded scorer (collective: every rank at
@@ -222,17 +250,17 @@ class ModelLoader:
         Raises:
             Exception: whatever building the scorer raised.
         """
-        scorer = pending.scorer
+        scorer, options = pending.scorer, pending.options
         if scorer is None:
             from model.serving import ScorerFactory
 
             options = serving_options(
-                self.settings, pending.configured, pending.path, pending.checked
+                self.settings, pending.configured, pending.path, pending.checked, self._retrieval
             )
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
-        return ServedModel(scorer, pending.index, pending.configured)
+        return ServedModel(scorer, pending.index, pending.configured, options)
 
     def _check_compatible(self, spec: FeatureSpec) -> None:
         served = self._spec
@@ -249,8 +277,24 @@ class ModelLoader:
                 "restart the pipeline to serve it"
             )
 
+    def load_index(self, checkpoint: Path) -> IndexedModel:
+        """The retrieval index of ``checkpoint`` alone, with the configured model it serves
+        (an ingest worker builds its own; its scorer is its rank's).
+
+        Args:
+            checkpoint: the version's checkpoint directory.
+
+        Returns:
+            The index and the configured model.
+
+        Example::
+
+            indexed = ModelLoader(settings).load_index(checkpoint)
+        """
+        return IndexedModel(self.retrieval_index(checkpoint), self.configured())
+
     def retrieval_index(self, checkpoint: Path) -> VectorIndex | None:
-        """The retrieval index of ``checkpoint`` (also built alone by each ingest worker).
+        """The retrieval index of ``checkpoint`` (:meth:`load_local`, :meth:`load_index`).
 
         Args:
             checkpoint: the version's checkpoint directory.
@@ -274,7 +318,7 @@ class ModelLoader:
         if catalogue.size == 0:
             _empty_catalogue(settings.retrieval.catalogue)
             return None
-        return load_retrieval_index(checkpoint, settings.retrieval, catalogue)
+        return load_retrieval_index(checkpoint, self._retrieval, catalogue)
 
     def _configured_index(self, checkpoint: Path) -> VectorIndex | None:
         """A configured model version's index (:mod:`pipeline.models.configured_index`)."""
@@ -295,12 +339,14 @@ class ModelLoader:
             _empty_catalogue(retrieval.catalogue)
             return None
         version = load_module_meta(checkpoint).model_version
-        return load_configured_index(checkpoint, self.settings, plan, catalogue, client, version)
+        max_bytes = self.settings.redis.max_value_bytes
+        return load_configured_index(
+            checkpoint, self._retrieval, plan, catalogue, client, version, max_bytes
+        )
 
-    def _redis_client(self) -> redis.Redis:
+    def _redis_client(self) -> FeatureClient:
         if self._redis is None:
-            redis_settings = self.settings.redis
-            self._redis = redis.Redis.from_url(redis_settings.url, **redis_settings.client_kwargs())
+            self._redis = bulk_client(self.settings.redis)
         return self._redis
 
 
@@ -317,6 +363,7 @@ def serving_options(
     configured: ConfiguredModel | None = None,
     checkpoint: Path | None = None,
     checked: CheckedVersion | None = None,
+    retrieval: RetrievalConfig | None = None,
 ) -> ServingOptions:
     """The complete serving options of ``settings``: what the one
     :class:`~model.serving.ScorerFactory` builds, for the loader, ``run``'s launch check and
@@ -332,6 +379,8 @@ def serving_options(
             ``model.checkpoint``.
         checked: ``checkpoint``'s version, its architecture checked against ``configured``
             (``None``: the scorer checks it); ignored for the built-in model.
+        retrieval: ``settings.retrieval.config`` as the caller read it (the model loader);
+            default: read here.
 
     Example::
 
@@ -347,16 +396,20 @@ def serving_options(
         precision=model.precision,
         sharding=model.sharding.config,
         max_batch_rows=settings.batching.max_batch_rows,
-        max_event_rows=max_event_rows(settings),
+        max_event_rows=max_event_rows(settings, retrieval),
         module=configured.module if configured is not None else None,
         layout=configured.fmap.layout if configured is not None else None,
         checked=checked if configured is not None else None,
     )
 
 
-def max_event_rows(settings: Settings) -> int:
+def max_event_rows(settings: Settings, retrieval: RetrievalConfig | None = None) -> int:
     """Rows of the largest one-event batch: ``codec.max_candidates`` or, with retrieval on,
     ``retrieval.num_candidates`` if larger (the scorer's options, the ingest workers' slots).
+
+    Args:
+        settings: ``codec.max_candidates``, ``retrieval.enabled``.
+        retrieval: ``settings.retrieval.config`` as the caller read it; default: read here.
 
     Example::
 
@@ -364,7 +417,8 @@ def max_event_rows(settings: Settings) -> int:
     """
     rows = settings.codec.max_candidates
     if settings.retrieval.enabled:
-        rows = max(rows, settings.retrieval.config.num_candidates)
+        config = retrieval or settings.retrieval.config
+        rows = max(rows, config.num_candidates)
     return rows
 
 

@@ -111,8 +111,9 @@ class ScoringPipeline:
             (:class:`~pipeline.runtime.model_swap.ModelSwap`); ``None``: the model never changes.
         feature_map: a configured model's feature map, resolved by the model loader
             (default: resolved here from ``settings``).
-        output: the output contract, resolved by the model loader with the configured model
-            (default: resolved here from ``settings``).
+        output: the output contract, resolved once for this process: a configured model's by
+            the model loader, the built-in model's by ``run``'s start-up checks (default:
+            resolved here from ``settings``).
 
     Example::
 
@@ -139,19 +140,18 @@ class ScoringPipeline:
         self.metrics = metrics or Metrics()
         self.rank = rank or RankContext()
         self.models = models
-        # the settings first: batching, the stop's deadline, the retrieved candidates
+        # the settings first: batching, the stop's deadline
         batching = settings.batching
         self.batcher = MicroBatcher(batching.max_batch_rows, batching.max_delay_ms)
         self.policy = BatchPolicy(batching.max_delay_ms, batching.latency_budget_ms)
         overlap = batching.overlap_forward
         self.overlap = scorer.device.type == "cuda" if overlap is None else overlap
         self.shutdown = Shutdown(settings.shutdown.timeout_s)
-        num_candidates = settings.retrieval.config.num_candidates
         self.stepper: Stepper = stepper or StepAgreement(metrics=self.metrics)
         self.collective = self.stepper.collective
         # then the model's input and output: decode, enrich, features (the built-in model's,
-        # or those of [model.module]'s map) and [output], as the loader resolved them, else
-        # resolved here
+        # or those of [model.module]'s map) and [output], as the loader (or run's checks)
+        # resolved them, else resolved here
         inputs = serving_inputs(
             settings, self.metrics, scorer.spec if scorer.builtin else None, enricher, feature_map
         )
@@ -159,7 +159,8 @@ class ScoringPipeline:
         self.enricher: BatchEnricher = inputs.enricher
         self.features = inputs.features
         self.output = output or resolve_output(settings, inputs.feature_map)
-        self.retriever = CandidateRetriever(index, num_candidates, self.metrics, inputs.enricher)
+        # each index retrieves the num_candidates of the config it was built with
+        self.retriever = CandidateRetriever(index, metrics=self.metrics, enricher=inputs.enricher)
         self.summary = RunSummary()
         self._clients = clients
         self._run: _Run | None = None
@@ -224,7 +225,8 @@ class ScoringPipeline:
         settings, metrics = self.settings, self.metrics
         exactly_once = settings.delivery.guarantee is Guarantee.EXACTLY_ONCE
         kafka = transactional_kafka(settings, self.rank) if exactly_once else settings.kafka
-        clients = self._clients(kafka, settings.topics, metrics.record_librdkafka_stats)
+        config = kafka.config  # the clients and the commit protocol's budget are made of it
+        clients = self._clients(config, settings.topics, metrics.record_librdkafka_stats)
         source = KafkaSource(
             clients.consumer, settings.topics.input, settings.batching.consume_batch_size
         )
@@ -249,7 +251,7 @@ class ScoringPipeline:
             clients,
             settings.batching.max_in_flight_batches,
             self.shutdown,
-            kafka,
+            config,
         )
         metrics.commit_failures.watch(lambda: checkpointer.commit_failures)
         drain = Drain(

@@ -21,7 +21,7 @@ to be scored, so the candidates of every batch come from the version that scores
 
 Example::
 
-    retriever = CandidateRetriever(index, num_candidates=100, metrics=metrics, enricher=enricher)
+    retriever = CandidateRetriever(index, metrics=metrics, enricher=enricher)
     decoded = retriever.fill(decoder.decode(polled))
 """
 
@@ -52,7 +52,9 @@ class CandidateRetriever:
     Args:
         index: the served model version's retrieval index; ``None``: nothing to retrieve
             from (events without candidates are dead-lettered).
-        num_candidates: items retrieved per event (``retrieval.num_candidates``).
+        num_candidates: items retrieved per event; default: the searched index's own
+            (``index.config.num_candidates``: ``retrieval.num_candidates`` of the config the
+            model loader built it with).
         metrics: the ``retrieve`` stage time and ``streamrank_retrieved_events_total``.
         enricher: reads the users' Redis records, for a configured model whose query is a
             field of them (the loop's enricher: one cache for both).
@@ -64,7 +66,7 @@ class CandidateRetriever:
     def __init__(
         self,
         index: VectorIndex | None,
-        num_candidates: int,
+        num_candidates: int | None = None,
         metrics: Metrics | None = None,
         enricher: BatchEnricher | None = None,
     ) -> None:

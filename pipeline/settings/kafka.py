@@ -1,15 +1,59 @@
-"""The ``[kafka]`` section: connection and client settings of the consumer and the producer."""
+"""The ``[kafka]`` section: connection and client settings of the consumer and the producer, and
+librdkafka's configuration of each client, built once from them (:class:`KafkaClientConfig`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from pipeline.settings.secrets import is_secret_name
+from pipeline.settings.secrets import MASK, is_secret_name
 from pipeline.settings.section import Section
 
-__all__ = ["KafkaSettings"]
+__all__ = ["KafkaClientConfig", "KafkaSettings"]
+
+
+@dataclass(frozen=True, repr=False)
+class KafkaClientConfig:
+    """librdkafka's configuration of each client the pipeline makes of ``[kafka]``
+    (:attr:`KafkaSettings.config`, built once when the section is read): the clients of
+    :mod:`pipeline.connectors.kafka` are made of it (``make_consumer``, ``make_producer``,
+    ``make_admin``) and the commit protocol reads its transaction's budget there.
+
+    Values are as librdkafka needs them (secrets in clear); the repr masks every value whose
+    name looks secret (:func:`pipeline.settings.secrets.is_secret_name`). Never changed: a
+    client adds its own properties to a copy.
+
+    Attributes:
+        consumer: the consumer's: offsets committed by us, never automatically;
+            ``consumer_extra`` wins over the named keys.
+        producer: the producer's: idempotent, ``acks=all``, batched with linger;
+            ``producer_extra`` wins over the named keys.
+        admin: the admin client's: the connection only.
+        fixed_group: ``consumer_extra`` names ``group.id`` (it wins over a tool's own group,
+            ``make_consumer(group_id=...)``, as over ``kafka.group_id``).
+
+    Example::
+
+        consumer = make_consumer(settings.kafka.config)
+    """
+
+    consumer: Mapping[str, Any]
+    producer: Mapping[str, Any]
+    admin: Mapping[str, Any]
+    fixed_group: bool = False
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={_masked(getattr(self, name))!r}" for name in ("consumer", "producer", "admin")
+        )
+        return f"KafkaClientConfig({shown}, fixed_group={self.fixed_group})"
+
+
+def _masked(conf: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: MASK if is_secret_name(k) else v for k, v in conf.items()}
 
 
 class KafkaSettings(Section):
@@ -17,7 +61,8 @@ class KafkaSettings(Section):
 
     Snake-case fields map onto librdkafka's dotted keys (``security_protocol`` ->
     ``security.protocol``); ``consumer_extra``/``producer_extra`` pass any other librdkafka
-    property straight through (they win over the fields here).
+    property straight through (they win over the fields here). librdkafka's configuration of
+    each client is built from them once, when the section is read (:attr:`config`).
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -48,8 +93,22 @@ class KafkaSettings(Section):
             for k, v in extra.items()
         }
 
-    def _common(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {
+    _config: KafkaClientConfig = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _build_config(self) -> KafkaSettings:
+        self._config = self._client_config()
+        return self
+
+    @property
+    def config(self) -> KafkaClientConfig:
+        """librdkafka's configuration of the consumer, the producer and the admin client, made
+        once when the section was read (a copy with changes, ``model_copy(update=...)``, makes
+        its own)."""
+        return self._config
+
+    def _client_config(self) -> KafkaClientConfig:
+        common: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "client.id": self.client_id,
         }
@@ -60,42 +119,27 @@ class KafkaSettings(Section):
             "sasl.password": self.sasl_password.get_secret_value() if self.sasl_password else None,
             "ssl.ca.location": self.ssl_ca_location,
         }
-        conf.update({k: v for k, v in optional.items() if v is not None})
-        return conf
-
-    def consumer_config(self, group_id: str | None = None) -> dict[str, Any]:
-        """librdkafka consumer configuration. Offsets are committed by us, never automatically."""
-        conf = self._common()
-        conf.update(
-            {
-                "group.id": group_id or self.group_id,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": self.auto_offset_reset,
-                "session.timeout.ms": self.session_timeout_ms,
-                "max.poll.interval.ms": self.max_poll_interval_ms,
-                "partition.assignment.strategy": "cooperative-sticky",
-            }
-        )
-        conf.update(_revealed(self.consumer_extra))
-        return conf
-
-    def producer_config(self) -> dict[str, Any]:
-        """librdkafka producer configuration: idempotent, acks=all, batched with linger."""
-        conf = self._common()
-        conf.update(
-            {
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": self.linger_ms,
-                "compression.type": self.compression_type,
-            }
-        )
-        conf.update(_revealed(self.producer_extra))
-        return conf
-
-    def admin_config(self) -> dict[str, Any]:
-        return self._common()
+        common.update({k: v for k, v in optional.items() if v is not None})
+        consumer = {
+            **common,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": self.auto_offset_reset,
+            "session.timeout.ms": self.session_timeout_ms,
+            "max.poll.interval.ms": self.max_poll_interval_ms,
+            "partition.assignment.strategy": "cooperative-sticky",
+            **_revealed(self.consumer_extra),
+        }
+        producer = {
+            **common,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": self.linger_ms,
+            "compression.type": self.compression_type,
+            **_revealed(self.producer_extra),
+        }
+        return KafkaClientConfig(consumer, producer, common, "group.id" in self.consumer_extra)
 
 
 def _revealed(extra: dict[str, Any]) -> dict[str, Any]:

@@ -87,9 +87,10 @@ else:
 
 class RetrievalSettings(_IndexKeys):
     """``[retrieval]``: the keys of :class:`model.retrieval.config.RetrievalConfig` (how the
-    index is built and queried: declared, documented and checked there; the loader, the index
-    builders, the loop and the benchmarks take it as :attr:`config`, made once), plus whether
-    to retrieve, the catalogue, and a configured model's vectors.
+    index is built and queried: declared, documented and checked there; made once as
+    :attr:`config`, read by the model loader, which hands it to the index builders (each index
+    carries it to the loop's retriever), and by the benchmarks), plus whether to retrieve, the
+    catalogue, and a configured model's vectors.
 
     Example::
 

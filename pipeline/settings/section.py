@@ -1,4 +1,5 @@
-"""The base of every settings section: unknown keys are errors; frozen once loaded.
+"""The base of every settings section: unknown keys are errors; frozen once loaded; a copy with
+changes is validated as the section was read (what it builds when read is built again).
 
 A section whose keys are the fields of a frozen dataclass of :mod:`model` (which must not import
 :mod:`pipeline`) takes them from it (:func:`keys_of`): the dataclass is the one declaration of
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
@@ -23,6 +25,32 @@ class Section(BaseModel):
     """A settings section: unknown keys are errors, not silently ignored; frozen once loaded."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy of the section; with ``update``, validated as the section was read: its checks
+        run on the new values, and what it builds once when read (:attr:`ConfigSection.config`,
+        ``KafkaSettings.config``...) is built for them, never left as the original's.
+
+        Args:
+            update: new values of some keys (pydantic's own copy would skip every check).
+            deep: copy the values too.
+
+        Returns:
+            The copy.
+
+        Raises:
+            pydantic.ValidationError: ``update`` holds a bad value or an unknown key.
+
+        Example::
+
+            kafka = settings.kafka.model_copy(update={"group_id": "bench"})
+            kafka.config.consumer["group.id"]  # "bench"
+        """
+        if not update:
+            return super().model_copy(deep=deep)
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        copied = type(self).model_validate({**values, **update})
+        return copied.model_copy(deep=True) if deep else copied
 
 
 class ConfigSection(Section, Generic[ConfigT]):

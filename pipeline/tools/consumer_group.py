@@ -33,7 +33,7 @@ def assigned_partitions(admin: AdminClient, group_id: str, topic: str) -> set[in
 
     Example::
 
-        assigned_partitions(make_admin(settings.kafka), "streamrank", "events")
+        assigned_partitions(make_admin(settings.kafka.config), "streamrank", "events")
     """
     try:
         description = admin.describe_consumer_groups([group_id], request_timeout=5)[
@@ -92,7 +92,7 @@ def wait_for_assignment(
         wait_for_assignment(settings.kafka, settings.kafka.group_id, settings.topics.input, 120)
     """
     # log_level 4: without librdkafka's info line about unserved background events at exit
-    admin = make_admin(settings, log_level=4)
+    admin = make_admin(settings.config, log_level=4)
     deadline = clock() + timeout_s
     while True:
         total = topic_partitions(admin, topic)

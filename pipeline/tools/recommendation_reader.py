@@ -50,7 +50,7 @@ def read_messages(
             message.timestamp()
     """
     consumer = make_consumer(
-        settings.kafka,
+        settings.kafka.config,
         group_id=group_id or f"streamrank-consume-{uuid.uuid4().hex[:8]}",
         extra={"auto.offset.reset": "earliest" if from_beginning else "latest"},
     )

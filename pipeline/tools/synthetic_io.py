@@ -266,8 +266,8 @@ def produce_events(
     Returns:
         The valid records sent (``event_time`` is the send time) and the malformed count.
     """
-    ensure_topics(settings.kafka, settings.topics)
-    producer = producer or make_producer(settings.kafka)
+    ensure_topics(settings.kafka.config, settings.topics)
+    producer = producer or make_producer(settings.kafka.config)
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
     rng = np.random.default_rng(seed)
     topic = settings.topics.input

@@ -85,7 +85,7 @@ def committed_positions(settings: Settings) -> dict[int, int]:
     """The input partitions' offsets committed by ``settings``' consumer group, as the broker
     has them now (a partition with no commit is absent). Read without joining the group."""
     topic = settings.topics.input
-    consumer = make_consumer(settings.kafka, group_id=settings.kafka.group_id)
+    consumer = make_consumer(settings.kafka.config, group_id=settings.kafka.group_id)
     try:
         partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
         committed = consumer.committed(partitions, timeout=30)
@@ -174,7 +174,7 @@ def open_transaction_records(settings: Settings) -> int:
     """Records on the output topic inside transactions not yet committed or aborted: the high
     watermark minus the last stable offset, summed over partitions."""
     topic = settings.topics.output
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {}
     for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
@@ -186,7 +186,7 @@ def open_transaction_records(settings: Settings) -> int:
 
 def _group_members(settings: Settings) -> list[Any]:
     """The members of the pipeline's consumer group now (none while it has no coordinator)."""
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     group = settings.kafka.group_id
     try:
         description = admin.describe_consumer_groups([group])[group].result(timeout=10)

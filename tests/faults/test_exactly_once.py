@@ -238,8 +238,8 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     )
     kafka = transactional_kafka(settings, RankContext())
     output = settings.topics.output
-    consumer = InputConsumer(make_consumer(kafka))
-    zombie = OutputProducer(make_producer(kafka))
+    consumer = InputConsumer(make_consumer(kafka.config))
+    zombie = OutputProducer(make_producer(kafka.config))
     first = TransactionalCheckpointer(consumer, zombie, commit_interval_s=60.0)
     checkpoint = first.open
     checkpoint.expect(10)
@@ -247,7 +247,7 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
     assert zombie.flush(30) == 0  # in the log, inside the open transaction
 
     # same transactional.id: a restart of the same member
-    successor = OutputProducer(make_producer(kafka))
+    successor = OutputProducer(make_producer(kafka.config))
     second = TransactionalCheckpointer(consumer, successor, commit_interval_s=60.0)
     with pytest.raises(DeliveryFailed, match="producer unusable"):
         first.flush_and_commit(10)  # the zombie cannot commit: fenced (a fatal error)
@@ -263,7 +263,8 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
         """The output topic's values: waits for ``expected``, then 2 s for extras."""
         reader = Consumer(
             {
-                **settings.kafka.consumer_config(f"fence-reader-{isolation_level}"),
+                **settings.kafka.config.consumer,
+                "group.id": f"fence-reader-{isolation_level}",
                 "auto.offset.reset": "earliest",
                 "isolation.level": isolation_level,
             }

@@ -83,4 +83,4 @@ def test_no_planted_secret_in_cli_output_or_logs(
         sasl_password=SASL_SECRET, consumer_extra={"ssl.key.password": EXTRA_SECRET}
     )
     assert SASL_SECRET not in repr(kafka) and EXTRA_SECRET not in repr(kafka)
-    assert kafka.consumer_config()["ssl.key.password"] == EXTRA_SECRET  # librdkafka gets it
+    assert kafka.config.consumer["ssl.key.password"] == EXTRA_SECRET  # librdkafka gets it

@@ -126,7 +126,7 @@ def prepare_example(
 
 def send(settings: Settings, ex: Example, records: list[dict[str, Any]]) -> None:
     """``records`` encoded by the example, on the input topic."""
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     for record in records:
         produce(producer, settings.topics.input, ex.script.encode(record))
     assert producer.flush(30) == 0
@@ -530,7 +530,7 @@ class Stream:
 
     def _run(self) -> None:
         try:
-            producer = make_producer(self.settings.kafka)
+            producer = make_producer(self.settings.kafka.config)
             started = time.monotonic()
             for i, record in enumerate(self.ex.script.events(self.n, seed_=7)):
                 time.sleep(max(0.0, started + i / self.rate - time.monotonic()))

@@ -133,7 +133,7 @@ def send_events(world: SyntheticWorld) -> Callable[..., SentEvents]:
         sampled = world.sample_events(n, rng)
         records = list(to_event_dicts(sampled, world))
         codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-        producer = make_producer(settings.kafka)
+        producer = make_producer(settings.kafka.config)
         now = int(time.time() * 1000)
         extras = list(extra_values or [])
         stride = max(1, n // (len(extras) + 1))
@@ -249,7 +249,7 @@ def collect(
     topic = settings.topics.output
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, topic)
     consumer = make_consumer(
-        settings.kafka,
+        settings.kafka.config,
         group_id=f"collect-{uuid.uuid4().hex[:8]}",  # never joined: offsets are assigned
         extra={"isolation.level": isolation_level, "enable.partition.eof": True},
     )

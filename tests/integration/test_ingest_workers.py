@@ -217,7 +217,7 @@ def test_a_worker_answers_events_without_candidates_with_retrieved_items(
     asks = {r["event_id"] for number, r in enumerate(records) if number % 2}
     sent = [{**r, "candidate_item_ids": []} if r["event_id"] in asks else r for r in records]
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     for record in sent:
         produce(producer, settings.topics.input, codec.encode(record), key=b"k")
     assert producer.flush(30) == 0

@@ -72,13 +72,15 @@ def test_oversized_records_go_to_the_dlq_and_a_huge_redis_value_to_the_defaults(
 ) -> None:
     settings = pipeline_settings
     limit = settings.codec.max_message_bytes
-    ensure_topics(settings.kafka, settings.topics)  # as `run` creates it
-    topic_limit = input_record_limit(settings.kafka, settings.topics.input)
+    ensure_topics(settings.kafka.config, settings.topics)  # as `run` creates it
+    topic_limit = input_record_limit(settings.kafka.config, settings.topics.input)
     assert topic_limit == settings.topics.input_max_message_bytes
 
     # A record over the topic's limit is refused by the broker, at the producer.
     refused: list[KafkaError] = []
-    big_producer = make_producer(settings.kafka, extra={"message.max.bytes": 4 * topic_limit})
+    big_producer = make_producer(
+        settings.kafka.config, extra={"message.max.bytes": 4 * topic_limit}
+    )
     big_producer.produce(
         settings.topics.input,
         os.urandom(topic_limit + 1),  # incompressible: the batch stays over the limit

@@ -103,7 +103,7 @@ class Stream:
         try:
             settings = self.settings
             codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
-            producer = make_producer(settings.kafka)
+            producer = make_producer(settings.kafka.config)
             sampled = self.world.sample_events(self.n, np.random.default_rng())
             started = time.monotonic()
             for i, record in enumerate(to_event_dicts(sampled, self.world)):
@@ -158,7 +158,7 @@ def input_positions(settings: Settings, expected: int) -> dict[str, tuple[int, i
     """event id -> (partition, offset) of every event on the input topic."""
     codec = RecordCodec(settings.codec, USER_EVENT_SCHEMA_FILE, settings.topics.input)
     consumer = make_consumer(
-        settings.kafka,
+        settings.kafka.config,
         group_id=f"positions-{uuid.uuid4().hex[:8]}",
         extra={"auto.offset.reset": "earliest"},
     )

@@ -242,7 +242,7 @@ def _wait_for_assignment(
 ) -> None:
     """Until the group has ``members`` members holding every input partition (so the events
     sent next are not waiting for the ranks to start)."""
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     group = settings.kafka.group_id
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -45,7 +45,7 @@ V1_USER_EVENT = Path(__file__).resolve().parents[1] / "schemas" / "v1" / "user_e
 
 def _send(settings: Settings, records: list[dict[str, Any]], schema: Path) -> None:
     codec = RecordCodec(settings.codec, schema, settings.topics.input)
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     for record in records:
         produce(producer, settings.topics.input, codec.encode(record), key=b"k")
     assert producer.flush(30) == 0

@@ -2,7 +2,7 @@
 
 Example::
 
-    admin = make_admin(settings.kafka)
+    admin = make_admin(settings.kafka.config)
     admin.list_topics(timeout=10)
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.kafka import KafkaClientConfig
 
 __all__ = ["CLIENT_LOGGER", "make_admin"]
 
@@ -22,9 +22,9 @@ CLIENT_LOGGER = logging.getLogger("pipeline.kafka.librdkafka")
 the run's log format, not raw ``%5|...`` lines on stderr."""
 
 
-def make_admin(settings: KafkaSettings, **extra: Any) -> AdminClient:
-    """An admin client of ``settings`` whose librdkafka lines (e.g. ``BGQUEUE`` when it is
-    destroyed) go to :data:`CLIENT_LOGGER`; ``extra`` properties override (``log_level``,
-    ``logger``)."""
-    conf: dict[str, Any] = {**settings.admin_config(), "logger": CLIENT_LOGGER, **extra}
+def make_admin(kafka: KafkaClientConfig, **extra: Any) -> AdminClient:
+    """An admin client of ``kafka.admin`` (``settings.kafka.config``) whose librdkafka lines
+    (e.g. ``BGQUEUE`` when it is destroyed) go to :data:`CLIENT_LOGGER`; ``extra`` properties
+    override (``log_level``, ``logger``)."""
+    conf: dict[str, Any] = {**kafka.admin, "logger": CLIENT_LOGGER, **extra}
     return AdminClient(conf)

@@ -5,7 +5,9 @@ through :meth:`KafkaClients.of`): librdkafka's consumer and producer, each behin
 (:class:`~pipeline.connectors.kafka.consumer.InputConsumer`,
 :class:`~pipeline.connectors.kafka.producer.OutputProducer`), so that no stage sees a client type.
 :func:`make_consumer`, :func:`make_producer` and :func:`produce` make and use the bare clients
-(the client tools of :mod:`pipeline.tools`).
+(the client tools of :mod:`pipeline.tools`). Every client is made of ``[kafka]``'s librdkafka
+configuration, built once when the settings were read (``settings.kafka.config``, a
+:class:`~pipeline.settings.kafka.KafkaClientConfig`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pipeline.connectors.kafka.admin import CLIENT_LOGGER, make_admin
 from pipeline.connectors.kafka.consumer import CommitResults, InputConsumer, RawConsumer
 from pipeline.connectors.kafka.limits import consumer_fetch_limits, input_record_limit
 from pipeline.connectors.kafka.producer import DeliveryCallback, OutputProducer, RawProducer
-from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.kafka import KafkaClientConfig
 from pipeline.settings.topics import TopicsSettings
 from pipeline.types import Headers
 
@@ -40,7 +42,7 @@ def log_client_error(err: KafkaError) -> None:
 
 
 def make_consumer(
-    settings: KafkaSettings,
+    kafka: KafkaClientConfig,
     *,
     group_id: str | None = None,
     error_cb: ErrorCallback = log_client_error,
@@ -48,10 +50,14 @@ def make_consumer(
     extra: dict[str, Any] | None = None,
     defaults: dict[str, Any] | None = None,
 ) -> Consumer:
-    """A consumer with manual commits (see :mod:`pipeline.stages.commit`); ``defaults`` are
-    properties the settings (``consumer_extra`` included) may override, ``extra`` override
+    """A consumer with manual commits (see :mod:`pipeline.stages.commit`) of ``kafka.consumer``
+    (``settings.kafka.config``), in ``group_id``'s consumer group when given (a tool's own; a
+    ``group.id`` of ``consumer_extra`` still wins, as over ``kafka.group_id``); ``defaults``
+    are properties the settings (``consumer_extra`` included) may override, ``extra`` override
     them."""
-    conf = {**(defaults or {}), **settings.consumer_config(group_id)}
+    conf = {**(defaults or {}), **kafka.consumer}
+    if group_id and not kafka.fixed_group:
+        conf["group.id"] = group_id
     conf["error_cb"] = error_cb
     conf["logger"] = CLIENT_LOGGER
     if stats_cb is not None:
@@ -62,13 +68,13 @@ def make_consumer(
 
 
 def make_producer(
-    settings: KafkaSettings,
+    kafka: KafkaClientConfig,
     *,
     error_cb: ErrorCallback = log_client_error,
     extra: dict[str, Any] | None = None,
 ) -> Producer:
-    """An idempotent ``acks=all`` producer."""
-    conf = settings.producer_config()
+    """An idempotent ``acks=all`` producer of ``kafka.producer`` (``settings.kafka.config``)."""
+    conf = dict(kafka.producer)
     conf["error_cb"] = error_cb
     conf["logger"] = CLIENT_LOGGER
     conf.update(extra or {})
@@ -94,7 +100,7 @@ def produce(
 
 
 def ensure_topics(
-    settings: KafkaSettings,
+    kafka: KafkaClientConfig,
     topics: TopicsSettings,
     names: Sequence[str] | None = None,
     admin: AdminClient | None = None,
@@ -102,15 +108,15 @@ def ensure_topics(
     """Create the pipeline's topics when missing (``topics.create_missing``).
 
     Args:
-        settings: where the cluster is.
+        kafka: where the cluster is (``settings.kafka.config``).
         topics: names, partition count and replication factor.
         names: a subset to create; defaults to input, output and DLQ.
-        admin: the admin client to ask (``None``: one of ``settings``).
+        admin: the admin client to ask (``None``: one of ``kafka``).
     """
     if not topics.create_missing:
         return
     wanted = list(names or (topics.input, topics.output, topics.dlq))
-    admin = admin or make_admin(settings)
+    admin = admin or make_admin(kafka)
     existing = set(admin.list_topics(timeout=15).topics)
     input_config = {"max.message.bytes": str(topics.input_max_message_bytes)}
     missing = [
@@ -171,19 +177,20 @@ class KafkaClients:
         return cls(InputConsumer(consumer), OutputProducer(producer), commit_results, renew)
 
 
-ClientFactory = Callable[[KafkaSettings, TopicsSettings, Callable[[str], None]], KafkaClients]
-"""Builds a loop's clients from its settings and a librdkafka ``stats_cb``."""
+ClientFactory = Callable[[KafkaClientConfig, TopicsSettings, Callable[[str], None]], KafkaClients]
+"""Builds a loop's clients from its librdkafka configuration, its topics and a ``stats_cb``."""
 
 
 def connect(
-    settings: KafkaSettings, topics: TopicsSettings, stats_cb: Callable[[str], None]
+    kafka: KafkaClientConfig, topics: TopicsSettings, stats_cb: Callable[[str], None]
 ) -> KafkaClients:
     """Create missing topics, then an idempotent producer and a manual-commit consumer whose
     fetches are sized from the input topic's record limit
     (:mod:`pipeline.connectors.kafka.limits`).
 
     Args:
-        settings: where the cluster is and how to talk to it.
+        kafka: where the cluster is and how to talk to it (``settings.kafka.config``, or
+            exactly-once's: :func:`pipeline.stages.commit.transactional_kafka`).
         topics: the pipeline's topics.
         stats_cb: receives librdkafka's statistics JSON (consumer lag and more).
 
@@ -192,11 +199,11 @@ def connect(
 
     Example::
 
-        clients = connect(settings.kafka, settings.topics, metrics.record_librdkafka_stats)
+        clients = connect(settings.kafka.config, settings.topics, metrics.record_librdkafka_stats)
     """
-    admin = make_admin(settings)  # one for both questions
-    ensure_topics(settings, topics, admin=admin)
-    record_limit = input_record_limit(settings, topics.input, admin=admin)
+    admin = make_admin(kafka)  # one for both questions
+    ensure_topics(kafka, topics, admin=admin)
+    record_limit = input_record_limit(kafka, topics.input, admin=admin)
     if record_limit is not None and record_limit > topics.input_max_message_bytes:
         log.warning(
             "topic %s takes records up to %d bytes (its max.message.bytes), more than "
@@ -209,8 +216,8 @@ def connect(
     limits = consumer_fetch_limits(record_limit) if record_limit is not None else {}
     results = CommitResults()
     return KafkaClients.of(
-        make_consumer(settings, stats_cb=stats_cb, extra={"on_commit": results}, defaults=limits),
-        make_producer(settings),
+        make_consumer(kafka, stats_cb=stats_cb, extra={"on_commit": results}, defaults=limits),
+        make_producer(kafka),
         results,
-        lambda: make_producer(settings),
+        lambda: make_producer(kafka),
     )

@@ -15,7 +15,7 @@ it in unit tests: :class:`RawConsumer`). Nothing behind it sees a client type:
 
 Example::
 
-    consumer = InputConsumer(make_consumer(settings.kafka))
+    consumer = InputConsumer(make_consumer(settings.kafka.config))
     consumer.subscribe("user-events", on_assign, on_revoke, on_lost)
     polled = consumer.consume(500, timeout_s=0.1)   # a PolledBatch, empty when nothing came
     consumer.commit({("user-events", 0): 42})
@@ -116,7 +116,7 @@ class CommitResults:
     Example::
 
         results = CommitResults()
-        consumer = make_consumer(settings, extra={"on_commit": results})
+        consumer = make_consumer(settings.kafka.config, extra={"on_commit": results})
         results.listener = checkpointer.on_commit
     """
 

@@ -21,8 +21,8 @@ in the client between polls. A ``[kafka.consumer_extra]`` value for any of these
 
 Example::
 
-    limit = input_record_limit(settings.kafka, settings.topics.input)
-    consumer = make_consumer(settings.kafka, defaults=consumer_fetch_limits(limit))
+    limit = input_record_limit(settings.kafka.config, settings.topics.input)
+    consumer = make_consumer(settings.kafka.config, defaults=consumer_fetch_limits(limit))
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from pipeline.connectors.kafka.admin import make_admin
-from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.kafka import KafkaClientConfig
 
 __all__ = [
     "FETCH_FLOOR_BYTES",
@@ -73,12 +73,15 @@ def consumer_fetch_limits(record_limit: int) -> dict[str, int]:
 
 
 def input_record_limit(
-    kafka: KafkaSettings, topic: str, timeout_s: float = 15.0, admin: AdminClient | None = None
+    kafka: KafkaClientConfig,
+    topic: str,
+    timeout_s: float = 15.0,
+    admin: AdminClient | None = None,
 ) -> int | None:
     """The topic's ``max.message.bytes`` as the broker applies it (its own, or the broker's).
 
     Args:
-        kafka: where the cluster is.
+        kafka: where the cluster is (``settings.kafka.config``).
         topic: the input topic.
         timeout_s: how long to wait for the broker.
         admin: the admin client to ask (``None``: one of ``kafka``).

@@ -15,7 +15,7 @@ it in unit tests: :class:`RawProducer`):
 
 Example::
 
-    producer = OutputProducer(make_producer(settings.kafka))
+    producer = OutputProducer(make_producer(settings.kafka.config))
     checkpoint.expect(len(values))
     queued = producer.send("recommendations", values, keys, checkpoint)
     producer.poll(0)   # acknowledgements arrive in here

@@ -1,5 +1,5 @@
 """The enrichers' connection to the feature store: packed commands out, replies in, and Redis's
-errors as streamrank's own.
+errors as streamrank's own; and the model loader's client (:func:`bulk_client`).
 
 An enricher (:mod:`pipeline.stages.enrich`) sends a batch's reads as one packed request and
 reads the replies on one connection of its own (:class:`FeatureConnection`); it never sees a
@@ -23,10 +23,30 @@ import redis
 from pipeline.connectors.redis.feature_store import enrichment_client
 from pipeline.settings.redis import RedisSettings
 
-__all__ = ["FeatureClient", "FeatureConnection", "FeatureStoreUnavailable", "RecordRefused"]
+__all__ = [
+    "FeatureClient",
+    "FeatureConnection",
+    "FeatureStoreUnavailable",
+    "RecordRefused",
+    "bulk_client",
+]
 
 FeatureClient = redis.Redis
-"""A Redis client the connection is taken from (tests pass one that counts its commands)."""
+"""A client of the feature store: what a connection is taken from (tests pass one that counts
+its commands), what the model loader reads the catalogue and the items' vectors with."""
+
+
+def bulk_client(settings: RedisSettings) -> FeatureClient:
+    """The model loader's client, for reads off the scoring path (the retrieval catalogue's
+    SCAN, the items' vectors of a configured model's index): the settings' TLS/auth, and
+    redis-py's own timeouts and retries, not the enrichers' short ones
+    (:func:`~pipeline.connectors.redis.feature_store.enrichment_client`).
+
+    Example::
+
+        client = bulk_client(settings.redis)
+    """
+    return redis.Redis.from_url(settings.url, **settings.client_kwargs())
 
 
 class FeatureStoreUnavailable(Exception):

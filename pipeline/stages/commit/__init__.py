@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from pipeline.connectors.kafka.clients import KafkaClients
 from pipeline.settings.delivery import DeliverySettings, Guarantee
-from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.kafka import KafkaClientConfig
 from pipeline.stages.commit.protocol import Checkpointer
 from pipeline.stages.commit.transactions import (
+    TRANSACTION_TIMEOUT_S,
     TransactionalCheckpointer,
     TransactionFailed,
     transaction_budget_s,
+    transactional_id,
     transactional_kafka,
 )
 from pipeline.types import Shutdown
@@ -33,6 +35,7 @@ __all__ = [
     "TransactionFailed",
     "TransactionalCheckpointer",
     "make_checkpointer",
+    "transactional_id",
     "transactional_kafka",
 ]
 
@@ -42,7 +45,7 @@ def make_checkpointer(
     clients: KafkaClients,
     max_in_flight: int,
     shutdown: Shutdown,
-    kafka: KafkaSettings | None = None,
+    kafka: KafkaClientConfig | None = None,
 ) -> Checkpointer:
     """The commit protocol ``delivery.guarantee`` asks for, over the loop's clients.
 
@@ -52,8 +55,10 @@ def make_checkpointer(
             :func:`transactional_kafka`).
         max_in_flight: ``batching.max_in_flight_batches``.
         shutdown: the run's stop request (every wait ends by its deadline).
-        kafka: the Kafka settings (exactly-once: the transaction's budget,
-            :func:`~pipeline.stages.commit.transactions.transaction_budget_s`).
+        kafka: the configuration the clients were made of (``KafkaSettings.config``;
+            exactly-once: the transaction's budget,
+            :func:`~pipeline.stages.commit.transactions.transaction_budget_s`; ``None``:
+            librdkafka's default).
 
     Returns:
         A :class:`TransactionalCheckpointer` for exactly-once, else a :class:`Checkpointer`.
@@ -68,7 +73,7 @@ def make_checkpointer(
             clients.producer,
             delivery.commit_interval_ms / 1000,
             max_in_flight,
-            timeout_s=transaction_budget_s(kafka or KafkaSettings()),
+            timeout_s=transaction_budget_s(kafka) if kafka is not None else TRANSACTION_TIMEOUT_S,
             shutdown=shutdown,
             renew=clients.new_producer,
         )

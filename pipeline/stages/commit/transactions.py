@@ -53,7 +53,7 @@ from model.rank import RankContext
 from pipeline.connectors.kafka.consumer import InputConsumer
 from pipeline.connectors.kafka.errors import KafkaClientError
 from pipeline.connectors.kafka.producer import OutputProducer
-from pipeline.settings.kafka import KafkaSettings
+from pipeline.settings.kafka import KafkaClientConfig, KafkaSettings
 from pipeline.settings.loading import Settings
 from pipeline.stages.commit.calls import GaveUp, TransactionCalls
 from pipeline.stages.commit.protocol import Checkpointer
@@ -70,10 +70,19 @@ class TransactionFailed(DeliveryFailed):
     the offsets last committed (:meth:`TransactionalCheckpointer.abort`)."""
 
 
-def transaction_budget_s(kafka: KafkaSettings) -> float:
+def transaction_budget_s(kafka: KafkaClientConfig) -> float:
     """How long a transaction may take: the producer's ``transaction.timeout.ms`` (after it
-    the coordinator aborts the transaction anyway)."""
-    configured = kafka.producer_extra.get("transaction.timeout.ms")
+    the coordinator aborts the transaction anyway).
+
+    Args:
+        kafka: the clients' configuration (``KafkaSettings.config`` of
+            :func:`transactional_kafka`'s settings): the producer's, as librdkafka gets it.
+
+    Example::
+
+        transaction_budget_s(transactional_kafka(settings, rank).config)  # 60.0 by default
+    """
+    configured = kafka.producer.get("transaction.timeout.ms")
     return float(str(configured)) / 1000 if configured is not None else TRANSACTION_TIMEOUT_S
 
 
@@ -313,9 +322,23 @@ class TransactionalCheckpointer(Checkpointer):
             raise self._fail(f"partitions {sorted(partitions)} lost mid-transaction")
 
 
+def transactional_id(settings: Settings, rank: RankContext) -> str:
+    """This member's ``transactional.id`` (exactly-once): ``delivery.transactional_id``, else
+    ``<kafka.group_id>-<kafka.client_id>-<RANK>``; stable across restarts, so a restarted
+    member fences its predecessor's open transaction.
+
+    Example::
+
+        transactional_id(settings, RankContext(rank=1))  # "streamrank-streamrank-1"
+    """
+    kafka = settings.kafka
+    return settings.delivery.transactional_id or f"{kafka.group_id}-{kafka.client_id}-{rank.rank}"
+
+
 def transactional_kafka(settings: Settings, rank: RankContext) -> KafkaSettings:
     """``settings.kafka`` with a ``transactional.id`` on the producer and a ``read_committed``
-    consumer with an eager partition assignment (exactly-once).
+    consumer with an eager partition assignment (exactly-once); its ``config`` is built once
+    for them (the clients and the transaction's budget are taken from it).
 
     Eager (``roundrobin``, unless ``consumer_extra`` names a strategy): a member revokes all its
     partitions, committing its transaction, *before* it rejoins the group, so its transactions
@@ -327,10 +350,10 @@ def transactional_kafka(settings: Settings, rank: RankContext) -> KafkaSettings:
     Example::
 
         kafka = transactional_kafka(settings, RankContext.from_env())
-        kafka.producer_config()["transactional.id"]  # "streamrank-streamrank-0"
+        kafka.config.producer["transactional.id"]  # "streamrank-streamrank-0"
     """
     kafka = settings.kafka
-    tid = settings.delivery.transactional_id or (f"{kafka.group_id}-{kafka.client_id}-{rank.rank}")
+    tid = transactional_id(settings, rank)
     consumer_extra = {
         "partition.assignment.strategy": "roundrobin",
         **kafka.consumer_extra,

@@ -147,7 +147,7 @@ def delete_topics(settings: Settings, names: list[str], timeout_s: float = 30.0)
     Returns:
         The topics deleted.
     """
-    admin = make_admin(settings.kafka)
+    admin = make_admin(settings.kafka.config)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [n for n in names if n in existing]
     if not wanted:
@@ -275,7 +275,7 @@ def create_topics(settings: Settings, config: dict[str, str] | None = None) -> N
         create_topics(run_settings, {"message.timestamp.type": "LogAppendTime"})
     """
     topics = settings.topics
-    admin = make_admin(settings.kafka, log_level=4)  # no info lines
+    admin = make_admin(settings.kafka.config, log_level=4)  # no info lines
     new = [
         NewTopic(name, topics.partitions, topics.replication_factor, config=config or {})
         for name in (topics.input, topics.output, topics.dlq)
@@ -301,7 +301,7 @@ def record_count(settings: Settings, topic: str) -> int:
         settings: the cluster.
         topic: a topic without transactional markers (every offset is a record).
     """
-    consumer = make_consumer(settings.kafka, group_id=f"bench-count-{uuid.uuid4().hex[:8]}")
+    consumer = make_consumer(settings.kafka.config, group_id=f"bench-count-{uuid.uuid4().hex[:8]}")
     try:
         metadata = consumer.list_topics(topic, timeout=15).topics[topic]
         total = 0

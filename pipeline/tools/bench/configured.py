@@ -219,7 +219,7 @@ def produce_configured_events(settings: Settings, events: int, seed: int = 0) ->
     _, fmap = configured_module(settings)
     seed_layouts(settings, fmap, seed)
     codec = RecordCodec(settings.codec, Path(fmap.schema_name), settings.topics.input)
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     for record in synthetic_records(fmap, events, seed):
         produce(producer, settings.topics.input, codec.encode(record))
     if producer.flush(60):

@@ -156,8 +156,8 @@ def produce_records(
 
         produce_records(settings, 60_000, rate=200.0)   # `streamrank produce` of [model.module]
     """
-    ensure_topics(settings.kafka, settings.topics)
-    producer = make_producer(settings.kafka)
+    ensure_topics(settings.kafka.config, settings.topics)
+    producer = make_producer(settings.kafka.config)
     topic = settings.topics.input
     started, sent = time.monotonic(), 0
     for first in range(0, events, 1000):

@@ -85,7 +85,7 @@ def worker_pids(pid: int) -> list[int]:
 
 def wait_for_members(settings: Settings, group_id: str, members: int, timeout_s: float) -> None:
     """Block until ``group_id`` is stable with ``members`` members owning every partition."""
-    admin = make_admin(settings.kafka, log_level=4)
+    admin = make_admin(settings.kafka.config, log_level=4)
     topic = settings.topics.input
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

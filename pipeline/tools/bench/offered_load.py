@@ -169,7 +169,7 @@ def _send(plan: OfferPlan, conn: Connection) -> OfferedEvents:
     settings, total = plan.settings, plan.events
     source = event_records(settings, total, plan.seed)  # the world's, or [model.module]'s
     records = source.records
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     keys = [source.key(r) for r in records]
     times = np.zeros(total, dtype=np.int64)
     conn.send("ready")

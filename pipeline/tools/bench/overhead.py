@@ -133,8 +133,8 @@ def passthrough(settings: Settings, events: int, value_bytes: int) -> tuple[floa
         ``(events per second, CPU seconds)`` from the first message consumed to the last
         acknowledged.
     """
-    consumer = make_consumer(settings.kafka)
-    producer = make_producer(settings.kafka)
+    consumer = make_consumer(settings.kafka.config)
+    producer = make_producer(settings.kafka.config)
     consumer.subscribe([settings.topics.input])
     value = bytes(value_bytes)
     seen = 0

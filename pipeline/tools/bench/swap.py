@@ -192,7 +192,7 @@ def bench_swap(
     """
     world = seeded_world(settings)
     topics, tag = fresh_topics(settings)
-    ensure_topics(settings.kafka, topics)
+    ensure_topics(settings.kafka.config, topics)
     run_settings = settings.model_copy(update={"topics": topics})
     group = f"bench-swap-{tag}"
     with tempfile.TemporaryDirectory(prefix="streamrank-swap-") as tmp:
@@ -298,7 +298,7 @@ def _wait_scored(
     from pipeline.connectors.kafka.clients import make_consumer
 
     topic = settings.topics.output
-    consumer = make_consumer(settings.kafka, group_id=f"bench-swap-count-{os.getpid()}")
+    consumer = make_consumer(settings.kafka.config, group_id=f"bench-swap-count-{os.getpid()}")
     deadline = time.monotonic() + timeout_s
     try:
         while True:

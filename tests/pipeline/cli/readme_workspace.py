@@ -215,7 +215,7 @@ def messages_in(settings: Settings, topic: str) -> int:
 
 
 def bench_topics(settings: Settings) -> set[str]:
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     return {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
 
 

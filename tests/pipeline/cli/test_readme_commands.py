@@ -76,7 +76,7 @@ def smoke(name: str) -> Callable[[Callable[[Workspace], None]], Callable[[Worksp
 @smoke("run")
 def check_run(ws: Workspace) -> None:
     settings, env = ws.fresh("run")
-    ensure_topics(settings.kafka, settings.topics)
+    ensure_topics(settings.kafka.config, settings.topics)
     produce_events(settings, ws.world, 40, malformed=3)
     log, summary_file = ws.directory / "run.log", ws.directory / "run-summary.json"
     ws.cli(
@@ -127,9 +127,9 @@ def check_produce(ws: Workspace) -> None:
 @smoke("consume")
 def check_consume(ws: Workspace) -> None:
     settings, env = ws.fresh("consume")
-    ensure_topics(settings.kafka, settings.topics)
+    ensure_topics(settings.kafka.config, settings.topics)
     codec = RecordCodec(settings.codec, RECOMMENDATION_SCHEMA_FILE, settings.topics.output)
-    producer = make_producer(settings.kafka)
+    producer = make_producer(settings.kafka.config)
     for n in range(3):
         record = {
             "event_id": f"event-{n}",

@@ -19,7 +19,7 @@ from pipeline.stages.commit import transactional_kafka
 
 
 def _tid(settings: Settings, rank: RankContext) -> str:
-    return str(transactional_kafka(settings, rank).producer_extra["transactional.id"])
+    return str(transactional_kafka(settings, rank).config.producer["transactional.id"])
 
 
 def test_each_worker_has_its_own_stable_transactional_id_and_worker_0_keeps_the_ranks() -> None:

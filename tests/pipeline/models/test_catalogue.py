@@ -93,7 +93,7 @@ def test_a_version_index_from_its_checkpoint_and_the_redis_catalogue(
     _write_items(redis_client, redis_settings.key_prefix, ids)
     settings = RetrievalSettings(num_candidates=25)
     catalogue = load_catalogue(settings, redis_client, redis_settings.key_prefix)
-    index = load_retrieval_index(checkpoint, settings, catalogue)
+    index = load_retrieval_index(checkpoint, settings.config, catalogue)
     assert (index.model_version, index.kind, index.num_items) == ("v1", IndexKind.FLAT, 300)
 
     class Events:

@@ -14,8 +14,8 @@ import torch
 
 from model.module.store import import_state_dict
 from model.store.versions import ModelVersions
+from pipeline.connectors.redis.keys import key_ids
 from pipeline.connectors.redis.vectors import read_vectors
-from pipeline.models.catalogue import catalogue_from_keys
 from pipeline.models.configured_index import ConfiguredIndex
 from pipeline.models.loader import ModelLoader
 from pipeline.models.preflight import configured_module
@@ -89,6 +89,10 @@ def test_each_version_indexes_its_own_rows_and_queries_with_them(tmp_path: Path)
         _assert_top(index, query, offer[ids % 2000], 10)  # offer: modulo 2000
         queries.append(query)
     assert not np.array_equal(*queries)  # each version its own weights
+    indexed = ModelLoader(settings).load_index(second)  # an ingest worker's: no scorer
+    assert isinstance(indexed.index, ConfiguredIndex)
+    assert indexed.index.model_version == second.name
+    assert indexed.configured is not None and indexed.index.plan is indexed.configured.retrieval
 
 
 def test_an_identity_table_lists_its_rows_and_ids_an_event_could_not_bring_stay_out(
@@ -148,7 +152,7 @@ def test_item_vectors_of_redis_records_are_indexed_where_they_are_valid(
     pipe.set(ex.item_key.replace("{id}", "61"), b"a string, not a hash")
     pipe.hset(ex.item_key.replace("{id}", "x"), mapping={"emb": vectors[0].tobytes()})
     pipe.execute()
-    assert catalogue_from_keys(redis_client, ex.item_key).tolist() == list(range(62))
+    assert key_ids(redis_client, ex.item_key).tolist() == list(range(62))
 
     index = ModelLoader(settings).retrieval_index(path)
     assert isinstance(index, ConfiguredIndex) and index.reads_users

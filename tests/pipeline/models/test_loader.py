@@ -53,6 +53,8 @@ def test_a_version_loads_with_the_index_of_its_own_item_vectors(tmp_path: Path) 
     assert not np.array_equal(*(v[next(iter(v))] for v in vectors))  # each its own weights
     options = serving_options(loader.settings, checkpoint=tmp_path / "m-1")
     assert options.max_event_rows == 80  # a retrieved event fits
+    assert first.options == options  # the options its scorer was built with, handed on
+    assert second.options == dataclasses.replace(options, checkpoint=tmp_path / "m-2")
 
 
 def test_no_index_without_retrieval_or_items(
@@ -78,6 +80,7 @@ def test_a_rank_checks_the_weights_alone_and_builds_nothing(tmp_path: Path) -> N
     loader = ModelLoader(_settings(tmp_path, enabled=False), rank)
     good = loader.load_local(_checkpoint(tmp_path / "m-1"))
     assert good.scorer is None and good.version == "m-1"  # built collectively later
+    assert good.options is None  # made with the scorer, by complete()
     corrupt = _checkpoint(tmp_path / "m-2", seed=5)
     weights = corrupt / "model.pt"
     data = bytearray(weights.read_bytes())

@@ -102,7 +102,7 @@ def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_env_dict_field_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMRANK_KAFKA__CONSUMER_EXTRA", '{"fetch.min.bytes": "1024"}')
     settings = load_settings()
-    assert settings.kafka.consumer_config()["fetch.min.bytes"] == "1024"
+    assert settings.kafka.config.consumer["fetch.min.bytes"] == "1024"
 
 
 def test_toml_file(tmp_path: Path) -> None:
@@ -199,6 +199,7 @@ def test_secret_not_in_repr_or_str(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             str(settings),
             repr(settings.kafka),
             str(settings.kafka),
+            repr(settings.kafka.config),
             settings.model_dump_json(),
             str(settings.model_dump()),
         ):
@@ -219,7 +220,7 @@ def test_consumer_config_maps_snake_case_to_dotted_keys() -> None:
         session_timeout_ms=6000,
         max_poll_interval_ms=120_000,
     )
-    conf = kafka.consumer_config()
+    conf = kafka.config.consumer
     assert conf == {
         "bootstrap.servers": "b:9092",
         "client.id": "c",
@@ -236,11 +237,31 @@ def test_consumer_config_maps_snake_case_to_dotted_keys() -> None:
         "max.poll.interval.ms": 120_000,
         "partition.assignment.strategy": "cooperative-sticky",
     }
-    assert kafka.consumer_config(group_id="other")["group.id"] == "other"
+    # a tool's own group: tests/pipeline/connectors/kafka/test_clients.py
+
+
+def test_client_configs_are_built_once_and_a_copy_with_changes_builds_its_own() -> None:
+    kafka = KafkaSettings(group_id="g", producer_extra={"batch.size": 1})
+    assert kafka.config is kafka.config
+    assert kafka.config.admin == {"bootstrap.servers": "127.0.0.1:9092", "client.id": "streamrank"}
+    copied = kafka.model_copy(update={"group_id": "bench", "producer_extra": {}})
+    assert copied.config.consumer["group.id"] == "bench"
+    assert "batch.size" not in copied.config.producer
+    assert kafka.config.consumer["group.id"] == "g" and kafka.config.producer["batch.size"] == 1
+
+
+def test_client_configs_repr_masks_secret_values() -> None:
+    kafka = KafkaSettings(
+        sasl_password=SecretStr(SECRET), producer_extra={"ssl.key.password": SECRET}
+    )
+    assert kafka.config.producer["sasl.password"] == SECRET  # librdkafka gets it
+    assert kafka.config.producer["ssl.key.password"] == SECRET
+    assert SECRET not in repr(kafka.config) and SECRET not in str(kafka.config)
+    assert "'sasl.password': '***'" in repr(kafka.config)
 
 
 def test_unset_optional_fields_are_left_out() -> None:
-    conf = KafkaSettings().consumer_config()
+    conf = KafkaSettings().config.consumer
     for key in (
         "security.protocol",
         "sasl.mechanism",
@@ -261,16 +282,16 @@ def test_consumer_extra_passes_through_and_wins() -> None:
             "session.timeout.ms": 45_000,
         }
     )
-    conf = kafka.consumer_config()
+    conf = kafka.config.consumer
     assert conf["fetch.min.bytes"] == 65536
     assert conf["auto.offset.reset"] == "latest"
     assert conf["session.timeout.ms"] == 45_000
     assert conf["enable.auto.commit"] is False
-    assert "fetch.min.bytes" not in kafka.producer_config()
+    assert "fetch.min.bytes" not in kafka.config.producer
 
 
 def test_consumer_extra_from_toml(tmp_path: Path) -> None:
-    conf = load_settings(_toml(tmp_path, TOML)).kafka.consumer_config()
+    conf = load_settings(_toml(tmp_path, TOML)).kafka.config.consumer
     assert conf["fetch.min.bytes"] == "65536"
     assert conf["bootstrap.servers"] == "toml-broker:9092"
 
@@ -279,7 +300,7 @@ def test_producer_config() -> None:
     kafka = KafkaSettings(
         linger_ms=9, compression_type="zstd", producer_extra={"acks": "1", "batch.size": 1}
     )
-    conf = kafka.producer_config()
+    conf = kafka.config.producer
     assert conf["enable.idempotence"] is True
     assert conf["linger.ms"] == 9
     assert conf["compression.type"] == "zstd"
@@ -287,7 +308,7 @@ def test_producer_config() -> None:
     assert conf["batch.size"] == 1
     assert "group.id" not in conf
     assert "enable.auto.commit" not in conf
-    assert KafkaSettings().producer_config()["acks"] == "all"
+    assert KafkaSettings().config.producer["acks"] == "all"
 
 
 # ------------------------------------------------------------------------------ [model] --

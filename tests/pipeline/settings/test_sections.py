@@ -63,3 +63,15 @@ def test_table_sharding_keys_are_table_sharding_configs_fields_and_built_once() 
     assert sharding.config is sharding.config  # made once, when read
     with pytest.raises(ValidationError, match="explicit ranks are not supported for row_wise"):
         TableShardingSettings.model_validate({"sharding_type": "row_wise", "ranks": [0, 1]})
+
+
+def test_a_copy_with_changes_is_validated_and_builds_its_own_config() -> None:
+    section = RetrievalSettings(num_candidates=7)
+    copied = section.model_copy(update={"num_candidates": 9})
+    assert copied.config == RetrievalConfig(num_candidates=9)  # not the original's
+    assert section.config == RetrievalConfig(num_candidates=7)
+    assert section.model_copy().config is section.config  # nothing changed: nothing built
+    with pytest.raises(ValidationError, match="num_candidates must be >= 1"):
+        section.model_copy(update={"num_candidates": 0})
+    with pytest.raises(ValidationError, match="no_such_key"):
+        section.model_copy(update={"no_such_key": 1})

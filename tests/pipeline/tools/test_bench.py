@@ -111,11 +111,11 @@ def test_stage_clock_charges_nested_stages_exclusively(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("keep", [False, True])
 def test_bench_topics_are_deleted_unless_kept(local_stack: LocalStack, keep: bool) -> None:
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=local_stack.bootstrap_servers))
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     with BenchTopics(settings, keep=keep) as topics:
         made, _ = topics.fresh(partitions=1)
         never_created, _ = topics.fresh()  # a run that failed before creating its topics
-        ensure_topics(settings.kafka, made)
+        ensure_topics(settings.kafka.config, made)
         names = {made.input, made.output, made.dlq}
         wait_until_listed(admin, names)
     left = set(admin.list_topics(timeout=10).topics)

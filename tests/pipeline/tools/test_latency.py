@@ -216,7 +216,7 @@ def test_smoke_run_on_the_stack_reports_every_load_and_deletes_its_topics(
         synthetic=WORLD,
         batching=BatchingSettings(max_batch_rows=256, max_delay_ms=20),
     )
-    admin = AdminClient(settings.kafka.admin_config())
+    admin = AdminClient(settings.kafka.config.admin)
     topics_before = set(admin.list_topics(timeout=10).topics)
     lines: list[str] = []
     report = bench_latency(

@@ -64,7 +64,7 @@ def consumer_lag(kafka: KafkaSettings, group_id: str, topic: str) -> int:
         Sum over partitions of (high watermark - committed offset); a partition without a
         committed offset counts from its low watermark.
     """
-    consumer = make_consumer(kafka, group_id=group_id)
+    consumer = make_consumer(kafka.config, group_id=group_id)
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
@@ -221,7 +221,9 @@ def topic_messages(kafka: KafkaSettings, topic: str) -> Iterator[tuple[int, int,
     """``(partition, offset, value)`` of every record on ``topic`` (all partitions, from their
     beginning) up to the end the topic had when the read started."""
     consumer = make_consumer(
-        kafka, group_id=f"soak-audit-{uuid.uuid4().hex[:8]}", extra={"enable.partition.eof": True}
+        kafka.config,
+        group_id=f"soak-audit-{uuid.uuid4().hex[:8]}",
+        extra={"enable.partition.eof": True},
     )
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]

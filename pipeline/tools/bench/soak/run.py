@@ -241,7 +241,7 @@ def bench_soak(
         events = max(1, round(rate * plan.minutes * 60))
         topics, _ = fresh_topics(settings)
         soak_settings = served.model_copy(update={"topics": topics})
-        ensure_topics(settings.kafka, topics)
+        ensure_topics(settings.kafka.config, topics)
         run = _soak(soak_settings, plan, rate, events, out_dir, report, env)
         _audit(soak_settings, topics, run)
         version = _served_version(served, checkpoint)

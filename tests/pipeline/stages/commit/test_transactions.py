@@ -17,6 +17,7 @@ from pipeline.settings.delivery import DeliverySettings, Guarantee
 from pipeline.settings.kafka import KafkaSettings
 from pipeline.settings.loading import Settings
 from pipeline.stages.commit import TransactionalCheckpointer, TransactionFailed, transactional_kafka
+from pipeline.stages.commit.transactions import transaction_budget_s
 from pipeline.types import DeliveryFailed, Shutdown
 from tests.pipeline.fakes import edge_consumer, edge_producer
 from tests.pipeline.stages.commit.transactional import (
@@ -283,10 +284,10 @@ def test_transactional_settings_derive_a_stable_id_per_rank() -> None:
         delivery=DeliverySettings(guarantee=Guarantee.EXACTLY_ONCE),
     )
     kafka = transactional_kafka(settings, rank)
-    assert kafka.producer_config()["transactional.id"] == "g-c-1"
-    assert kafka.consumer_config()["isolation.level"] == "read_committed"
+    assert kafka.config.producer["transactional.id"] == "g-c-1"
+    assert kafka.config.consumer["isolation.level"] == "read_committed"
     # Eager rebalancing: transactions never carry a generation the group has left.
-    assert kafka.consumer_config()["partition.assignment.strategy"] == "roundrobin"
+    assert kafka.config.consumer["partition.assignment.strategy"] == "roundrobin"
     chosen = settings.model_copy(
         update={
             "kafka": KafkaSettings(
@@ -294,6 +295,19 @@ def test_transactional_settings_derive_a_stable_id_per_rank() -> None:
             )
         }
     )
-    assert transactional_kafka(chosen, rank).consumer_config()["partition.assignment.strategy"] == (
+    assert transaction_budget_s(kafka.config) == 60.0  # librdkafka's default
+    assert transactional_kafka(chosen, rank).config.consumer["partition.assignment.strategy"] == (
         "range"
     )
+
+
+@pytest.mark.parametrize("timeout_ms", [30_000, "30000"])
+def test_the_transaction_budget_is_the_producers_transaction_timeout(
+    timeout_ms: int | str,
+) -> None:
+    settings = Settings(
+        kafka=KafkaSettings(producer_extra={"transaction.timeout.ms": timeout_ms}),
+        delivery=DeliverySettings(guarantee=Guarantee.EXACTLY_ONCE),
+    )
+    kafka = transactional_kafka(settings, RankContext())
+    assert transaction_budget_s(kafka.config) == 30.0  # a string value as librdkafka reads it
