@@ -18,14 +18,17 @@ Usage (the stack running, ``source .stack/env``; the model as ``streamrank run``
 
     .venv/bin/python scripts/latency_check.py --load 0.5 --seconds 60
     .venv/bin/python scripts/latency_check.py --load 0.25 --busy-cores 1 --json
+    .venv/bin/python scripts/latency_check.py --capacity 1800 --logs /tmp/check  # keep logs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,24 +61,34 @@ def step_env() -> dict[str, str]:
     return child_env(topics, f"check-{tag}")
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        streamrank_command(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
+LOGS = Path(".")
+"""Where each child's stderr goes (``--logs``, else a temporary directory, set by :func:`main`):
+a file, never an unread pipe, which a child that logs more than the pipe holds would block on
+in the middle of the measurement."""
 
 
-def finish(proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
-    """Wait for ``proc``; fail with the tail of its stderr if it does not exit 0."""
+def cli(env: dict[str, str], name: str, *args: str) -> subprocess.Popen[bytes]:
+    """``streamrank ARGS`` with ``env``, its stderr in ``LOGS/NAME.log``."""
+    with (LOGS / f"{name}.log").open("wb") as log:  # the child holds its own descriptor
+        return subprocess.Popen(
+            streamrank_command(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[bytes], name: str, timeout_s: float) -> None:
+    """Wait for ``proc`` (started as ``name``); fail with the tail of its log if it does not
+    exit 0."""
     try:
-        _, err = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise SystemExit(f"latency_check: {what} did not end within {timeout_s:.0f} s") from None
+        raise SystemExit(f"latency_check: {name} did not end within {timeout_s:.0f} s") from None
     if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-5:]
-        raise SystemExit(f"latency_check: {what} exited {proc.returncode}: " + " | ".join(tail))
+        text = (LOGS / f"{name}.log").read_text(errors="replace")
+        tail = text.strip().splitlines()[-5:]
+        raise SystemExit(f"latency_check: {name} exited {proc.returncode}: " + " | ".join(tail))
 
 
 def read_topic(topic: str, schema: Path) -> tuple[dict[str, int], int]:
@@ -100,8 +113,9 @@ def measure_capacity(events: int) -> float:
     """Events per second over the span of the output timestamps of a drained backlog."""
     env = step_env()
     try:
-        finish(cli(env, "produce", "--events", str(events)), "produce (backlog)", 300)
-        finish(cli(env, "run", "--exit-when-idle", "3"), "run (drain)", 600)
+        backlog = cli(env, "produce-backlog", "produce", "--events", str(events))
+        finish(backlog, "produce-backlog", 300)
+        finish(cli(env, "run-drain", "run", "--exit-when-idle", "3"), "run-drain", 600)
         out, _ = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
         stamps = np.array(list(out.values()))
     finally:
@@ -117,18 +131,18 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
     env = step_env()
     events = max(1, int(rate * seconds))
     busy: list[subprocess.Popen[bytes]] = []
-    run = cli(env, "run", "--exit-when-idle", "5")
+    run = cli(env, "run-load", "run", "--exit-when-idle", "5")
     try:
         busy = [
             subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy_cores)
         ]
         args = ["produce", "--wait-for-group", "--events", str(events), "--rate", f"{rate:.1f}"]
-        finish(cli(env, *args), "produce (load)", seconds * 3 + 300)
+        finish(cli(env, "produce-load", *args), "produce-load", seconds * 3 + 300)
         for proc in busy:
             proc.kill()
             proc.wait()
         busy = []
-        finish(run, "run (load)", 300)
+        finish(run, "run-load", 300)
         sent, _ = read_topic(env["STREAMRANK_TOPICS__INPUT"], USER_EVENT_SCHEMA_FILE)
         out, repeated = read_topic(env["STREAMRANK_TOPICS__OUTPUT"], RECOMMENDATION_SCHEMA_FILE)
     finally:
@@ -180,12 +194,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--busy-cores", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--logs", type=Path, help="keep each child's log in this directory")
     args = parser.parse_args()
     if not 0 < args.load <= 1:
         raise SystemExit("latency_check: --load must be in (0, 1]")
-    capacity = args.capacity or measure_capacity(args.capacity_events)
-    result = {"capacity_per_s": round(capacity, 1), "load": args.load}
-    result.update(measure_load(capacity * args.load, args.seconds, args.busy_cores))
+    global LOGS
+    LOGS = args.logs or Path(tempfile.mkdtemp(prefix="latency_check-"))
+    LOGS.mkdir(parents=True, exist_ok=True)
+    try:
+        capacity = args.capacity or measure_capacity(args.capacity_events)
+        result = {"capacity_per_s": round(capacity, 1), "load": args.load}
+        result.update(measure_load(capacity * args.load, args.seconds, args.busy_cores))
+    finally:
+        if args.logs is None:
+            shutil.rmtree(LOGS, ignore_errors=True)
     if args.json:
         print(json.dumps(result))
         return
