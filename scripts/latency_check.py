@@ -126,8 +126,11 @@ def measure_capacity(events: int) -> float:
     return float(len(stamps) / max(span_s, 1e-3))
 
 
-def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]:
-    """Offer ``rate`` events/s for ``seconds`` and time every event from its two records."""
+def measure_load(
+    rate: float, seconds: float, busy_cores: int, window_s: float = 10.0
+) -> dict[str, Any]:
+    """Offer ``rate`` events/s for ``seconds`` and time every event from its two records (and
+    the p99 of each ``window_s`` of the load)."""
     env = step_env()
     events = max(1, int(rate * seconds))
     busy: list[subprocess.Popen[bytes]] = []
@@ -165,12 +168,8 @@ def measure_load(rate: float, seconds: float, busy_cores: int) -> dict[str, Any]
         "p50_ms": float(np.percentile(latency, 50)) if len(latency) else None,
         "p99_ms": float(np.percentile(latency, 99)) if len(latency) else None,
         "max_ms": float(latency.max()) if len(latency) else None,
-        "p99_ms_by_window": windows(pairs[:, 0], latency, WINDOW_S),
+        "p99_ms_by_window": windows(pairs[:, 0], latency, window_s),
     }
-
-
-WINDOW_S = 10.0
-"""The span of each window of ``p99_ms_by_window`` (events by their input timestamp)."""
 
 
 def windows(sent_ms: np.ndarray, latency: np.ndarray, span_s: float) -> list[float]:
@@ -193,18 +192,22 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.5, help="share of capacity offered")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--busy-cores", type=int, default=0)
+    parser.add_argument("--window-s", type=float, default=10.0, help="span of a p99 window")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--logs", type=Path, help="keep each child's log in this directory")
     args = parser.parse_args()
     if not 0 < args.load <= 1:
         raise SystemExit("latency_check: --load must be in (0, 1]")
+    if args.window_s <= 0:
+        raise SystemExit("latency_check: --window-s must be above 0")
     global LOGS
     LOGS = args.logs or Path(tempfile.mkdtemp(prefix="latency_check-"))
     LOGS.mkdir(parents=True, exist_ok=True)
     try:
         capacity = args.capacity or measure_capacity(args.capacity_events)
         result = {"capacity_per_s": round(capacity, 1), "load": args.load}
-        result.update(measure_load(capacity * args.load, args.seconds, args.busy_cores))
+        rate = capacity * args.load
+        result.update(measure_load(rate, args.seconds, args.busy_cores, args.window_s))
     finally:
         if args.logs is None:
             shutil.rmtree(LOGS, ignore_errors=True)
@@ -216,7 +219,7 @@ def main() -> None:
         f"for {args.seconds:g} s beside {args.busy_cores} busy core(s): {result['events']} "
         f"events, {result['missing']} missing, {result['duplicates']} repeated; "
         f"p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms, "
-        f"max {result['max_ms']:.0f} ms; p99 per {WINDOW_S:g} s: "
+        f"max {result['max_ms']:.0f} ms; p99 per {args.window_s:g} s: "
         + ", ".join(f"{p:.0f}" for p in result["p99_ms_by_window"])
     )
 
