@@ -197,9 +197,9 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, help="keep each child's log in this directory")
     args = parser.parse_args()
     if not 0 < args.load <= 1:
-        raise SystemExit("latency_check: --load must be in (0, 1]")
+        parser.exit(2, "latency_check: --load must be in (0, 1]\n")
     if args.window_s <= 0:
-        raise SystemExit("latency_check: --window-s must be above 0")
+        parser.exit(2, "latency_check: --window-s must be above 0\n")
     global LOGS
     LOGS = args.logs or Path(tempfile.mkdtemp(prefix="latency_check-"))
     LOGS.mkdir(parents=True, exist_ok=True)

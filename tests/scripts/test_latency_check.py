@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -28,3 +30,13 @@ def test_a_slow_start_shows_in_its_own_window_and_an_empty_window_is_skipped() -
     result = windows(sent[keep] + 1_700_000_000_000, latency[keep], 10.0)
     assert result == [500.0, 50.0]
     assert windows(np.array([]), np.array([]), 10.0) == []
+
+
+def test_a_bad_option_is_one_line_and_exit_status_2() -> None:
+    for args, why in ((["--window-s", "0"], "--window-s"), (["--load", "2"], "--load")):
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 2
+        assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+        assert why in out.stderr and "Traceback" not in out.stderr
