@@ -19,11 +19,14 @@ Events of revoked partitions still waiting for a batch are dropped (never regist
 commit, so the next owner consumes them); whatever of theirs could not be committed in the
 callback is left to the next owner (committed later, it could move its offsets back).
 
-**The stop's commit holds whatever the group does.** A group that rebalances refuses commits
-(``REBALANCE_IN_PROGRESS``; ``ILLEGAL_GENERATION`` or ``UNKNOWN_MEMBER_ID`` from a member that
-has not rejoined yet): the drain then keeps polling, with every partition paused (what arrives
-is dropped, never committed), so that this member takes its part in the rebalance (its revoke
-callback commits what it hands over), and commits again, until the commit goes through or
+**The stop's commit holds whatever the group does.** It is sent asynchronously and the drain
+keeps polling, with every partition paused (what arrives is dropped, never committed), until
+the group has answered it: a group that rebalances holds a commit until the rebalance is over
+and then refuses it (``REBALANCE_IN_PROGRESS``; ``ILLEGAL_GENERATION`` or ``UNKNOWN_MEMBER_ID``
+from a member that has not rejoined yet), and a rebalance waits for every member's part in it
+(a member blocked in a synchronous commit would hold it up, and its commit with it, until the
+request times out). So this member takes its part (its revoke callback commits what it hands
+over) and commits again after a refusal, until the commit goes through or
 ``shutdown.timeout_s`` (from the stop request) has passed. Members leave the group only after
 every member of the job has committed (a barrier over the stepper:
 :meth:`~pipeline.runtime.stepping.StepAgreement.all_drained`; a member that left early would
@@ -108,6 +111,10 @@ class Drain:
         self.failed = False
         """Set by the loop after an error: a revocation while closing scores and commits
         nothing more (uncommitted work is left to the next run)."""
+        self._stopped = False
+        """The stop's commit is over: a revocation while closing commits nothing more (what
+        is left was said, and is left to the next run; a synchronous commit while the group
+        rebalances could block the close until the request times out)."""
 
     def finish(self, pad_rows: int | None = None) -> None:
         """Close the open batch, score and publish it after the one in flight, and wait.
@@ -121,8 +128,9 @@ class Drain:
         self._processor.collect(wait=True)
 
     def commit(self) -> None:
-        """Wait for every acknowledgement and commit synchronously; while the group rebalances,
-        poll with every partition paused and commit again; then wait for every member of the
+        """Wait for every acknowledgement and send the commit; until the group has answered it,
+        poll with every partition paused (and after a refusal commit again); then wait for every
+        member of the
         job to have done the same (all within ``shutdown.timeout_s`` of the stop request).
 
         Raises:
@@ -132,7 +140,7 @@ class Drain:
         deadline = self._shutdown.deadline or time.monotonic() + self._timeout_s
         failure: DeliveryFailed | None = None
         try:
-            self._checkpointer.flush_and_commit(self._timeout_s)
+            self._checkpointer.flush_and_send(self._timeout_s)
         except DeliveryFailed as exc:
             failure = exc
         done = False
@@ -147,7 +155,8 @@ class Drain:
             self._source.poll(SETTLE_POLL_S)  # rebalance callbacks run in here
             self._source.take(self._source.backlog)  # never registered: never committed
             if not done:
-                self._checkpointer.commit_now()
+                self._checkpointer.send_again()
+        self._stopped = True
         if failure is not None:
             raise failure
 
@@ -159,13 +168,19 @@ class Drain:
         if not left:
             return True
         error = checkpointer.commit_error
-        if failure is None and error is not None:
+        if failure is None and time.monotonic() < deadline:
+            if checkpointer.commits_in_flight:
+                return False  # not answered yet (held while the group rebalances)
             # a group moving partitions (or a member that must rejoin): it goes through once
             # the group has settled
-            busy = error.group_busy or error.retriable
-            if busy and time.monotonic() < deadline:
+            if error is not None and (error.group_busy or error.retriable):
                 return False
-        reason = str(failure) if failure is not None else str(error)
+        if failure is not None:
+            reason = str(failure)
+        elif error is None and checkpointer.commits_in_flight:
+            reason = "the group has not answered the commit"
+        else:
+            reason = str(error)
         log.error(
             "drain: the offsets of %d consumed events are not committed (%s); their outputs "
             "are published, the next run scores them again",
@@ -181,7 +196,7 @@ class Drain:
         Returns:
             How many decoded events of theirs were dropped, unscored.
         """
-        if self.failed:
+        if self.failed or self._stopped:
             return 0
         checkpointer, batcher = self._checkpointer, self._batcher
         try:

@@ -19,13 +19,23 @@ broker. The protocol, owned entirely by :class:`Checkpointer`:
    records are all acknowledged (asynchronously, so the hot loop never waits on the broker; at
    most every ``delivery.commit_interval_ms``); while more than ``max_sealed`` sealed
    checkpoints wait for acknowledgements it waits (without pausing the input).
-5. On shutdown or partition revocation, :meth:`Checkpointer.flush_and_commit` waits for every
-   acknowledgement and commits synchronously.
+5. On partition revocation (inside the rebalance callback, where nothing else can wait),
+   :meth:`Checkpointer.flush_and_commit` waits for every acknowledgement and commits
+   synchronously. On shutdown, :meth:`Checkpointer.flush_and_send` waits for them and sends the
+   commit asynchronously: the drain keeps polling until the group has answered it
+   (:meth:`Checkpointer.send_again` after a refusal), because a member that blocks in a
+   commit while its group rebalances holds up the rebalance, and the group holds the commit
+   until the rebalance is over (up to the request timeout).
 
 Commit results are checked: with :class:`~pipeline.connectors.kafka.consumer.CommitResults` wired to
 the consumer's ``on_commit``, :attr:`Checkpointer.committed` advances only when the broker confirms
-a commit. A failed commit is logged, counted (:attr:`Checkpointer.commit_failures`) and its offsets
-are committed again with the next commit (at the latest :data:`RETRY_COMMIT_S` later);
+a commit. An asynchronous commit whose result has not come yet is not done: its offsets count as
+uncommitted (:meth:`Checkpointer.uncommitted_events`) and every synchronous commit (shutdown,
+revocation) carries them again, so a stop never rests on a request the group may still refuse
+(during a rebalance the broker can hold a commit for seconds, then refuse it with
+``ILLEGAL_GENERATION``). A failed commit is logged, counted
+(:attr:`Checkpointer.commit_failures`) and its offsets are committed again with the next commit
+(at the latest :data:`RETRY_COMMIT_S` later);
 :attr:`Checkpointer.commit_error` says why it failed, so that a drain can tell a group that is
 rebalancing (wait and commit again: :mod:`pipeline.runtime.drain`) from a refusal, and
 :meth:`Checkpointer.uncommitted_events` how many consumed events are not committed.
@@ -101,6 +111,9 @@ class Checkpointer:
         if commit_results is not None:
             commit_results.listener = self.on_commit
         self._retry: dict[Partition, int] = {}
+        self._sent: dict[Partition, int] = {}
+        """The furthest offsets of asynchronous commits sent and not answered yet (with
+        ``commit_results``)."""
         self._retry_at = 0.0
         self.committed: dict[Partition, int] = {}
         """Offsets the broker confirmed (or, without ``commit_results``, sent)."""
@@ -247,12 +260,38 @@ class Checkpointer:
         self.seal_open()
         self._flush_and_commit(timeout_s)
 
-    def _flush_and_commit(self, timeout_s: float) -> None:
+    def flush_and_send(self, timeout_s: float = 30.0) -> None:
+        """Seal, wait for every acknowledgement, and send the commit asynchronously (with the
+        offsets of refused commits): the caller polls until :meth:`uncommitted_events` is 0,
+        calling :meth:`send_again` meanwhile.
+
+        Raises:
+            DeliveryFailed: records were still unacknowledged (their offsets stay uncommitted).
+        """
+        self.seal_open()
+        self._flush_and_commit(timeout_s, asynchronous=True)
+
+    def send_again(self) -> None:
+        """While a stop waits for its commit: once no commit is in flight, send what is
+        acknowledged and the refused offsets again (asynchronously), unless the refusal is one
+        that waiting does not cure."""
+        error = self.commit_error
+        if self._sent or (error is not None and not (error.group_busy or error.retriable)):
+            return
+        self._retry_at = 0.0
+        self._commit_done(asynchronous=True)
+
+    @property
+    def commits_in_flight(self) -> bool:
+        """Whether an asynchronous commit has not been answered yet."""
+        return bool(self._sent)
+
+    def _flush_and_commit(self, timeout_s: float, asynchronous: bool = False) -> None:
         deadline = self.deadline
         if deadline is not None:
             timeout_s = max(0.0, min(timeout_s, deadline - time.monotonic()))
         remaining = self._producer.flush(timeout_s)
-        self._commit_done(asynchronous=False)
+        self._commit_done(asynchronous)
         if remaining:
             raise DeliveryFailed(f"{remaining} records still undelivered after {timeout_s:.1f}s")
 
@@ -264,18 +303,14 @@ class Checkpointer:
         """
         self._flush_and_commit(timeout_s)
 
-    def commit_now(self) -> None:
-        """Commit synchronously what is acknowledged, with the offsets of failed commits (e.g.
-        again, once the group has settled after a rebalance)."""
-        self._commit_done(asynchronous=False)
-
     def uncommitted_events(self, partitions: set[Partition] | None = None) -> int:
         """How many consumed events (of ``partitions``; default: all) are not committed: per
         partition, the furthest offset consumed minus where it would go back to (:meth:`abort`).
         """
         furthest: dict[Partition, int] = dict(self._retry)
-        for checkpoint in (*self._checkpoints, self._open):
-            for key, offset in checkpoint.next_offsets.items():
+        tables = (self._sent, *(c.next_offsets for c in (*self._checkpoints, self._open)))
+        for table in tables:
+            for key, offset in table.items():
                 furthest[key] = max(offset, furthest.get(key, -1))
         count = 0
         for key, offset in furthest.items():
@@ -296,6 +331,7 @@ class Checkpointer:
         self._checkpoints.clear()
         self._open = self._new_checkpoint()
         self._retry.clear()
+        self._sent.clear()
         self.commit_error = None
         return offsets
 
@@ -327,7 +363,7 @@ class Checkpointer:
         for checkpoint in (*self._checkpoints, self._open):
             for key in partitions & checkpoint.next_offsets.keys():
                 del checkpoint.next_offsets[key]
-        for table in (self._retry, self._resume):
+        for table in (self._retry, self._sent, self._resume):
             for key in partitions & table.keys():
                 del table[key]
         if not self._retry:
@@ -364,6 +400,8 @@ class Checkpointer:
                 self._resume[key] = max(self._resume[key], offset)
             if self._retry.get(key, -1) <= offset:
                 self._retry.pop(key, None)
+            if self._sent.get(key, -1) <= offset:
+                self._sent.pop(key, None)
         if not self._retry:
             self.commit_error = None
 
@@ -374,17 +412,23 @@ class Checkpointer:
         for key, offset in offsets.items():
             if offset > max(self.committed.get(key, -1), self._retry.get(key, -1)):
                 self._retry[key] = offset
+            if self._sent.get(key, -1) <= offset:
+                self._sent.pop(key, None)  # answered (a later commit may still be in flight)
         self._retry_at = time.monotonic() + RETRY_COMMIT_S
 
     def _commit(self, offsets: dict[Partition, int], asynchronous: bool) -> None:
         if self._retry and (offsets or not asynchronous or time.monotonic() >= self._retry_at):
-            offsets = {**self._retry, **offsets}  # newer offsets supersede retried ones
+            offsets = _furthest(self._retry, offsets)  # newer offsets supersede retried ones
             self._retry_at = time.monotonic() + RETRY_COMMIT_S
+        if not asynchronous and self._sent:
+            offsets = _furthest(self._sent, offsets)  # not answered yet: not done
         if not offsets:
             return
         if asynchronous:
             self._consumer.commit(offsets)
-            if not self._confirmed:
+            if self._confirmed:
+                self._sent = _furthest(self._sent, offsets)
+            else:
                 self._advance(offsets)
             log.debug("committing %s", offsets)
             return
@@ -395,3 +439,12 @@ class Checkpointer:
             return
         self.on_commit(None, offsets, errors)
         log.debug("committed %s", offsets)
+
+
+def _furthest(*tables: dict[Partition, int]) -> dict[Partition, int]:
+    """Per partition, the furthest offset of ``tables`` (a commit position only moves on)."""
+    merged: dict[Partition, int] = {}
+    for table in tables:
+        for key, offset in table.items():
+            merged[key] = max(offset, merged.get(key, -1))
+    return merged

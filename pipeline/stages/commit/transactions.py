@@ -205,6 +205,15 @@ class TransactionalCheckpointer(Checkpointer):
         self.transactions += 1
         return leading
 
+    def flush_and_send(self, timeout_s: float = 30.0) -> None:
+        """A transaction is committed synchronously (its calls have their own budget, on a
+        helper thread): :meth:`flush_and_commit`."""
+        self.flush_and_commit(timeout_s)
+
+    def send_again(self) -> None:
+        """Commit what is sealed in one transaction, synchronously."""
+        self._commit_done(asynchronous=False)
+
     def _commit_transaction(self, offsets: dict[tuple[str, int], int]) -> None:
         producer = self.producer
         try:

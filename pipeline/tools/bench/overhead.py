@@ -188,6 +188,8 @@ def _instrument(pipeline: ScoringPipeline, clock: StageClock) -> None:
         clock.wrap(run.dead_letters, "publish", "produce")
         clock.wrap(run.checkpointer, "commit_ready", "commit")
         clock.wrap(run.checkpointer, "flush_and_commit", "commit")
+        clock.wrap(run.checkpointer, "flush_and_send", "commit")
+        clock.wrap(run.checkpointer, "send_again", "commit")
         return run
 
     pipeline._start = start_timed  # type: ignore[method-assign]

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from pipeline.ingest.stepping import IdleFlags, WorkerStepper
 from pipeline.runtime.stepping import StepAgreement
 from pipeline.types import Shutdown
-from tests.pipeline.fakes import FakeConsumer
-from tests.pipeline.runtime.drains import T, rig
+from tests.pipeline.runtime.drains import GroupConsumer, T, rig
 
 EVERYTHING = {(T, 0): 2, (T, 1): 2}
 
@@ -26,28 +24,6 @@ def _drain_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
         for r in caplog.records
         if r.name == "pipeline.runtime.drain" and r.levelno >= logging.ERROR
     ]
-
-
-class BusyGroupConsumer(FakeConsumer):
-    """Synchronous commits fail with ``error`` while ``busy`` is positive (one less per
-    blocking ``consume``: the group moves on while the member polls)."""
-
-    def __init__(self, busy: int, error: int = KafkaError.REBALANCE_IN_PROGRESS) -> None:
-        super().__init__()
-        self.busy = busy
-        self.error = error
-        self.attempts = 0
-
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        if timeout > 0:
-            self.busy -= 1
-        return super().consume(num_messages, timeout)
-
-    def commit(self, *args: Any, **kwargs: Any) -> None:
-        self.attempts += 1
-        if self.busy > 0:
-            raise KafkaException(KafkaError(self.error))
-        super().commit(*args, **kwargs)
 
 
 class OtherMembersCommitting(StepAgreement):
@@ -65,7 +41,7 @@ class OtherMembersCommitting(StepAgreement):
 
 
 def test_a_commit_refused_by_a_rebalancing_group_is_made_once_it_settles() -> None:
-    consumer = BusyGroupConsumer(busy=3)
+    consumer = GroupConsumer(busy=3)
     r = rig(consumer=consumer)
     r.drain.finish()
     r.drain.commit()
@@ -78,7 +54,7 @@ def test_a_commit_refused_by_a_rebalancing_group_is_made_once_it_settles() -> No
 
 @pytest.mark.parametrize("error", [KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID])
 def test_a_member_that_must_rejoin_commits_after_it_has(error: int) -> None:
-    consumer = BusyGroupConsumer(busy=2, error=error)
+    consumer = GroupConsumer(busy=2, error=error)
     r = rig(consumer=consumer)
     r.drain.finish()
     r.drain.commit()
@@ -88,12 +64,14 @@ def test_a_member_that_must_rejoin_commits_after_it_has(error: int) -> None:
 def test_a_refusal_that_waiting_cannot_cure_is_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    consumer = BusyGroupConsumer(busy=10**6, error=KafkaError.GROUP_AUTHORIZATION_FAILED)
+    consumer = GroupConsumer(busy=10**6, error=KafkaError.GROUP_AUTHORIZATION_FAILED)
     r = rig(consumer=consumer)
     r.drain.finish()
     with caplog.at_level(logging.ERROR, logger="pipeline.runtime.drain"):
         r.drain.commit()
-    assert consumer.attempts == 1 and consumer.consume_calls[-1] == (10, 0.0)  # no settling
+    assert consumer.attempts == 1  # not sent again
+    polls = [call for call in consumer.consume_calls if call[1] > 0]
+    assert len(polls) == 1  # one poll to hear the answer, no settling after it
     (line,) = _drain_errors(caplog)
     assert "offsets of 4 consumed events are not committed" in line
     assert "GROUP_AUTHORIZATION_FAILED" in line
@@ -102,7 +80,7 @@ def test_a_refusal_that_waiting_cannot_cure_is_one_log_line(
 def test_a_group_that_never_settles_is_given_up_at_the_shutdown_deadline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    consumer = BusyGroupConsumer(busy=10**6)
+    consumer = GroupConsumer(busy=10**6)
     shutdown = Shutdown(0.5)
     r = rig(consumer=consumer, shutdown=shutdown)
     r.drain.finish()
@@ -122,7 +100,7 @@ def test_a_member_leaves_only_once_every_member_has_committed() -> None:
     r = rig(stepper=stepper)
     r.drain.finish()
     r.drain.commit()
-    assert stepper.seen == [True, True, True, True]  # committed at once, then waited
+    assert stepper.seen == [False, True, True, True]  # answered at the first poll, waited
     assert len(r.consumer.consume_calls) >= 1 + 3  # polling (paused) while it waited
     assert r.consumer.committed == EVERYTHING
 
@@ -130,14 +108,14 @@ def test_a_member_leaves_only_once_every_member_has_committed() -> None:
 def test_offsets_left_uncommitted_at_a_revocation_are_never_committed_later(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    consumer = BusyGroupConsumer(busy=10**6)
+    consumer = GroupConsumer(busy=10**6)
     r = rig(consumer=consumer)
     with caplog.at_level(logging.ERROR, logger="pipeline.runtime.drain"):
         r.handler.on_revoke({(T, 1)})
     (line,) = _drain_errors(caplog)
     assert "offsets of 2 consumed events are not committed" in line  # partition 1's
     consumer.busy = 0
-    r.checkpointer.commit_now()
+    r.checkpointer.flush_and_commit()
     assert consumer.committed == {(T, 0): 2}  # the new owner's offsets are not moved back
 
 

@@ -405,6 +405,55 @@ def test_a_failed_commit_of_an_idle_partition_is_retried_on_its_own(
     assert ckpt.committed == {(T, 0): 5} and len(consumer.commits) == 2
 
 
+def test_an_unanswered_asynchronous_commit_is_not_done_and_the_stop_commits_it_again(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    # During a rebalance the broker can hold an asynchronous commit for seconds and then refuse
+    # it: until its result comes, its offsets are uncommitted and a synchronous commit carries
+    # them (a stop must not rest on it).
+    ckpt, results = _confirmed(consumer, producer)
+    ckpt.consumed(T, np.array([0, 1, 1]), np.array([0, 0, 6]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack()
+    ckpt.commit_ready()
+    assert consumer.commits == [({(T, 0): 1, (T, 1): 7}, True)]
+    assert ckpt.uncommitted_events() == 1 + 7  # sent, not answered
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert consumer.commits[-1] == ({(T, 0): 1, (T, 1): 7}, False)
+    assert ckpt.committed == {(T, 0): 1, (T, 1): 7} and ckpt.uncommitted_events() == 0
+    results(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition(T, 0, 1)])  # too late
+    assert ckpt.uncommitted_events() == 0 and ckpt.commit_error is not None
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert len(consumer.commits) == 2  # nothing more to commit
+
+
+def test_an_answered_asynchronous_commit_is_not_sent_again(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    _commit_one(ckpt, producer, 5)
+    results(None, [TopicPartition(T, 0, 5)])  # the first answered, the second still in flight
+    assert ckpt.uncommitted_events() == 1
+    results(None, [TopicPartition(T, 0, 6)])
+    assert ckpt.uncommitted_events() == 0
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert [synchronous for _, synchronous in consumer.commits] == [True, True]
+
+
+def test_a_refused_asynchronous_commit_is_retried_unless_a_later_one_is_in_flight(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _confirmed(consumer, producer)
+    _commit_one(ckpt, producer, 4)
+    _commit_one(ckpt, producer, 5)
+    results(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition(T, 0, 5)])
+    assert ckpt.uncommitted_events() == 2  # the refused one is kept, the later one in flight
+    results(None, [TopicPartition(T, 0, 6)])
+    assert ckpt.uncommitted_events() == 0 and ckpt.committed == {(T, 0): 6}
+
+
 def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -> None:
     class FailingConsumer(FakeConsumer):
         def commit(self, *args: Any, **kwargs: Any) -> None:
