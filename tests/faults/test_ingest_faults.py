@@ -96,13 +96,14 @@ def test_sigterm_stops_every_worker_in_time_and_a_restart_loses_or_repeats_nothi
     assert "[w0]: signal 15" in text and "[w1]: signal 15" in text  # both were told
     assert "killing them" not in text  # both finished in time
 
+    second = tmp_path / "second.log"
     missing, duplicates, run_s = restart_and_report(
-        cli, pipeline_settings, tmp_path / "second.log", TWO_WORKERS, sent.ids, "ingest-sigterm",
-        recover_s=exit_s,
-    )  # fmt: skip
+        cli, pipeline_settings, second, TWO_WORKERS, sent.ids, "ingest-sigterm", recover_s=exit_s
+    )
     print(f"RELIABILITY ingest-sigterm restart_s={run_s:.1f}")
-    assert missing == 0
-    assert duplicates == 0  # SIGTERM commits everything it produced
+    logs = f"first run:\n{failure_excerpt(log)}\nrestart:\n{failure_excerpt(second)}"
+    assert missing == 0, logs
+    assert duplicates == 0, logs  # SIGTERM commits everything it produced
 
 
 def test_a_killed_worker_fails_the_run_leaves_no_process_and_a_restart_loses_nothing(
