@@ -36,6 +36,7 @@ _KEY_OF_PROPERTY: dict[str, str] = {
     "ssl.ca.location": "ssl_ca_location",
     "auto.offset.reset": "auto_offset_reset",
     "session.timeout.ms": "session_timeout_ms",
+    "heartbeat.interval.ms": "heartbeat_interval_ms",
     "max.poll.interval.ms": "max_poll_interval_ms",
     "linger.ms": "linger_ms",
     "queue.buffering.max.ms": "linger_ms",

@@ -234,10 +234,18 @@ def test_consumer_config_maps_snake_case_to_dotted_keys() -> None:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "latest",
         "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
         "max.poll.interval.ms": 120_000,
         "partition.assignment.strategy": "cooperative-sticky",
     }
     # a tool's own group: tests/pipeline/connectors/kafka/test_clients.py
+
+
+@pytest.mark.parametrize("heartbeat_ms", [0, 6000, 7000])
+def test_a_heartbeat_not_below_the_session_timeout_is_refused(heartbeat_ms: int) -> None:
+    with pytest.raises(pydantic.ValidationError, match="below session_timeout_ms \\(6000\\)"):
+        KafkaSettings(session_timeout_ms=6000, heartbeat_interval_ms=heartbeat_ms)
+    assert KafkaSettings(session_timeout_ms=6000).config.consumer["heartbeat.interval.ms"] == 1000
 
 
 def test_client_configs_are_built_once_and_a_copy_with_changes_builds_its_own() -> None:
