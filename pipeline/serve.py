@@ -125,12 +125,12 @@ def serve(
                 metrics,
                 _stepper(rank, metrics),
                 serve_ingest_worker,
+                served.options.largest_batch_rows,
                 exit_when_idle_s,
                 max_events,
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
                 models=_model_swap(followed, loader, metrics),
-                max_rows=served.options.largest_batch_rows if served.options else None,
             )
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(

@@ -3,7 +3,8 @@ summaries (called by :func:`pipeline.serve.serve` when ``batching.ingest_workers
 
 Example::
 
-    summary = serve_with_workers(settings, rank, scorer, metrics, stepper, serve_ingest_worker)
+    summary = serve_with_workers(settings, rank, scorer, metrics, stepper, serve_ingest_worker,
+                                 max_rows=served.options.largest_batch_rows)
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def serve_with_workers(
     metrics: Metrics,
     stepper: Stepper,
     target: Callable[[WorkerAssignment], None],
+    max_rows: int,
     exit_when_idle_s: float | None = None,
     max_events: int | None = None,
     setup: Callable[[], object] | None = None,
     checkpoint: Path | None = None,
     models: ModelSwap | None = None,
-    max_rows: int | None = None,
 ) -> RunSummary:
     """Serve ``batching.ingest_workers`` workers until all of them are done.
 
@@ -59,6 +60,9 @@ def serve_with_workers(
         metrics: its metrics (the workers' are merged in: :mod:`pipeline.ingest.relay`).
         stepper: when to score (agreed across ranks with several).
         target: the workers' entry (:func:`pipeline.serve.serve_ingest_worker`).
+        max_rows: the scorer's largest batch (``largest_batch_rows`` of the serving options it
+            was built with: :attr:`pipeline.models.loader.ServedModel.options`), the size of
+            the workers' slots.
         exit_when_idle_s: each worker stops after this long without input.
         max_events: shared out over the workers (never more in all).
         setup: run first in every worker (the CLI's logging; picklable).
@@ -67,9 +71,7 @@ def serve_with_workers(
         models: follows a versions directory: this process swaps promoted versions in
             between two forwards (a configured model: its workers' input does not depend on
             the version).
-        max_rows: the scorer's largest batch (``largest_batch_rows`` of the serving options it
-            was built with: :attr:`pipeline.models.loader.ServedModel.options`), the size of
-            the workers' slots; default: from the settings' serving options.
+
 
     Returns:
         The rank's summary: its workers' merged, each worker's under ``workers``.
@@ -80,7 +82,8 @@ def serve_with_workers(
     Example::
 
         summary = serve_with_workers(settings, RankContext(), scorer, Metrics(),
-                                     StepAgreement(), serve_ingest_worker, exit_when_idle_s=5)
+                                     StepAgreement(), serve_ingest_worker, max_rows=4096,
+                                     exit_when_idle_s=5)
     """
     merged = MergedMetrics(metrics.registry)
     if settings.metrics.enabled:
@@ -95,12 +98,12 @@ def serve_with_workers(
         scorer.spec if scorer.builtin else scorer.layout,
         scorer.model_version,
         target,
+        max_rows,
         setup=setup,
         exit_when_idle_s=exit_when_idle_s,
         max_events=max_events,
         checkpoint=checkpoint,
         output=scorer.output,
-        max_rows=max_rows,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

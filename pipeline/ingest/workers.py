@@ -19,7 +19,7 @@ Lifetime (with :mod:`pipeline.jobs.lifetime`):
 Example::
 
     inputs = scorer.spec if scorer.builtin else scorer.layout
-    workers = IngestWorkers(settings, rank, inputs, scorer.model_version, target)
+    workers = IngestWorkers(settings, rank, inputs, scorer.model_version, target, max_rows)
     workers.start()
     ...   # the scoring server serves them until workers.finished
     workers.close()
@@ -52,7 +52,6 @@ from pipeline.ingest.transport import (
     StartConsuming,
     WorkerDone,
 )
-from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary
 from pipeline.settings.loading import Settings, picklable
 from pipeline.stages.commit import transactional_id
@@ -210,13 +209,13 @@ class IngestWorkers:
         model_version: the served model's version.
         target: the worker's entry (a module-level function taking a
             :class:`WorkerAssignment`: :func:`pipeline.serve.serve_ingest_worker`).
+        max_rows: the scorer's largest batch (its serving options' ``largest_batch_rows``),
+            the slots' rows.
         setup: run first in each worker (picklable).
         exit_when_idle_s: ``--exit-when-idle`` of every worker.
         max_events: ``--max-events``, shared out (:func:`share_of`).
         checkpoint: the served checkpoint directory (the workers' retrieval index).
         output: the served model's output config (task columns in the slots).
-        max_rows: the scorer's largest batch (its serving options' ``largest_batch_rows``),
-            the slots' rows; default: from the settings' serving options.
     """
 
     settings: Settings
@@ -224,12 +223,12 @@ class IngestWorkers:
     inputs: FeatureSpec | InputLayout
     model_version: str
     target: Callable[[WorkerAssignment], None]
+    max_rows: int
     setup: Callable[[], object] | None = None
     exit_when_idle_s: float | None = None
     max_events: int | None = None
     checkpoint: Path | None = None
     output: OutputConfig = DEFAULT_OUTPUT
-    max_rows: int | None = None
     channels: list[Channel] = field(default_factory=list)
     failure: str | None = None
     _deadline: float | None = None
@@ -241,8 +240,7 @@ class IngestWorkers:
 
         context = mp.get_context("spawn")
         count = self.settings.batching.ingest_workers
-        max_rows = self.max_rows or serving_options(self.settings).largest_batch_rows
-        shape = SlotShape.for_model(self.inputs, self.output, max_rows)
+        shape = SlotShape.for_model(self.inputs, self.output, self.max_rows)
         idle = IdleFlags.allocate(count)
         for index in range(count):
             slots = [SharedSlot.allocate(shape) for _ in range(SLOTS_PER_WORKER)]

@@ -88,16 +88,16 @@ class ServedModel:
     Attributes:
         scorer: the model (not warmed up on the scoring thread yet).
         index: its retrieval index; ``None`` with retrieval off or an empty catalogue.
+        options: the serving options its scorer was built with (the largest batch, for the
+            ingest workers' slots).
         configured: the configured model it serves (its feature map and output contract, for
             the loop), as the loader resolved it once; ``None`` for the built-in model.
-        options: the serving options its scorer was built with (the largest batch, for the
-            ingest workers' slots); ``None``: a scorer built elsewhere.
     """
 
     scorer: Scorer
     index: VectorIndex | None
+    options: ServingOptions
     configured: ConfiguredModel | None = None
-    options: ServingOptions | None = None
 
     @property
     def version(self) -> str:
@@ -251,7 +251,7 @@ class ModelLoader:
             Exception: whatever building the scorer raised.
         """
         scorer, options = pending.scorer, pending.options
-        if scorer is None:
+        if scorer is None or options is None:
             from model.serving import ScorerFactory
 
             options = serving_options(
@@ -260,7 +260,7 @@ class ModelLoader:
             scorer = ScorerFactory(options, self.rank).create_scorer()
         if self._spec is None and scorer.builtin:
             self._spec = scorer.spec
-        return ServedModel(scorer, pending.index, pending.configured, options)
+        return ServedModel(scorer, pending.index, options, pending.configured)
 
     def _check_compatible(self, spec: FeatureSpec) -> None:
         served = self._spec

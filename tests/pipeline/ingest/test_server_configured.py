@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.serving.options import ServingOptions
 from model.store.versions import ModelVersions
 from pipeline.ingest.remote_scorer import RemoteScorer
 from pipeline.ingest.server import ScoringServer
@@ -70,7 +71,7 @@ class _Loader:
 
     def complete(self, pending: PendingModel) -> ServedModel:
         assert pending.scorer is not None
-        return ServedModel(pending.scorer, None)
+        return ServedModel(pending.scorer, None, ServingOptions(checkpoint=pending.path))
 
 
 def test_a_version_promoted_mid_run_scores_every_batch_after_its_swap(tmp_path: Path) -> None:

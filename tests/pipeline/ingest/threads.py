@@ -82,7 +82,7 @@ class ThreadWorkers(IngestWorkers):
     ) -> None:
         settings = Settings(batching=BatchingSettings(ingest_workers=count))
         super().__init__(
-            settings, RankContext(), inputs, version, target=lambda a: None, output=output
+            settings, RankContext(), inputs, version, lambda a: None, max_rows, output=output
         )
         self._body = body
         self._shape = SlotShape.for_model(inputs, output, max_rows)

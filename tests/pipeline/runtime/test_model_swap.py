@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from model.serving.options import ServingOptions
 from model.store.versions import ModelVersions
 from pipeline.models.loader import PendingModel, ServedModel
 from pipeline.models.watch import ModelWatcher
@@ -42,7 +43,7 @@ class FakeLoader:
     def complete(self, pending: PendingModel) -> ServedModel:
         self.completed.append(pending.version)
         scorer: Any = type("S", (), {"model_version": pending.version})()
-        return ServedModel(scorer, None)
+        return ServedModel(scorer, None, ServingOptions(checkpoint=pending.path))
 
 
 @pytest.fixture
