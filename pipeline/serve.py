@@ -131,6 +131,7 @@ def serve(
                 worker_setup,
                 checkpoint=checkpoint or settings.model.checkpoint,
                 models=_model_swap(followed, loader, metrics),
+                metrics_port=metrics_port,
             )
             return summary, step_stats(metrics) if rank.distributed else {}
         pipeline = build_pipeline(

@@ -46,6 +46,7 @@ def serve_with_workers(
     setup: Callable[[], object] | None = None,
     checkpoint: Path | None = None,
     models: ModelSwap | None = None,
+    metrics_port: int | None = None,
 ) -> RunSummary:
     """Serve ``batching.ingest_workers`` workers until all of them are done.
 
@@ -71,7 +72,8 @@ def serve_with_workers(
         models: follows a versions directory: this process swaps promoted versions in
             between two forwards (a configured model: its workers' input does not depend on
             the version).
-
+        metrics_port: where the rank's metrics endpoint serves its own and its workers'
+            metrics (``settings.metrics.port_for(rank)``); ``None``: no endpoint.
 
     Returns:
         The rank's summary: its workers' merged, each worker's under ``workers``.
@@ -86,9 +88,8 @@ def serve_with_workers(
                                      exit_when_idle_s=5)
     """
     merged = MergedMetrics(metrics.registry)
-    if settings.metrics.enabled:
-        port = settings.metrics.port_for(rank.rank)
-        metrics.serve(settings.metrics.host, port, registry=merged.registry)
+    if metrics_port is not None:
+        metrics.serve(settings.metrics.host, metrics_port, registry=merged.registry)
     bind_thread(scorer.device)
     warm_up_rows = settings.batching.warm_up_rows
     scorer.warm_up(warm_up_rows)  # collective with several ranks
