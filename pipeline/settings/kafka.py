@@ -84,8 +84,8 @@ class KafkaSettings(Section):
     max_poll_interval_ms: int = 300_000
     linger_ms: int = 5
     compression_type: str = "lz4"
-    consumer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
-    producer_extra: dict[str, SecretStr | str | int | float | bool] = Field(default_factory=dict)
+    consumer_extra: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
+    producer_extra: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
     """Values whose name looks secret (:func:`pipeline.settings.secrets.is_secret_name`) are kept as
     ``SecretStr``: masked wherever the settings are printed."""
 

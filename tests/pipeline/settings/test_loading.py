@@ -298,6 +298,23 @@ def test_consumer_extra_passes_through_and_wins() -> None:
     assert "fetch.min.bytes" not in kafka.config.producer
 
 
+def test_only_extras_with_a_secret_name_are_hidden() -> None:
+    kafka = KafkaSettings(
+        consumer_extra={"debug": "cgrp", "sasl.oauthbearer.client.secret": "s3", "n": 5},
+        producer_extra={"acks": "1", "ssl.key.password": "pw", "enable.idempotence": True},
+    )
+    shown = kafka.model_dump(mode="json")
+    assert shown["consumer_extra"] == {
+        "debug": "cgrp", "sasl.oauthbearer.client.secret": "**********", "n": 5
+    }  # fmt: skip
+    assert (
+        shown["producer_extra"]["acks"] == "1"
+        and shown["producer_extra"]["ssl.key.password"] != "pw"
+    )
+    assert kafka.config.consumer["sasl.oauthbearer.client.secret"] == "s3"  # librdkafka's
+    assert kafka.config.producer["ssl.key.password"] == "pw"
+
+
 def test_consumer_extra_from_toml(tmp_path: Path) -> None:
     conf = load_settings(_toml(tmp_path, TOML)).kafka.config.consumer
     assert conf["fetch.min.bytes"] == "65536"
