@@ -410,6 +410,8 @@ class Checkpointer:
         self.commit_error = error
         log.warning("offset commit failed (%s): will retry %s", reason, offsets)
         for key, offset in offsets.items():
+            if key not in self._resume:
+                continue  # handed over since it was sent: its new owner commits it
             if offset > max(self.committed.get(key, -1), self._retry.get(key, -1)):
                 self._retry[key] = offset
             if self._sent.get(key, -1) <= offset:

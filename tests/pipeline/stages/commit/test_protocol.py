@@ -454,6 +454,24 @@ def test_a_refused_asynchronous_commit_is_retried_unless_a_later_one_is_in_fligh
     assert ckpt.uncommitted_events() == 0 and ckpt.committed == {(T, 0): 6}
 
 
+def test_a_late_refusal_of_a_partition_handed_over_since_is_not_retried(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    # committing it again could move its new owner's offsets back
+    ckpt, results = _confirmed(consumer, producer)
+    ckpt.consumed(T, np.array([0, 1]), np.array([4, 4]))
+    _produce(ckpt, producer)
+    ckpt.seal_open()
+    producer.ack()
+    ckpt.commit_ready()
+    assert ckpt.handed_over({(T, 1)}) == 1  # sent, not answered: uncommitted
+    refused = [TopicPartition(T, 0, 5), TopicPartition(T, 1, 5)]
+    results(KafkaError(KafkaError.ILLEGAL_GENERATION), refused)
+    assert ckpt.uncommitted_events() == 1  # partition 0's
+    ckpt.flush_and_commit(timeout_s=0.1)
+    assert consumer.commits[-1] == ({(T, 0): 5}, False)
+
+
 def test_a_failed_synchronous_commit_is_kept_for_retry(producer: FakeProducer) -> None:
     class FailingConsumer(FakeConsumer):
         def commit(self, *args: Any, **kwargs: Any) -> None:
