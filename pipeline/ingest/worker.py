@@ -12,8 +12,10 @@ rank's consumer group, its own producer and commits) is built by the serving ent
    here);
 4. gives the loop a :class:`~pipeline.ingest.remote_scorer.RemoteScorer` and a metrics registry
    relayed to the rank (:class:`~pipeline.ingest.relay.MetricsRelay`), once every worker of the
-   rank is ready (they join the consumer group together: one first assignment over all of them,
-   no worker idle while a second one is under way);
+   rank is ready (they join the consumer group together: within the broker's
+   ``group.initial.rebalance.delay.ms``, 3 s by default, the first assignment is over all of
+   them; a broker without that delay, as the test stack's, may give the first one every
+   partition and move half of them to the second in a cooperative rebalance);
 5. at the end sends the run summary (:class:`~pipeline.ingest.transport.WorkerDone`) and ends
    the process without the interpreter's teardown; a failure is logged as one record and the
    process exits 1.
