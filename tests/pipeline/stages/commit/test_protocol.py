@@ -428,26 +428,32 @@ def test_an_unanswered_asynchronous_commit_is_not_done_and_the_stop_commits_it_a
     assert len(consumer.commits) == 2  # nothing more to commit
 
 
-def test_an_answered_asynchronous_commit_is_not_sent_again(
+def _two_commits_in_flight(
     consumer: FakeConsumer, producer: FakeProducer
-) -> None:
+) -> tuple[Checkpointer, CommitResults]:
+    """Partition 0's offsets 4 and 5, each committed asynchronously, neither answered yet."""
     ckpt, results = _confirmed(consumer, producer)
     _commit_one(ckpt, producer, 4)
     _commit_one(ckpt, producer, 5)
+    return ckpt, results
+
+
+def test_an_answered_asynchronous_commit_is_not_sent_again(
+    consumer: FakeConsumer, producer: FakeProducer
+) -> None:
+    ckpt, results = _two_commits_in_flight(consumer, producer)
     results(None, [TopicPartition(T, 0, 5)])  # the first answered, the second still in flight
     assert ckpt.uncommitted_events() == 1
     results(None, [TopicPartition(T, 0, 6)])
     assert ckpt.uncommitted_events() == 0
     ckpt.flush_and_commit(timeout_s=0.1)
-    assert [synchronous for _, synchronous in consumer.commits] == [True, True]
+    assert [asynchronous for _, asynchronous in consumer.commits] == [True, True]  # no more
 
 
 def test_a_refused_asynchronous_commit_is_retried_unless_a_later_one_is_in_flight(
     consumer: FakeConsumer, producer: FakeProducer
 ) -> None:
-    ckpt, results = _confirmed(consumer, producer)
-    _commit_one(ckpt, producer, 4)
-    _commit_one(ckpt, producer, 5)
+    ckpt, results = _two_commits_in_flight(consumer, producer)
     results(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition(T, 0, 5)])
     assert ckpt.uncommitted_events() == 2  # the refused one is kept, the later one in flight
     results(None, [TopicPartition(T, 0, 6)])
