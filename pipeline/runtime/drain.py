@@ -108,12 +108,10 @@ class Drain:
         self._collective = stepper.collective
         self._shutdown = shutdown
         self._timeout_s = shutdown.timeout_s
-        self.failed = False
-        """Set by the loop after an error: a revocation while closing scores and commits
-        nothing more (uncommitted work is left to the next run)."""
-        self._stopped = False
-        """The stop's commit is over: a revocation while closing commits nothing more (what
-        is left was said, and is left to the next run; a synchronous commit while the group
+        self.closing = False
+        """Nothing more is scored or committed: set by the loop after an error, and by
+        :meth:`commit` once the stop's commit is over. A revocation while the consumer closes
+        then leaves what is uncommitted to the next run (a synchronous commit while the group
         rebalances could block the close until the request times out)."""
 
     def finish(self, pad_rows: int | None = None) -> None:
@@ -156,7 +154,7 @@ class Drain:
             self._source.take(self._source.backlog)  # never registered: never committed
             if not done:
                 self._checkpointer.send_again()
-        self._stopped = True
+        self.closing = True
         if failure is not None:
             raise failure
 
@@ -196,7 +194,7 @@ class Drain:
         Returns:
             How many decoded events of theirs were dropped, unscored.
         """
-        if self.failed or self._stopped:
+        if self.closing:
             return 0
         checkpointer, batcher = self._checkpointer, self._batcher
         try:

@@ -208,7 +208,7 @@ class ScoringPipeline:
             self._loop(run, exit_when_idle_s, max_events)
             run.drain.commit()
         except BaseException:
-            run.drain.failed = True  # closing must not score or commit more
+            run.drain.closing = True  # closing must not score or commit more
             raise
         finally:
             self.summary.seconds = time.monotonic() - started

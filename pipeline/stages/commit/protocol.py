@@ -307,11 +307,8 @@ class Checkpointer:
         """How many consumed events (of ``partitions``; default: all) are not committed: per
         partition, the furthest offset consumed minus where it would go back to (:meth:`abort`).
         """
-        furthest: dict[Partition, int] = dict(self._retry)
-        tables = (self._sent, *(c.next_offsets for c in (*self._checkpoints, self._open)))
-        for table in tables:
-            for key, offset in table.items():
-                furthest[key] = max(offset, furthest.get(key, -1))
+        consumed = (c.next_offsets for c in (*self._checkpoints, self._open))
+        furthest = _furthest(self._retry, self._sent, *consumed)
         count = 0
         for key, offset in furthest.items():
             if partitions is not None and key not in partitions:

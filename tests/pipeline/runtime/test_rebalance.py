@@ -24,7 +24,7 @@ def test_rank_drops_revoked_events_and_commits_only_what_was_delivered() -> None
 
 def test_after_a_failure_a_revocation_scores_and_commits_nothing() -> None:
     r = rig(collective=False)
-    r.drain.failed = True
+    r.drain.closing = True
     r.handler.on_revoke({(T, 0), (T, 1)})
     assert r.producer.on_topic("out") == [] and r.consumer.commits == []
 
