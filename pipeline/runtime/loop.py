@@ -51,7 +51,6 @@ from pipeline.observability.summary import RunSummary
 from pipeline.runtime.backpressure import BackpressuredProducer
 from pipeline.runtime.batch_policy import BatchPolicy
 from pipeline.runtime.drain import Drain
-from pipeline.runtime.heap import collect_after_swap, frozen_heap
 from pipeline.runtime.idle import IdleClock
 from pipeline.runtime.model_swap import ModelSwap
 from pipeline.runtime.pausing import InputPause
@@ -206,8 +205,7 @@ class ScoringPipeline:
         if self.models is not None:
             self.models.start()
         try:
-            with frozen_heap():  # no full collection walks what start-up built
-                self._loop(run, exit_when_idle_s, max_events)
+            self._loop(run, exit_when_idle_s, max_events)
             run.drain.commit()
         except BaseException:
             run.drain.closing = True  # closing must not score or commit more
@@ -373,7 +371,6 @@ class ScoringPipeline:
         if served is not None:
             self.scorer = served.scorer
             self.retriever.index = served.index
-            collect_after_swap()  # the replaced version is garbage now
 
     def _isolate_last(self, run: _Run, idle: bool) -> None:
         """One last agreement: a batch that failed in the stop step is bisected by every rank
