@@ -93,9 +93,10 @@ def produce(
             seed=seed,
             malformed=malformed,
             progress=lambda n: progress.advance(task, n),
+            keep_records=False,
         )
     say(
-        f"produced {len(sent.records)} events and {sent.malformed} malformed messages "
+        f"produced {sent.events} events and {sent.malformed} malformed messages "
         f"to {settings.topics.input}"
     )
 
