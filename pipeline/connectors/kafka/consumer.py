@@ -8,7 +8,7 @@ it in unit tests: :class:`RawConsumer`). Nothing behind it sees a client type:
   keys, partitions, offsets, timestamps, headers) and drops the client's message objects;
   messages that carry a client error are left out there (the end of a partition is not an
   error; a fatal error raises :class:`~pipeline.connectors.kafka.errors.KafkaClientError`;
-  anything else is logged);
+  anything else is logged), and so are messages of partitions no longer assigned;
 - the rebalance callbacks receive sets of ``(topic, partition)``;
 - commits take ``{(topic, partition): offset}``; their results (:class:`CommitResults`, the
   consumer's ``on_commit``) come back as such dicts with :class:`KafkaClientError` per failure.
@@ -179,6 +179,11 @@ class InputConsumer:
         self._consumer = consumer
         self.topic = ""
         """The subscribed topic (set by :meth:`subscribe`)."""
+        self._gone = np.zeros(0, dtype=np.bool_)
+        """Per partition number of the topic, whether it was revoked or lost and not assigned
+        again since (its messages are dropped: :meth:`consume`)."""
+        self._dropping = False
+        """Whether some partition is :attr:`_gone`."""
 
     def subscribe(
         self,
@@ -192,10 +197,21 @@ class InputConsumer:
         self.topic = topic
         self._consumer.subscribe(
             [topic],
-            on_assign=lambda _, tps: on_assign(_partitions(tps)),
-            on_revoke=lambda _, tps: on_revoke(_partitions(tps)),
-            on_lost=lambda _, tps: on_lost(_partitions(tps)),
+            on_assign=lambda _, tps: on_assign(self._owned(_partitions(tps), gone=False)),
+            on_revoke=lambda _, tps: on_revoke(self._owned(_partitions(tps), gone=True)),
+            on_lost=lambda _, tps: on_lost(self._owned(_partitions(tps), gone=True)),
         )
+
+    def _owned(self, partitions: set[Partition], gone: bool) -> set[Partition]:
+        """Note ``partitions`` as taken away (``gone``) or assigned; returns them."""
+        numbers = [p for t, p in partitions if t == self.topic]
+        if numbers and max(numbers) >= self._gone.size:
+            grown = np.zeros(max(numbers) + 1, dtype=np.bool_)
+            grown[: self._gone.size] = self._gone
+            self._gone = grown
+        self._gone[numbers] = gone
+        self._dropping = bool(self._gone.any())
+        return partitions
 
     def consume(self, limit: int, timeout_s: float) -> PolledBatch:
         """What is queued in the client, up to ``limit`` messages; blocks (at most
@@ -206,9 +222,15 @@ class InputConsumer:
         blocking call asks for one message, which returns as soon as one arrives (then what
         came with it is drained too).
 
+        Messages of a partition revoked or lost (and not assigned again) are dropped: a batch
+        can still hold messages fetched before the revocation, served after its callback
+        (confluent-kafka-python#1013; seen here after a cooperative revocation). Their next
+        owner consumes them from the committed offset; scored here, they would be published
+        twice, and their commit could move the new owner's offsets back.
+
         Returns:
             The messages as columns (empty when none came); messages that carried a client
-            error are not among them.
+            error are not among them, nor messages of partitions this member does not own.
 
         Raises:
             KafkaClientError: the client failed, or a message carried a fatal error.
@@ -229,7 +251,22 @@ class InputConsumer:
             messages = self._without_errors(messages, errors)
             if not messages:
                 return PolledBatch.empty(self.topic)
-        return polled_batch(messages[0].topic() or self.topic, messages)
+        polled = polled_batch(messages[0].topic() or self.topic, messages)
+        return self._without_gone(polled) if self._dropping else polled
+
+    def _without_gone(self, polled: PolledBatch) -> PolledBatch:
+        """``polled`` without the messages of partitions revoked or lost (see :meth:`consume`)."""
+        gone = self._gone
+        numbers = polled.partitions
+        stale = gone[np.minimum(numbers, gone.size - 1)] & (numbers < gone.size)
+        if polled.topic != self.topic or not stale.any():
+            return polled
+        log.info(
+            "dropped %d polled messages of partitions no longer assigned (fetched before their "
+            "revocation; their next owner consumes them)",
+            int(stale.sum()),
+        )
+        return polled.where(~stale)
 
     @staticmethod
     def _without_errors(messages: list[Message], errors: list[KafkaError | None]) -> list[Message]:

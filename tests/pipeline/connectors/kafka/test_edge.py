@@ -76,6 +76,56 @@ def test_rebalances_seeks_and_pauses_speak_topic_and_partition() -> None:
     assert fake.seeks == [(T, 1, 42)] and fake.paused == [[(T, 0)]] == fake.resumed
 
 
+class RevokingConsumer(FakeConsumer):
+    """Revokes ``revoke`` inside the first ``consume`` call, after that call's messages were
+    collected, as librdkafka's batch consume can: they come back after the callback."""
+
+    def __init__(self, messages: list[FakeMessage], revoke: list[tuple[str, int]]) -> None:
+        super().__init__(messages=deque(messages))
+        self.revoke = revoke
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        taken = super().consume(num_messages, timeout)
+        if self.revoke:
+            self.rebalance("on_revoke", self.revoke)
+            self.revoke = []
+        return taken
+
+
+def test_messages_of_partitions_no_longer_assigned_are_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO")
+    messages = [FakeMessage(T, b"a", 0, 0), FakeMessage(T, b"b", 1, 5), FakeMessage(T, b"c", 0, 1)]
+    fake = RevokingConsumer(messages, revoke=[(T, 0)])
+    consumer = InputConsumer(fake)
+    revoked: list[set[Partition]] = []
+    consumer.subscribe(T, lambda p: None, revoked.append, lambda p: None)
+    fake.rebalance("on_assign", [(T, 0), (T, 1)])
+    polled = consumer.consume(10, 0)  # partition 0 is revoked while this poll runs
+    assert revoked == [{(T, 0)}]
+    assert polled.partitions.tolist() == [1] and polled.offsets.tolist() == [5]
+    assert "dropped 2 polled messages of partitions no longer assigned" in caplog.text
+    # a later poll too (a message fetched before the revocation), and one of a lost partition
+    fake.messages.extend([FakeMessage(T, b"d", 0, 2), FakeMessage(T, b"e", 1, 6)])
+    assert consumer.consume(10, 0).offsets.tolist() == [6]
+    fake.rebalance("on_lost", [(T, 1)])
+    fake.messages.extend([FakeMessage(T, b"f", 1, 7)])
+    assert len(consumer.consume(10, 0)) == 0
+    # partitions assigned again are consumed again (their next owner is this member)
+    fake.rebalance("on_assign", [(T, 0), (T, 1)])
+    fake.messages.extend([FakeMessage(T, b"g", 0, 0), FakeMessage(T, b"h", 1, 9)])
+    assert consumer.consume(10, 0).offsets.tolist() == [0, 9]
+
+
+def test_a_partition_beyond_those_ever_assigned_is_not_dropped() -> None:
+    fake = FakeConsumer(messages=deque([FakeMessage(T, b"a", 7, 3)]))
+    consumer = InputConsumer(fake)
+    consumer.subscribe(T, lambda p: None, lambda p: None, lambda p: None)
+    fake.rebalance("on_revoke", [(T, 2)])
+    assert consumer.consume(10, 0).partitions.tolist() == [7]
+
+
 def test_commits_and_their_results() -> None:
     fake = FakeConsumer()
     consumer = InputConsumer(fake)
