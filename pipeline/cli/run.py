@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import functools
 import logging
 import os
@@ -29,7 +30,7 @@ from pipeline.cli.checks import (
 from pipeline.cli.common import CliState, ConfigOption, apply_threads, command_settings
 from pipeline.cli.errors import UserError
 from pipeline.cli.logs import LogFormat, configure_logging
-from pipeline.jobs.launch import Launch
+from pipeline.jobs.launch import STACKS_SIGNAL, Launch
 from pipeline.jobs.summaries import RANK_SUMMARIES_ENV, merge_rank_summaries, write_rank_summary
 from pipeline.models.loader import serving_options
 from pipeline.observability.summary import RunSummary, json_line
@@ -128,6 +129,8 @@ def run(
         os.environ[SERVED_CHECKPOINT_ENV] = str(served)  # every rank serves the same version
         raise typer.Exit(_launch_ranks(launch, summary_json))
     apply_threads(settings)
+    if rank.distributed:  # a rank the launcher must kill writes where it hung first
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     # The serving path (torch, TorchRec) is imported once every check has passed: a user
     # error is one line at once, and the launcher of --nproc N never imports it.
     from model.module.types import ModelConfigError

@@ -15,7 +15,8 @@ own and dies with the launcher (``PR_SET_PDEATHSIG``), and each rank dies with t
 SIGKILLed launcher leaves nothing behind. SIGTERM/SIGINT to the launcher alone (``docker stop``,
 Kubernetes, Ctrl-C) is passed on to every rank, which finishes its open batch, commits and
 leaves the group; torchrun then sees every rank succeed and exits 0. Ranks still running
-``Launch.stop_timeout_s`` after the signal are killed.
+``Launch.stop_timeout_s`` after the signal are killed, after each has written its threads' stacks
+to its log (:data:`STACKS_SIGNAL`): where a rank hung is in the log.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEGRADATIONS_ENV",
+    "STACKS_SIGNAL",
     "Job",
     "Launch",
     "entry_module",
@@ -50,6 +52,12 @@ __all__ = [
 
 #: Set by :func:`supervise` for the ranks: how many times the job came back with fewer ranks.
 DEGRADATIONS_ENV = "STREAMRANK_DEGRADATIONS"
+
+#: Sent to ranks still running when the stop's time is over, before they are killed: each
+#: writes its threads' stacks to stderr (``faulthandler``, registered by the rank at start).
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_WAIT_S = 0.5
+"""How long the ranks get to write their stacks before they are killed."""
 
 
 @dataclass(frozen=True)
@@ -304,7 +312,14 @@ def stop_job(job: Job, stopping: list[int], timeout_s: float, poll_s: float = 0.
                 agent_stopped = True
         elif kill_at is not None:
             if time.monotonic() >= kill_at:
-                log.error("ranks still running %.0fs after the signal: killing them", timeout_s)
+                left = _workers(job.pid)
+                log.error(
+                    "ranks still running %.0fs after the signal: killing them (their stacks "
+                    "follow in their logs)",
+                    timeout_s,
+                )
+                _signal_all(left, STACKS_SIGNAL)
+                time.sleep(STACKS_WAIT_S)
                 job.kill()
                 return _exit_status(job.wait())
             if not agent_stopped and set(_workers(job.pid)) - signalled:

@@ -11,7 +11,8 @@ Each rank dies with the agent (``PR_SET_PDEATHSIG``), writes ``OUT/rank<i>.<gene
 
 - ``drain``: on SIGTERM/SIGINT writes the signal's name to ``OUT/rank<i>.<generation>.signal``
   and exits 0;
-- ``ignore``: ignores SIGTERM/SIGINT (a rank that never drains);
+- ``ignore``: ignores SIGTERM/SIGINT (a rank that never drains); asked for its stacks
+  (:data:`~pipeline.jobs.launch.STACKS_SIGNAL`), writes ``OUT/rank<i>.<generation>.stacks``;
 - ``default``: keeps the default action (dies of the signal).
 """
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pipeline.jobs.launch import STACKS_SIGNAL
 from pipeline.jobs.lifetime import die_with_parent
 
 
@@ -44,6 +46,9 @@ def _rank(out: Path, index: int, generation: int, mode: str) -> None:
             signal.signal(sig, on_signal)
         elif mode == "ignore":
             signal.signal(sig, signal.SIG_IGN)
+    if mode == "ignore":
+        stacks = out / f"rank{index}.{generation}.stacks"
+        signal.signal(STACKS_SIGNAL, lambda _signum, _frame: stacks.write_text("asked"))
     (out / f"rank{index}.{generation}.ready").write_text(str(os.getpid()))
     while not stop.wait(0.05):
         pass

@@ -204,6 +204,8 @@ def test_ranks_that_do_not_drain_are_killed_with_their_agent(tmp_path: Path) -> 
     sender.join(10)
     assert len(pids) == 2
     assert _until(lambda: all(_gone(pid) for pid in pids))  # they died with the agent
+    # each was asked to write its stacks to its log first (where it hung)
+    assert [(tmp_path / f"rank{i}.0.stacks").read_text() for i in range(2)] == ["asked"] * 2
 
 
 def test_ranks_restarted_while_stopping_are_stopped_through_the_agent(tmp_path: Path) -> None:
