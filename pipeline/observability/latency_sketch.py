@@ -13,7 +13,7 @@ were added: each of the two samples is replaced by its bucket's representative (
 and interpolating keeps the bound. Latencies at or below ``MIN_S`` (zero, or negative after a
 clock step) count in a zero bucket reported as ``0.0`` (an absolute error of at most 1 µs);
 latencies above ``MAX_S`` count in the last bucket. Memory: one int64 per bucket, 2,520 of
-them (20 KiB), whatever the run's length; adding a batch is one vectorised pass.
+them (20 KiB), whatever the run's length; adding a batch is one compiled pass over it.
 
 Example::
 
@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from model.kernels import kernel
 
 __all__ = ["MAX_S", "MIN_S", "RELATIVE_ERROR", "LatencySketch"]
 
@@ -58,16 +60,13 @@ class LatencySketch:
 
     def __init__(self) -> None:
         self.counts: npt.NDArray[np.int64] = np.zeros(_BUCKETS, dtype=np.int64)
+        _count(np.zeros(0), self.counts, MIN_S, _LOG_GAMMA)  # load (or compile) it now
 
     def add(self, latency_s: npt.ArrayLike) -> None:
-        """Count ``latency_s`` (any shape; seconds). One vectorised pass, no object per value."""
+        """Count ``latency_s`` (any shape; seconds). One compiled pass, no object per value."""
         values = np.asarray(latency_s, dtype=np.float64).ravel()
-        if not values.size:
-            return
-        with np.errstate(divide="ignore", invalid="ignore"):
-            raw = np.ceil(np.log(values / MIN_S) / _LOG_GAMMA)
-        index = np.clip(np.nan_to_num(raw, nan=0.0, neginf=0.0), 0, _BUCKETS - 1).astype(np.int64)
-        self.counts += np.bincount(index, minlength=_BUCKETS)
+        if values.size:
+            _count(values, self.counts, MIN_S, _LOG_GAMMA)
 
     def merge(self, other: LatencySketch) -> None:
         """Add ``other``'s counts (another rank's or worker's run): as if every latency had
@@ -129,3 +128,19 @@ class LatencySketch:
         for index, count in dict(data["counts"]).items():
             sketch.counts[int(index)] = int(count)
         return sketch
+
+
+@kernel
+def _count(
+    values: npt.NDArray[np.float64], counts: npt.NDArray[np.int64], min_s: float, log_gamma: float
+) -> None:
+    """Add each value to its bucket of ``counts``: the zero bucket at or below ``min_s`` (and
+    for NaN), the last bucket beyond it."""
+    last = len(counts) - 1
+    for v in values:
+        if not v > min_s:  # zero, negative or NaN
+            counts[0] += 1
+        elif v == np.inf:
+            counts[last] += 1
+        else:
+            counts[min(max(math.ceil(math.log(v / min_s) / log_gamma), 1), last)] += 1

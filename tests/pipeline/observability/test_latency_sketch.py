@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.observability.latency_sketch import RELATIVE_ERROR, LatencySketch
+from pipeline.observability.latency_sketch import MAX_S, MIN_S, RELATIVE_ERROR, LatencySketch
 
 QUANTILES = np.linspace(0.0, 1.0, 201)
 
@@ -82,3 +82,18 @@ def test_a_sketch_round_trips_through_json_and_refuses_other_parameters() -> Non
     np.testing.assert_array_equal(LatencySketch.from_dict(data).counts, sketch.counts)
     with pytest.raises(ValueError, match="other parameters"):
         LatencySketch.from_dict({**data, "relative_error": 0.01})
+
+
+def test_every_value_lands_in_the_bucket_the_module_docstring_gives() -> None:
+    """Bucket ``ceil(log_g(x / MIN_S))``; at or below ``MIN_S``, and NaN, the zero bucket;
+    beyond ``MAX_S`` (infinity too) the last one."""
+    gamma = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
+    inside = np.random.default_rng(6).uniform(np.log(MIN_S), np.log(MAX_S), 100_000)
+    values = np.exp(inside)
+    sketch = _sketch(values)
+    expected = np.ceil(np.log(values / MIN_S) / np.log(gamma)).astype(np.int64)
+    np.testing.assert_array_equal(
+        sketch.counts, np.bincount(expected, minlength=len(sketch.counts))
+    )
+    edges = _sketch(np.array([MIN_S, MIN_S / 2, np.nan, -np.inf, MAX_S * 10, np.inf]))
+    assert edges.counts[0] == 4 and edges.counts[-1] == 2 and len(edges) == 6
