@@ -29,3 +29,19 @@ def test_no_events() -> None:
     counts, ids = merge_recent_items([], [], [], [], 5)
     assert counts.tolist() == [] and ids.tolist() == []
     assert counts.dtype == ids.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("event_counts", "event_ids", "stored_counts", "stored_ids"),
+    [
+        ([2], [7], [0], []),  # counts over the ids
+        ([1], [7], [1, 0], [3]),  # the two sides' events differ
+        ([-1], [], [1], [3]),  # a negative count
+    ],
+    ids=["short-ids", "events-differ", "negative"],
+)
+def test_inconsistent_counts_are_refused(
+    event_counts: list[int], event_ids: list[int], stored_counts: list[int], stored_ids: list[int]
+) -> None:
+    with pytest.raises(ValueError):
+        merge_recent_items(event_counts, event_ids, stored_counts, stored_ids, 5)
