@@ -98,17 +98,14 @@ def top_k_per_event(
         raise ValueError(
             f"candidate_counts {counts.shape} and k_per_event {wanted.shape} must be equal 1-d"
         )
-    if (counts < 0).any():
+    take, num_rows, k_max = _takes(counts, wanted)
+    if num_rows < 0:
         raise ValueError("candidate_counts must be >= 0")
-    num_rows = int(counts.sum())
     if scores.shape[0] != num_rows:
         raise ValueError(f"scores has {scores.shape[0]} rows, candidate_counts sum to {num_rows}")
     if tasks is not None and (tasks.ndim != 2 or tasks.shape[0] != num_rows):
         raise ValueError(f"tasks must be [{num_rows}, P], got shape {tuple(tasks.shape)}")
 
-    num_events = counts.shape[0]
-    take = np.minimum(np.maximum(wanted, 0), counts)
-    k_max = int(take.max()) if num_events else 0
     dtype = scores.dtype if scores.dtype in _NUMPY_DTYPES else torch.float32
     tasks = None if tasks is None else tasks.detach().float()
     if k_max == 0:
@@ -170,6 +167,23 @@ def _device_top_k(
         scores=sorted_scores[keep],
         tasks=None if tasks is None else head_tasks[keep],
     )
+
+
+@kernel
+def _takes(
+    counts: npt.NDArray[np.int64], wanted: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], int, int]:
+    """Per event, the rows it keeps (``wanted`` clipped to ``[0, count]``); the rows in all
+    (-1 when a count is negative) and the most any event keeps."""
+    take = np.empty(len(counts), dtype=np.int64)
+    rows = k_max = 0
+    for e in range(len(counts)):
+        if counts[e] < 0:
+            return take, -1, 0
+        take[e] = min(max(wanted[e], 0), counts[e])
+        rows += counts[e]
+        k_max = max(k_max, take[e])
+    return take, rows, k_max
 
 
 @kernel
