@@ -98,6 +98,7 @@ class FeatureEnricher:
         for fetched in (self._decode_users([]), self._decode_items([])):  # load the kernels now
             fetched.fill(fetched.missing_rows, fetched.missing_rows, fetched)
         mget_request(self._prefix, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        _distinct(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
 
     def enrich(
         self, user_ids: npt.NDArray[np.int64], item_ids: npt.NDArray[np.int64]
@@ -197,14 +198,16 @@ def _distinct(
     """The distinct ids of ``rows`` (sorted), and for each row its position among them."""
     if not len(rows):
         return rows, rows
-    todo, source = np.unique(ids[rows], return_inverse=True)
-    return todo, source.reshape(-1)
+    return _distinct_of(np.ascontiguousarray(ids, dtype=np.int64), rows)
 
 
 def _lengths(values: list[bytes | None], max_bytes: int, kind: str) -> npt.NDArray[np.int64]:
     """Byte length of every value; -1 for None and for a value over ``max_bytes`` (logged),
     which is then treated as missing."""
-    lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values))
+    if None in values:
+        lengths = np.fromiter((-1 if v is None else len(v) for v in values), np.int64, len(values))
+    else:  # the usual case: every key stored (C's len over the list, no Python frame per value)
+        lengths = np.fromiter(map(len, cast(list[bytes], values)), np.int64, len(values))
     too_large = lengths > max_bytes
     if too_large.any():
         log.warning(
@@ -230,6 +233,25 @@ def _warn_malformed(kind: str, lengths: npt.NDArray[np.int64], good: npt.NDArray
     bad = int((lengths >= 0).sum()) - int(good.sum())
     if bad:
         log.warning("%d malformed %s feature values; using defaults", bad, kind)
+
+
+@kernel
+def _distinct_of(
+    ids: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`_distinct` in one compiled pass: a sort of the rows' ids, then one walk."""
+    values = ids[rows]
+    order = np.argsort(values)
+    todo = np.empty(len(values), dtype=np.int64)
+    source = np.empty(len(values), dtype=np.int64)
+    n = 0
+    for i in range(len(order)):
+        value = values[order[i]]
+        if n == 0 or todo[n - 1] != value:
+            todo[n] = value
+            n += 1
+        source[order[i]] = n - 1
+    return todo[:n], source
 
 
 @kernel

@@ -15,7 +15,7 @@ from pipeline.connectors.redis.feature_store import FeatureStoreWriter, item_key
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.redis import RedisSettings
 from pipeline.stages.enrich import enricher as enricher_mod
-from pipeline.stages.enrich.enricher import FeatureEnricher
+from pipeline.stages.enrich.enricher import FeatureEnricher, _distinct
 from pipeline.types import Enrichment
 from tests.pipeline.connectors.redis.redis_spy import spy_on_every_connection
 
@@ -580,3 +580,16 @@ def test_stored_recent_items_beyond_the_cap_are_dropped(
         out = _enrich(enricher, [321, 321], [100])
         assert out.user_recent_counts.tolist() == [5, 5]
         assert out.user_recent_ids.tolist() == [0, 1, 2, 3, 4] * 2
+
+
+def test_the_distinct_ids_of_the_missed_rows_and_where_each_row_finds_its_own() -> None:
+    rng = np.random.default_rng(7)
+    for size in (1, 5, 62, 3000):
+        ids = rng.integers(-50, 200, size)
+        rows = np.sort(rng.choice(size, rng.integers(1, size + 1), replace=False))
+        todo, source = _distinct(ids, rows)
+        expected_todo, expected_source = np.unique(ids[rows], return_inverse=True)
+        np.testing.assert_array_equal(todo, expected_todo)
+        np.testing.assert_array_equal(source, expected_source.reshape(-1))
+    empty = np.zeros(0, dtype=np.int64)
+    assert [len(part) for part in _distinct(np.arange(3), empty)] == [0, 0]
