@@ -252,6 +252,10 @@ def test_consumed_keeps_the_last_offset_of_each_partition(
 ) -> None:
     ckpt.consumed(T, np.array([0, 1, 0, 2, 1]), np.array([5, 9, 6, 0, 10]))
     assert ckpt.open.next_offsets == {(T, 0): 7, (T, 1): 11, (T, 2): 1}
+    ckpt.consumed(T, np.array([2, 0]), np.array([1, 7]))
+    assert ckpt.open.next_offsets == {(T, 0): 8, (T, 1): 11, (T, 2): 2}
+    # nothing committed: an abort goes back to where each partition was first consumed
+    assert ckpt.abort() == {(T, 0): 5, (T, 1): 9, (T, 2): 0}
 
 
 def test_records_without_offsets_still_seal(
