@@ -122,7 +122,8 @@ class RecommendationSink:
         the consumer joins does not wait for it."""
         one = np.ones(1, dtype=np.int64)
         events = EventColumns(
-            event_id_bytes=np.frombuffer(b"e", dtype=np.uint8),
+            # writable, as the decoder's columns are: numba compiles a read-only array apart
+            event_id_bytes=np.array([ord("e")], dtype=np.uint8),
             event_id_offsets=np.array([0, 1], dtype=np.int64),
             user_ids=one,
             event_time_ms=one,

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.connectors.avro.reference import (
     RECOMMENDATION_SCHEMA_FILE,
+    USER_EVENT_SCHEMA_FILE,
     RecordCodec,
     records_to_columns,
 )
 from pipeline.observability.metrics import Metrics
 from pipeline.settings.codec import CodecSettings
-from pipeline.stages.publish import FallbackFlags, RecommendationSink
+from pipeline.stages.decode import MessageDecoder
+from pipeline.stages.publish import FallbackFlags, RecommendationSink, recommendation
 from pipeline.types import ScoredBatch
 from tests.pipeline.fakes import FakeProducer, sender
 
@@ -112,3 +115,34 @@ def test_confluent_records_carry_the_registered_header(
     codec = RecordCodec(confluent_settings, RECOMMENDATION_SCHEMA_FILE, "recs")
     assert len(codec.header) == 5
     _check(codec, batch, "m-1", 1_700_000_000_000)
+
+
+def test_the_warm_up_loads_the_kernel_a_decoded_batch_runs(monkeypatch: Any) -> None:
+    """The sink's warm-up passes the encoder kernel arrays of the same numba types as a batch
+    from the decoder; one of another type (a read-only array, say) is a specialization of its
+    own, loaded or compiled when the first real batch comes."""
+    calls: list[tuple[Any, ...]] = []
+    kernel = recommendation.encode_recommendations
+
+    def spy(*args: Any) -> Any:
+        calls.append(tuple(numba.typeof(a) for a in args))
+        return kernel(*args)
+
+    monkeypatch.setattr(recommendation, "encode_recommendations", spy)
+    codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "in")
+    record = {
+        "event_id": "e-1",
+        "user_id": 7,
+        "event_time": 1_700_000_000_000,
+        "context": {"device": "ios", "country": "DE"},
+        "candidate_item_ids": [3, 4],
+        "recent_item_ids": None,
+        "num_results": 1,
+    }
+    events, _, _ = MessageDecoder(CodecSettings(), 5).decode_values([codec.encode(record)])
+    sink = RecommendationSink(sender(FakeProducer()), "recs", codec.header, Metrics())
+    (warm_up,) = calls
+    scored = ScoredBatch(np.array([1]), np.array([3]), np.array([0.5]), "m-1")
+    flags = FallbackFlags(user=np.zeros(1, dtype=bool), item=np.zeros(1, dtype=bool))
+    sink.encode(events, scored, flags, 1_700_000_000_000)
+    assert calls[1] == warm_up
