@@ -84,6 +84,8 @@ class MicroBatcher:
         if not self._waiting:
             return None
         decoded, arrived = self._waiting[0], self._arrivals[0]
+        if self._complete and decoded.events.num_events and decoded.event_message[0] == 0:
+            return None  # an event waits first, and the batch takes none (no split to make)
         head, tail = decoded.split(self.room(decoded.events.candidate_counts, row_cap))
         if len(tail):
             self._waiting[0] = tail

@@ -118,6 +118,7 @@ class TestMicroBatcher:
         assert batcher.is_complete and batcher.ready(now=0.0)
         assert batcher.room(np.array([1])) == 0
         assert batcher.admit() is None  # the waiting event waits for the next batch
+        assert batcher.waiting == 1 and len(batcher) == 1
         batcher.close()
         assert not batcher.is_complete
         assert batcher.admit() is not None and batcher.waiting == 0
