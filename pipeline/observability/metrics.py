@@ -287,6 +287,9 @@ class Metrics:
         for feature in FALLBACK_FEATURES:
             self.fallbacks.labels(feature=feature)
         self._stage_histograms = {name: self.stage_seconds.labels(stage=name) for name in STAGES}
+        self._step_histogram: Histogram | None = None
+        """This rank's step series, made by the first :meth:`record_step` (``labels`` is a
+        lookup under a lock: once, not per step)."""
         self._cache_counters: dict[str, tuple[Counter, Counter]] = {}
         """kind -> its (hit, miss) series, made by the first :meth:`record_cache` of the kind."""
         self._hits = 0
@@ -333,7 +336,9 @@ class Metrics:
 
     def record_step(self, seconds: float) -> None:
         """One scoring step of this rank took ``seconds``."""
-        self.step_seconds.labels(rank=self.rank).observe(seconds)
+        if self._step_histogram is None:
+            self._step_histogram = self.step_seconds.labels(rank=self.rank)
+        self._step_histogram.observe(seconds)
 
     @contextmanager
     def step(self) -> Iterator[None]:
