@@ -113,14 +113,12 @@ class FeatureEnricher:
         self._metrics.record_cache("item", items.served, len(item_todo))
         if len(user_todo) or len(item_todo):
             user_values, item_values = self._fetch(user_todo, item_todo)
-            for cache, todo, found, source, fetched in (
-                (self._users, user_todo, users, user_source, self._decode_users(user_values)),
-                (self._items, item_todo, items, item_source, self._decode_items(item_values)),
-            ):
-                found.fill(found.missing_rows, source, fetched)
-                # Defaults after misses, malformed values and outages are never cached.
-                ok = ~fetched.missing
-                cache.store(todo[ok], fetched.ints[ok], fetched.floats[ok], fetched.side[ok], now)
+            if len(user_todo):  # (a kind with nothing fetched has nothing to decode or store)
+                fetched = self._decode_users(user_values)
+                _take_fetched(self._users, user_todo, users, user_source, fetched, now)
+            if len(item_todo):
+                fetched = self._decode_items(item_values)
+                _take_fetched(self._items, item_todo, items, item_source, fetched, now)
 
         recent_len = users.ints.reshape(-1)
         kept = np.arange(self._recent_cap)[None, :] < recent_len[:, None]
@@ -190,6 +188,22 @@ class FeatureEnricher:
         if bad:
             log.warning("%d item feature values non-finite (NaN/inf); using defaults", bad)
         return out
+
+
+def _take_fetched(
+    cache: FeatureCache,
+    todo: npt.NDArray[np.int64],
+    found: CacheLookup,
+    source: npt.NDArray[np.int64],
+    fetched: CacheLookup,
+    now: float,
+) -> None:
+    """The rows ``found`` missed take what Redis returned for their ids (``todo``, row
+    ``source[k]`` of ``fetched`` for missed row ``k``); what Redis returned is cached. Defaults
+    after misses, malformed values and outages are never cached."""
+    found.fill(found.missing_rows, source, fetched)
+    ok = ~fetched.missing
+    cache.store(todo[ok], fetched.ints[ok], fetched.floats[ok], fetched.side[ok], now)
 
 
 def _distinct(
