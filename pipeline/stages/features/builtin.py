@@ -35,6 +35,11 @@ class BuiltinFeatures:
         staged = BuiltinFeatures().stage(batch.events, enrichment, scorer)
     """
 
+    def __init__(self) -> None:
+        # Load (or compile) the recent-items kernel now, with arrays of the kinds a batch
+        # passes (writable int64), so that the first batch does not wait for it.
+        merge_recent_items([0], [], [0], [], 0)
+
     def stage(self, events: EventColumns, enrichment: Enrichment, scorer: Scorer) -> StagedInput:
         """The batch's model input on its way to ``scorer``'s device (``scorer.spec``'s
         layout: the served version's table sizes)."""

@@ -5,16 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 
+from model.features import recent_items
 from model.features.build import FeatureColumns, build_model_input
 from model.features.recent_items import merge_recent_items
 from model.features.segments import flatten
 from model.features.spec import FeatureSpec
-from pipeline.connectors.avro.reference import records_to_columns
+from pipeline.connectors.avro.reference import (
+    USER_EVENT_SCHEMA_FILE,
+    RecordCodec,
+    records_to_columns,
+)
 from pipeline.connectors.redis.feature_store import item_record_dtype
-from pipeline.stages.features import build_feature_columns
+from pipeline.settings.codec import CodecSettings
+from pipeline.stages.decode import MessageDecoder
+from pipeline.stages.features import BuiltinFeatures, build_feature_columns
 from pipeline.types import Enrichment, EventColumns
 
 EventFactory = Callable[..., dict[str, Any]]
@@ -181,3 +189,26 @@ def test_build_feature_columns_caps_long_recent_lists(make_event: EventFactory) 
     cols = build_feature_columns(events, enrichment, SPEC)
     cols.validate(SPEC)  # would raise if recent_counts exceeded the cap
     assert cols.recent_ids.tolist() == list(range(100, 100 + SPEC.recent_items_cap))
+
+
+def test_the_warm_up_loads_the_recent_items_kernel_a_decoded_batch_runs(
+    monkeypatch: pytest.MonkeyPatch, make_event: EventFactory
+) -> None:
+    """``BuiltinFeatures()`` runs the recent-items kernel once with arguments of the numba
+    types a decoded batch passes: another type would be a specialization of its own, loaded
+    or compiled when the first batch comes."""
+    calls: list[tuple[Any, ...]] = []
+    kernel = recent_items._merge
+
+    def spy(*args: Any) -> Any:
+        calls.append(tuple(numba.typeof(a) for a in args))
+        return kernel(*args)
+
+    monkeypatch.setattr(recent_items, "_merge", spy)
+    BuiltinFeatures()
+    (warm_up,) = calls
+    codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "in")
+    event = make_event(candidate_item_ids=[4, 5], recent_item_ids=[1, 2])
+    events, _, _ = MessageDecoder(CodecSettings(), 5).decode_values([codec.encode(event)])
+    build_feature_columns(events, _enrichment(1, events.num_rows, stored_recent=[[3]]), SPEC)
+    assert calls[1] == warm_up
