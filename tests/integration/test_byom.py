@@ -52,6 +52,7 @@ from tests.integration.conftest import (
     scrape,
     wait_for_outputs,
 )
+from tests.support.late_kernels import LATE_KERNELS_ENV
 from tests.support.logs import failure_excerpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -244,13 +245,17 @@ def test_bench_overhead_measures_the_configured_path(
         "STREAMRANK_KAFKA__BOOTSTRAP_SERVERS": base.kafka.bootstrap_servers,
         "STREAMRANK_REDIS__URL": base.redis.url,
     }
+    late = tmp_path / "late-kernels.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "bench", "overhead", "--events", "300", "--json",
-         "-c", str(ex.toml)],
-        capture_output=True, text=True, env=env, timeout=400, check=False,
+        [sys.executable, "-m", "tests.support.late_kernels", "bench", "overhead", "--events",
+         "300", "--json", "-c", str(ex.toml)],
+        capture_output=True, text=True, env={**env, LATE_KERNELS_ENV: str(late)}, timeout=400,
+        check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["path"] == "configured" and report["events"] == 300
     assert report["stages_us"]["decode"] > 0 and report["stages_us"]["enrich"] > 0
     assert report["non_model_cpu_us_per_event"] > 0
+    # every kernel of the configured path was loaded by its stage's warm-up, none by a batch
+    assert json.loads(late.read_text()) == []

@@ -65,6 +65,9 @@ class WalkedColumns:
         self._fmap = fmap
         self._limits = limits
         self._strings: dict[int, int] = {}
+        # Load (or compile) it now, for the arrays messages give (a read-only buffer).
+        empty = np.zeros(0, dtype=np.int64)
+        _keys(np.frombuffer(b"\0", dtype=np.uint8), empty, empty)
 
     def columns(
         self, buf: npt.NDArray[np.uint8], out: WalkOutputs, rows: I64
@@ -117,7 +120,8 @@ class WalkedColumns:
 
     def _string_ids(self, starts: I64, lengths: I64) -> I64:
         """``string_to_id`` of the strings at ``starts``, hashed once per distinct value."""
-        keys = _keys(self._buf, starts, lengths)
+        c = np.ascontiguousarray  # one specialization of the kernel, not one per layout
+        keys = _keys(self._buf, c(starts), c(lengths))
         unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         ids = np.empty(len(unique), dtype=np.int64)
         data = self._buf.tobytes() if len(unique) else b""

@@ -327,7 +327,8 @@ class FeatureCache:
         self._ring.fill(0)
         self._next = 0
         self._stamp = 0
-        self.lookup(np.zeros(1, dtype=np.int64), 0.0)  # load (or compile) the kernels now
+        found = self.lookup(np.zeros(1, dtype=np.int64), 0.0)  # load (or compile) the kernels
+        found.fill(found.missing_rows[:0], found.missing_rows[:0], found)  # now
         self.store(np.zeros(0, dtype=np.int64), None, None, None, 0.0)
 
     def lookup(self, ids: npt.NDArray[np.int64], now: float) -> CacheLookup:

@@ -89,6 +89,10 @@ class _Side:
             layout.count(RecordKind.VECTOR),
             side_width=sum(layout.list_caps),
         )
+        # Load (or compile) its kernels now, so that the first batch does not wait for them.
+        self.request(np.zeros(1, dtype=np.int64))
+        if layout.format is RecordFormat.PACKED:
+            self.parse([[None]], 1)
 
     def request(self, ids: Int64Array) -> tuple[bytes, int]:
         """The commands that read ``ids``' records, and how many replies they bring."""
@@ -171,6 +175,7 @@ class ConfiguredEnricher:
         self._down_until = 0.0
         self._users = _Side("user", fmap.user, settings) if fmap.user else None
         self._items = _Side("item", fmap.item, settings) if fmap.item else None
+        _distinct(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))  # load its kernel
 
     def enrich(self, user_ids: Int64Array, item_ids: Int64Array) -> Enrichment:
         """Records of the users of ``user_ids`` (E events) and items of ``item_ids`` (R rows)."""
