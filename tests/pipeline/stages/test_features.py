@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 import pytest
 
@@ -24,6 +23,7 @@ from pipeline.settings.codec import CodecSettings
 from pipeline.stages.decode import MessageDecoder
 from pipeline.stages.features import BuiltinFeatures, build_feature_columns
 from pipeline.types import Enrichment, EventColumns
+from tests.support.kernel_types import record_argument_types
 
 EventFactory = Callable[..., dict[str, Any]]
 SPEC = FeatureSpec(
@@ -197,14 +197,7 @@ def test_the_warm_up_loads_the_recent_items_kernel_a_decoded_batch_runs(
     """``BuiltinFeatures()`` runs the recent-items kernel once with arguments of the numba
     types a decoded batch passes: another type would be a specialization of its own, loaded
     or compiled when the first batch comes."""
-    calls: list[tuple[Any, ...]] = []
-    kernel = recent_items._merge
-
-    def spy(*args: Any) -> Any:
-        calls.append(tuple(numba.typeof(a) for a in args))
-        return kernel(*args)
-
-    monkeypatch.setattr(recent_items, "_merge", spy)
+    calls = record_argument_types(monkeypatch, recent_items, "_merge")
     BuiltinFeatures()
     (warm_up,) = calls
     codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "in")

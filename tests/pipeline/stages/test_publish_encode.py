@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +22,7 @@ from pipeline.stages.decode import MessageDecoder
 from pipeline.stages.publish import FallbackFlags, RecommendationSink, recommendation
 from pipeline.types import ScoredBatch
 from tests.pipeline.fakes import FakeProducer, sender
+from tests.support.kernel_types import record_argument_types
 
 longs = st.integers(-(2**63), 2**63 - 1)
 scores = st.floats(allow_nan=False, width=64)
@@ -117,18 +118,11 @@ def test_confluent_records_carry_the_registered_header(
     _check(codec, batch, "m-1", 1_700_000_000_000)
 
 
-def test_the_warm_up_loads_the_kernel_a_decoded_batch_runs(monkeypatch: Any) -> None:
+def test_the_warm_up_loads_the_kernel_a_decoded_batch_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sink's warm-up passes the encoder kernel arrays of the same numba types as a batch
     from the decoder; one of another type (a read-only array, say) is a specialization of its
     own, loaded or compiled when the first real batch comes."""
-    calls: list[tuple[Any, ...]] = []
-    kernel = recommendation.encode_recommendations
-
-    def spy(*args: Any) -> Any:
-        calls.append(tuple(numba.typeof(a) for a in args))
-        return kernel(*args)
-
-    monkeypatch.setattr(recommendation, "encode_recommendations", spy)
+    calls = record_argument_types(monkeypatch, recommendation, "encode_recommendations")
     codec = RecordCodec(CodecSettings(), USER_EVENT_SCHEMA_FILE, "in")
     record = {
         "event_id": "e-1",
