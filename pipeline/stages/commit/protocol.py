@@ -56,7 +56,7 @@ from collections import deque
 import numpy as np
 import numpy.typing as npt
 
-from model.kernels import kernel
+from model.features.segments import group_values
 from pipeline.connectors.kafka.consumer import CommitResults, InputConsumer
 from pipeline.connectors.kafka.errors import KafkaClientError
 from pipeline.connectors.kafka.producer import OutputProducer
@@ -127,7 +127,7 @@ class Checkpointer:
         self._shutdown = shutdown
         self._commit_interval_s = commit_interval_s
         self._next_commit_at = 0.0
-        _partition_ends(np.zeros(1, dtype=np.int64))  # load (or compile) the kernel now
+        group_values(np.zeros(1, dtype=np.int64))  # load (or compile) the kernel now
 
     @property
     def producer(self) -> OutputProducer:
@@ -154,7 +154,7 @@ class Checkpointer:
             return
         # The first message of each partition is where it started, the last one sets its next
         # offset (poll order is offset order).
-        heads, first, last = _partition_ends(np.ascontiguousarray(partitions, dtype=np.int64))
+        heads, first, last, _ = group_values(np.ascontiguousarray(partitions, dtype=np.int64))
         for partition, offset in zip(heads.tolist(), offsets[first].tolist(), strict=True):
             self._resume.setdefault((topic, partition), offset)
         for partition, offset in zip(heads.tolist(), offsets[last].tolist(), strict=True):
@@ -446,23 +446,3 @@ def _furthest(*tables: dict[Partition, int]) -> dict[Partition, int]:
         for key, offset in table.items():
             merged[key] = max(offset, merged.get(key, -1))
     return merged
-
-
-@kernel
-def _partition_ends(
-    partitions: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The distinct partitions (ascending), and the index of each one's first and last
-    message: a stable sort, then one walk."""
-    order = np.argsort(partitions, kind="mergesort")
-    heads = np.empty(len(order), dtype=np.int64)
-    first = np.empty(len(order), dtype=np.int64)
-    last = np.empty(len(order), dtype=np.int64)
-    n = 0
-    for i in order:
-        if n == 0 or heads[n - 1] != partitions[i]:
-            heads[n] = partitions[i]
-            first[n] = i
-            n += 1
-        last[n - 1] = i
-    return heads[:n], first[:n], last[:n]

@@ -25,6 +25,7 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from model.features.segments import group_values
 from model.kernels import kernel
 from pipeline.connectors.redis.connection import (
     FeatureClient,
@@ -212,7 +213,8 @@ def _distinct(
     """The distinct ids of ``rows`` (sorted), and for each row its position among them."""
     if not len(rows):
         return rows, rows
-    return _distinct_of(np.ascontiguousarray(ids, dtype=np.int64), rows)
+    todo, _, _, source = group_values(np.ascontiguousarray(ids[rows], dtype=np.int64))
+    return todo, source
 
 
 def _lengths(values: list[bytes | None], max_bytes: int, kind: str) -> npt.NDArray[np.int64]:
@@ -247,25 +249,6 @@ def _warn_malformed(kind: str, lengths: npt.NDArray[np.int64], good: npt.NDArray
     bad = int((lengths >= 0).sum()) - int(good.sum())
     if bad:
         log.warning("%d malformed %s feature values; using defaults", bad, kind)
-
-
-@kernel
-def _distinct_of(
-    ids: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """:func:`_distinct` in one compiled pass: a sort of the rows' ids, then one walk."""
-    values = ids[rows]
-    order = np.argsort(values)
-    todo = np.empty(len(values), dtype=np.int64)
-    source = np.empty(len(values), dtype=np.int64)
-    n = 0
-    for i in range(len(order)):
-        value = values[order[i]]
-        if n == 0 or todo[n - 1] != value:
-            todo[n] = value
-            n += 1
-        source[order[i]] = n - 1
-    return todo[:n], source
 
 
 @kernel

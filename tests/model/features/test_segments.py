@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.features.segments import flatten, offsets, positions, segment_ids, starts, take_segments
+from model.features.segments import (
+    flatten,
+    group_values,
+    offsets,
+    positions,
+    segment_ids,
+    starts,
+    take_segments,
+)
 
 COUNTS = np.array([2, 0, 1, 3], dtype=np.int64)
 
@@ -42,3 +50,16 @@ def test_flatten_lists_and_arrays() -> None:
     assert counts.tolist() == [2, 0] and flat.tolist() == [4, 5] and flat.dtype == np.int64
     counts, flat = flatten([])
     assert counts.tolist() == [] and flat.tolist() == []
+
+
+def test_group_values_matches_np_unique() -> None:
+    rng = np.random.default_rng(11)
+    for size in (0, 1, 7, 500):
+        values = rng.integers(-3, 20, size)
+        heads, first, last, group = group_values(values)
+        want, want_first, want_group = np.unique(values, return_index=True, return_inverse=True)
+        want_last = size - 1 - np.unique(values[::-1], return_index=True)[1]
+        np.testing.assert_array_equal(heads, want)
+        np.testing.assert_array_equal(first, want_first)
+        np.testing.assert_array_equal(last, want_last)
+        np.testing.assert_array_equal(group, want_group.reshape(-1))
